@@ -1,0 +1,102 @@
+"""Name -> factory registries for policies and environments.
+
+Built-in and third-party entries come from Python entry points (groups ``policylink.policies`` and
+``policylink.envs``, declared in a package's ``pyproject.toml``), loaded only when a name is looked up, so
+importing the registry imports no simulator or deep-learning stack. Entries can also be registered in code
+with :func:`register_env` / :func:`register_policy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+ENV_GROUP = "policylink.envs"
+POLICY_GROUP = "policylink.policies"
+
+_registries: dict[str, dict[str, Callable[..., Any]]] = {ENV_GROUP: {}, POLICY_GROUP: {}}
+
+
+class UnknownNameError(KeyError):
+    """A registry name that is neither registered in code nor declared as an entry point."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def register_env(name: str, factory: Callable[..., Any], overwrite: bool = False) -> None:
+    """Register an environment factory ``(**kwargs) -> EnvAdapter`` under ``name``.
+
+    Raises:
+        ValueError: ``name`` is taken and ``overwrite`` is False.
+    """
+    _register(ENV_GROUP, name, factory, overwrite)
+
+
+def register_policy(name: str, factory: Callable[..., Any], overwrite: bool = False) -> None:
+    """Register a policy factory ``(**kwargs) -> PolicyAdapter`` under ``name``.
+
+    Raises:
+        ValueError: ``name`` is taken and ``overwrite`` is False.
+    """
+    _register(POLICY_GROUP, name, factory, overwrite)
+
+
+def make_env(name: str, **kwargs: Any) -> Any:
+    """Build the environment registered as ``name`` with ``kwargs``. Raises :class:`UnknownNameError`."""
+    return _lookup(ENV_GROUP, name)(**kwargs)
+
+
+def make_policy(name: str, **kwargs: Any) -> Any:
+    """Build the policy registered as ``name`` with ``kwargs``. Raises :class:`UnknownNameError`."""
+    return _lookup(POLICY_GROUP, name)(**kwargs)
+
+
+def env_factory(name: str) -> Callable[..., Any]:
+    """The factory registered as environment ``name`` (for vector envs). Raises :class:`UnknownNameError`."""
+    return _lookup(ENV_GROUP, name)
+
+
+def policy_factory(name: str) -> Callable[..., Any]:
+    """The factory registered as policy ``name``. Raises :class:`UnknownNameError`."""
+    return _lookup(POLICY_GROUP, name)
+
+
+def available_envs() -> list[str]:
+    """Sorted names of every registered or entry-point environment (nothing is imported)."""
+    return _names(ENV_GROUP)
+
+
+def available_policies() -> list[str]:
+    """Sorted names of every registered or entry-point policy (nothing is imported)."""
+    return _names(POLICY_GROUP)
+
+
+def _register(group: str, name: str, factory: Callable[..., Any], overwrite: bool) -> None:
+    if not callable(factory):
+        raise TypeError(f"factory for {name!r}: expected a callable, received {type(factory).__name__}")
+    reg = _registries[group]
+    if name in reg and not overwrite:
+        raise ValueError(f"{group} name {name!r}: already registered; pass overwrite=True to replace it")
+    reg[name] = factory
+
+
+def _entry_points(group: str) -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def _lookup(group: str, name: str) -> Callable[..., Any]:
+    reg = _registries[group]
+    if name in reg:
+        return reg[name]
+    eps = _entry_points(group)
+    if name in eps:
+        reg[name] = eps[name].load()
+        return reg[name]
+    kind = "environment" if group == ENV_GROUP else "policy"
+    raise UnknownNameError(f"{kind} {name!r}: unknown; available: {_names(group)}")
+
+
+def _names(group: str) -> list[str]:
+    return sorted(set(_registries[group]) | set(_entry_points(group)))

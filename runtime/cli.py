@@ -1,0 +1,135 @@
+"""The ``policylink`` command: one entry point, one subcommand per job, typed configs from YAML + overrides.
+
+Each subcommand lives in its own module as ``main(argv) -> int`` and is imported only when run, so
+``policylink --help`` is instant. Subcommand configs are dataclasses parsed by :func:`parse_config`
+(draccus, as LeRobot does): ``--config configs/train/x.yaml`` loads a YAML file, and dotted overrides
+such as ``--policy.chunk_size 16`` or ``--envs push,reach`` win over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import sys
+import typing
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# name -> (module implementing main(argv), one-line help). Modules are imported lazily.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "record": ("policylink.runtime.record", "record episodes (scripted expert or policy) into a zarr store"),
+    "train": ("policylink.runtime.train", "train a policy from a dataset (imitation)"),
+    "finetune": ("policylink.runtime.finetune", "offline improvement: Q-VGM or advantage-conditioned"),
+    "eval": ("policylink.runtime.evaluate", "evaluate N policies on M environments; tables, plots, videos"),
+    "serve": ("policylink.runtime.serve", "serve a policy over ZeroMQ (and the openpi websocket protocol)"),
+    "robot": ("policylink.runtime.robot", "serve a robot (or a simulator as a robot) over ZeroMQ"),
+    "run": ("policylink.runtime.rollout", "run one policy on one environment and print the episode results"),
+    "dataset": ("policylink.runtime.dataset", "dataset tools: info, stats, export-lerobot, import-lerobot, merge"),
+    "bench": ("policylink.runtime.bench", "run a benchmark from benchmarks/ and write its results"),
+    "keys": ("policylink.runtime.keys", "CURVE key pairs for authenticated, encrypted serving"),
+}
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the field."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``policylink`` console script. Returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="policylink",
+        description="N policies x M environments with N+M adapters: record, train, evaluate and serve robot "
+                    "policies in simulation and on real robots.",
+        epilog="Run 'policylink <command> --help' for a command's options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        parser.print_usage(sys.stderr)
+        print(f"policylink: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module_name, _ = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise
+        print(f"policylink {name}: not yet available in this version", file=sys.stderr)
+        return 2
+    return int(module.main(rest) or 0)
+
+
+def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
+    """Parse a dataclass config from ``argv``: optional ``--config FILE.yaml`` then field overrides.
+
+    Overrides use the field path (``--policy.lr 1e-4`` or ``--policy.lr=1e-4``). A list field accepts a
+    comma list (``--envs push,reach``) or draccus' bracket form (``--envs [push,reach]``).
+
+    Raises:
+        SystemExit: on ``--help`` (after printing help) or on an invalid value (draccus names the field).
+    """
+    import draccus
+
+    args = list(argv)
+    config_path = None
+    for flag in ("--config", "--config_path"):
+        for i, a in enumerate(args):
+            if a == flag and i + 1 < len(args):
+                config_path = args[i + 1]
+                del args[i : i + 2]
+                break
+            if a.startswith(flag + "="):
+                config_path = a.split("=", 1)[1]
+                del args[i]
+                break
+    args = _bracket_lists(cls, args)
+    if prog is not None:
+        sys.argv[0] = prog
+    return draccus.parse(cls, config_path=config_path, args=args)
+
+
+def _bracket_lists(cls: type, args: list[str]) -> list[str]:
+    """Rewrite ``--field a,b`` into ``--field [a,b]`` for list-typed dataclass fields."""
+    out = []
+    expect_list = False
+    for a in args:
+        if expect_list and not a.startswith("--") and not a.startswith("["):
+            a = f"[{a}]"
+        expect_list = False
+        if a.startswith("--"):
+            key, eq, value = a[2:].partition("=")
+            if _is_list_field(cls, key):
+                if eq and not value.startswith("["):
+                    a = f"--{key}=[{value}]"
+                elif not eq:
+                    expect_list = True
+        out.append(a)
+    return out
+
+
+def _is_list_field(cls: type, dotted: str) -> bool:
+    current: Any = cls
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(current):
+            return False
+        hints = typing.get_type_hints(current)
+        if part not in hints:
+            return False
+        current = hints[part]
+        args = [a for a in typing.get_args(current) if a is not type(None)]
+        if typing.get_origin(current) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args:
+            current = args[0]
+    return typing.get_origin(current) in (list, tuple, Sequence)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

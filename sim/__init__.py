@@ -1,0 +1,1 @@
+"""policylink.sim."""
