@@ -27,7 +27,7 @@ apt:  ## headless MuJoCo rendering libraries (only the missing ones)
 $(STAMP): $(PY) pyproject.toml setup.py
 	$(MAKE) --no-print-directory apt
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## venv + apt libs + package (editable) with dev tools
