@@ -92,9 +92,15 @@ class GymEnvAdapter(EnvAdapter):
         SpecError: at construction, if the mapped first observation does not match ``env_spec``.
     """
 
-    def __init__(self, env: gym.Env, env_spec: EnvSpec, obs_map: Mapping[str, ObsMap],
-                 success_fn: Callable[[Any, dict, gym.Env], bool] | None = None,
-                 action_fn: Callable[[np.ndarray], np.ndarray] | None = None, task: str | None = None):
+    def __init__(
+        self,
+        env: gym.Env,
+        env_spec: EnvSpec,
+        obs_map: Mapping[str, ObsMap],
+        success_fn: Callable[[Any, dict, gym.Env], bool] | None = None,
+        action_fn: Callable[[np.ndarray], np.ndarray] | None = None,
+        task: str | None = None,
+    ):
         self.env = env
         self.env_spec = env_spec
         self.obs_map = dict(obs_map)

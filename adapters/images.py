@@ -36,8 +36,10 @@ def to_float_chw(image: np.ndarray, key: str = "image") -> np.ndarray:
     elif image.dtype.kind == "f":
         lo, hi = float(np.min(image)), float(np.max(image))
         if lo < 0.0 or hi > 1.0 or not np.isfinite(lo + hi):
-            raise ImageScaleError(f"{key}: expected float values in [0, 1], received range [{lo:.4g}, {hi:.4g}] "
-                                  "(pass uint8 frames for 0-255 data)")
+            raise ImageScaleError(
+                f"{key}: expected float values in [0, 1], received range [{lo:.4g}, {hi:.4g}] "
+                "(pass uint8 frames for 0-255 data)"
+            )
         out = image.astype(np.float32)
     else:
         raise ImageScaleError(f"{key}: expected dtype uint8 or float in [0, 1], received {image.dtype}")

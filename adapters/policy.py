@@ -13,7 +13,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from policylink.adapters.schema import TASK_KEY, ActionError, ObservationError, PolicySpec, validate_observation
+from policylink.adapters.schema import (
+    TASK_KEY,
+    ActionError,
+    ObservationError,
+    PolicySpec,
+    validate_observation,
+)
 
 
 @runtime_checkable
@@ -69,7 +75,13 @@ class HistoryPolicy(ABC):
     def reset(self, env_ids: Sequence[int] | None = None) -> None:
         """Start new episodes for ``env_ids`` (``None`` = every episode, which also forgets ``B``)."""
         if env_ids is None or self._fresh is None:
-            self._history, self._pad_mask, self._fresh, self._tasks, self._batch_size = {}, None, None, None, None
+            self._history, self._pad_mask, self._fresh, self._tasks, self._batch_size = (
+                {},
+                None,
+                None,
+                None,
+                None,
+            )
             return
         ids = np.asarray(list(env_ids), dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self._batch_size):
@@ -94,8 +106,9 @@ class HistoryPolicy(ABC):
             self._fresh = np.ones(b, dtype=bool)
             self._pad_mask = np.ones((b, self._spec.n_obs_steps), dtype=bool)
         elif b != self._batch_size:
-            raise ObservationError([f"batch size: expected {self._batch_size} (as before), received {b}; "
-                                    "call reset() to change it"])
+            raise ObservationError(
+                [f"batch size: expected {self._batch_size} (as before), received {b}; call reset() to change it"]
+            )
         t = self._spec.n_obs_steps
         for key in array_keys:
             x = np.asarray(obs_batch[key])
@@ -140,8 +153,7 @@ class HistoryPolicy(ABC):
         return self._pad_mask
 
     @abstractmethod
-    def _predict(self, history: dict[str, np.ndarray], pad_mask: np.ndarray,
-                 tasks: list[str] | None) -> np.ndarray:
+    def _predict(self, history: dict[str, np.ndarray], pad_mask: np.ndarray, tasks: list[str] | None) -> np.ndarray:
         """Return float32 ``(B, chunk_size, A)`` from windows ``(B, n_obs_steps, ...)`` and the pad mask."""
 
     def _on_reset(self, env_ids: np.ndarray) -> None:  # noqa: B027 - optional hook

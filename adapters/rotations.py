@@ -39,11 +39,20 @@ def quat_wxyz_to_matrix(q: np.ndarray) -> np.ndarray:
     if np.any(norm < _EPS):
         raise ValueError("quaternion: expected non-zero norm, received a zero quaternion")
     w, x, y, z = np.moveaxis(q / norm, -1, 0)
-    m = np.stack([
-        1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
-        2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
-        2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y),
-    ], axis=-1)
+    m = np.stack(
+        [
+            1 - 2 * (y * y + z * z),
+            2 * (x * y - z * w),
+            2 * (x * z + y * w),
+            2 * (x * y + z * w),
+            1 - 2 * (x * x + z * z),
+            2 * (y * z - x * w),
+            2 * (x * z - y * w),
+            2 * (y * z + x * w),
+            1 - 2 * (x * x + y * y),
+        ],
+        axis=-1,
+    )
     return m.reshape(q.shape[:-1] + (3, 3))
 
 
@@ -128,11 +137,20 @@ def euler_xyz_to_matrix(e: np.ndarray) -> np.ndarray:
     e = _check_last(e, 3, "euler_xyz").astype(np.float64)
     a, b, c = np.moveaxis(e, -1, 0)
     ca, sa, cb, sb, cc, sc = np.cos(a), np.sin(a), np.cos(b), np.sin(b), np.cos(c), np.sin(c)
-    m = np.stack([
-        cc * cb, cc * sb * sa - sc * ca, cc * sb * ca + sc * sa,
-        sc * cb, sc * sb * sa + cc * ca, sc * sb * ca - cc * sa,
-        -sb, cb * sa, cb * ca,
-    ], axis=-1)
+    m = np.stack(
+        [
+            cc * cb,
+            cc * sb * sa - sc * ca,
+            cc * sb * ca + sc * sa,
+            sc * cb,
+            sc * sb * sa + cc * ca,
+            sc * sb * ca - cc * sa,
+            -sb,
+            cb * sa,
+            cb * ca,
+        ],
+        axis=-1,
+    )
     return m.reshape(e.shape[:-1] + (3, 3))
 
 
@@ -169,8 +187,10 @@ def convert_rotation(r: np.ndarray, src: RotationConvention | str, dst: Rotation
     """
     src, dst = RotationConvention(src), RotationConvention(dst)
     if RotationConvention.NONE in (src, dst):
-        raise ValueError(f"rotation convention: expected one of {[c.value for c in _TO_MATRIX]}, "
-                         f"received {src.value!r} -> {dst.value!r}")
+        raise ValueError(
+            f"rotation convention: expected one of {[c.value for c in _TO_MATRIX]}, "
+            f"received {src.value!r} -> {dst.value!r}"
+        )
     if src == dst:
         return np.array(r, copy=True)
     out = _FROM_MATRIX[dst](_TO_MATRIX[src](np.asarray(r)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -23,8 +23,20 @@ TASK_KEY = "task"
 ACTION_KEY = "action"
 
 _NUMERIC_DTYPES = frozenset(
-    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-     "float16", "float32", "float64"}
+    {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    }
 )
 _STRING_DTYPE = "string"
 
@@ -59,7 +71,7 @@ class IncompatibleSpecError(SpecError):
         super().__init__(problems, "policy and environment are incompatible")
 
 
-class ControlMode(str, Enum):
+class ControlMode(StrEnum):
     """What an action vector commands. Units are given per dimension in :class:`ActionSpec`."""
 
     JOINT_POSITION = "joint_position"
@@ -70,7 +82,7 @@ class ControlMode(str, Enum):
     EE_VELOCITY = "ee_velocity"
 
 
-class RotationConvention(str, Enum):
+class RotationConvention(StrEnum):
     """How rotations inside an action or state are written (see ``policylink.adapters.rotations``)."""
 
     NONE = "none"
@@ -102,11 +114,15 @@ class FeatureSpec:
         if self.names is not None:
             object.__setattr__(self, "names", tuple(self.names))
         if self.dtype != _STRING_DTYPE and self.dtype not in _NUMERIC_DTYPES:
-            raise SpecError([f"dtype: expected one of {sorted(_NUMERIC_DTYPES | {_STRING_DTYPE})}, "
-                             f"received {self.dtype!r}"], "invalid FeatureSpec")
+            raise SpecError(
+                [f"dtype: expected one of {sorted(_NUMERIC_DTYPES | {_STRING_DTYPE})}, received {self.dtype!r}"],
+                "invalid FeatureSpec",
+            )
         if self.names is not None and self.shape and len(self.names) != self.shape[-1]:
-            raise SpecError([f"names: expected {self.shape[-1]} names (shape {self.shape}), "
-                             f"received {len(self.names)}"], "invalid FeatureSpec")
+            raise SpecError(
+                [f"names: expected {self.shape[-1]} names (shape {self.shape}), received {len(self.names)}"],
+                "invalid FeatureSpec",
+            )
 
     @property
     def is_image(self) -> bool:
@@ -140,15 +156,23 @@ class FeatureSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (for YAML, JSON, msgpack)."""
-        return {"dtype": self.dtype, "shape": list(self.shape),
-                "names": list(self.names) if self.names is not None else None, "unit": self.unit}
+        return {
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "names": list(self.names) if self.names is not None else None,
+            "unit": self.unit,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FeatureSpec:
         """Inverse of :meth:`to_dict`. Raises SpecError on unknown fields."""
         _reject_unknown("FeatureSpec", d, {"dtype", "shape", "names", "unit"})
-        return cls(dtype=d["dtype"], shape=tuple(d["shape"]),
-                   names=tuple(d["names"]) if d.get("names") is not None else None, unit=d.get("unit"))
+        return cls(
+            dtype=d["dtype"],
+            shape=tuple(d["shape"]),
+            names=tuple(d["names"]) if d.get("names") is not None else None,
+            unit=d.get("unit"),
+        )
 
 
 @dataclass(frozen=True)
@@ -178,11 +202,17 @@ class ActionSpec:
         object.__setattr__(self, "control_mode", ControlMode(self.control_mode))
         object.__setattr__(self, "rotation", RotationConvention(self.rotation))
         a = len(self.names)
-        problems = [f"{attr}: expected {a} entries (one per action dimension), received {len(getattr(self, attr))}"
-                    for attr in ("units", "low", "high") if len(getattr(self, attr)) != a]
+        problems = [
+            f"{attr}: expected {a} entries (one per action dimension), received {len(getattr(self, attr))}"
+            for attr in ("units", "low", "high")
+            if len(getattr(self, attr)) != a
+        ]
         if not problems:
-            problems += [f"low/high[{i}] ({self.names[i]}): expected low < high, received {lo} >= {hi}"
-                         for i, (lo, hi) in enumerate(zip(self.low, self.high)) if not lo < hi]
+            problems += [
+                f"low/high[{i}] ({self.names[i]}): expected low < high, received {lo} >= {hi}"
+                for i, (lo, hi) in enumerate(zip(self.low, self.high))
+                if not lo < hi
+            ]
         if self.gripper_index is not None and not 0 <= self.gripper_index < a:
             problems.append(f"gripper_index: expected an index in [0, {a}), received {self.gripper_index}")
         if problems:
@@ -209,8 +239,9 @@ class ActionSpec:
             return [f"action: expected numpy float32 array, received {type(action).__name__}"]
         problems = []
         if action.ndim != batch_dims + 1 or action.shape[-1] != self.dim:
-            problems.append(f"action: expected shape (..., {self.dim}) with {batch_dims} batch dims, "
-                            f"received {tuple(action.shape)}")
+            problems.append(
+                f"action: expected shape (..., {self.dim}) with {batch_dims} batch dims, received {tuple(action.shape)}"
+            )
         if action.dtype != np.float32:
             problems.append(f"action: expected dtype float32, received {action.dtype}")
         if not problems and not np.all(np.isfinite(action)):
@@ -220,8 +251,10 @@ class ActionSpec:
             for i, name in enumerate(self.names):
                 col = action[..., i]
                 if np.any(col < self.low[i] - tol) or np.any(col > self.high[i] + tol):
-                    problems.append(f"action[{i}] ({name}): expected within [{self.low[i]}, {self.high[i]}] "
-                                    f"{self.units[i]}, received range [{col.min():.4g}, {col.max():.4g}]")
+                    problems.append(
+                        f"action[{i}] ({name}): expected within [{self.low[i]}, {self.high[i]}] "
+                        f"{self.units[i]}, received range [{col.min():.4g}, {col.max():.4g}]"
+                    )
         return problems
 
     def validate(self, action: Any, batch_dims: int = 0, check_limits: bool = False) -> np.ndarray:
@@ -233,18 +266,29 @@ class ActionSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (for YAML, JSON, msgpack)."""
-        return {"names": list(self.names), "control_mode": self.control_mode.value, "units": list(self.units),
-                "low": list(self.low), "high": list(self.high), "rotation": self.rotation.value,
-                "gripper_index": self.gripper_index}
+        return {
+            "names": list(self.names),
+            "control_mode": self.control_mode.value,
+            "units": list(self.units),
+            "low": list(self.low),
+            "high": list(self.high),
+            "rotation": self.rotation.value,
+            "gripper_index": self.gripper_index,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ActionSpec:
         """Inverse of :meth:`to_dict`. Raises SpecError on unknown fields."""
-        _reject_unknown("ActionSpec", d, {"names", "control_mode", "units", "low", "high", "rotation",
-                                          "gripper_index"})
-        return cls(names=tuple(d["names"]), control_mode=ControlMode(d["control_mode"]), units=tuple(d["units"]),
-                   low=tuple(d["low"]), high=tuple(d["high"]),
-                   rotation=RotationConvention(d.get("rotation", "none")), gripper_index=d.get("gripper_index"))
+        _reject_unknown("ActionSpec", d, {"names", "control_mode", "units", "low", "high", "rotation", "gripper_index"})
+        return cls(
+            names=tuple(d["names"]),
+            control_mode=ControlMode(d["control_mode"]),
+            units=tuple(d["units"]),
+            low=tuple(d["low"]),
+            high=tuple(d["high"]),
+            rotation=RotationConvention(d.get("rotation", "none")),
+            gripper_index=d.get("gripper_index"),
+        )
 
 
 @dataclass(frozen=True)
@@ -274,8 +318,9 @@ class PolicySpec:
             if int(getattr(self, name)) < 1:
                 problems.append(f"{name}: expected >= 1, received {getattr(self, name)}")
         if self.n_action_steps > self.chunk_size:
-            problems.append(f"n_action_steps: expected <= chunk_size ({self.chunk_size}), "
-                            f"received {self.n_action_steps}")
+            problems.append(
+                f"n_action_steps: expected <= chunk_size ({self.chunk_size}), received {self.n_action_steps}"
+            )
         if not self.control_frequency > 0:
             problems.append(f"control_frequency: expected > 0 Hz, received {self.control_frequency}")
         if problems:
@@ -288,19 +333,38 @@ class PolicySpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (sent in the wire protocol's ``hello`` reply, saved in checkpoints)."""
-        return {"observation_features": {k: v.to_dict() for k, v in self.observation_features.items()},
-                "action": self.action.to_dict(), "n_obs_steps": self.n_obs_steps, "chunk_size": self.chunk_size,
-                "n_action_steps": self.n_action_steps, "control_frequency": self.control_frequency}
+        return {
+            "observation_features": {k: v.to_dict() for k, v in self.observation_features.items()},
+            "action": self.action.to_dict(),
+            "n_obs_steps": self.n_obs_steps,
+            "chunk_size": self.chunk_size,
+            "n_action_steps": self.n_action_steps,
+            "control_frequency": self.control_frequency,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PolicySpec:
         """Inverse of :meth:`to_dict`. Raises SpecError on unknown fields."""
-        _reject_unknown("PolicySpec", d, {"observation_features", "action", "n_obs_steps", "chunk_size",
-                                          "n_action_steps", "control_frequency"})
-        return cls(observation_features={k: FeatureSpec.from_dict(v) for k, v in d["observation_features"].items()},
-                   action=ActionSpec.from_dict(d["action"]), n_obs_steps=int(d["n_obs_steps"]),
-                   chunk_size=int(d["chunk_size"]), n_action_steps=int(d["n_action_steps"]),
-                   control_frequency=float(d["control_frequency"]))
+        _reject_unknown(
+            "PolicySpec",
+            d,
+            {
+                "observation_features",
+                "action",
+                "n_obs_steps",
+                "chunk_size",
+                "n_action_steps",
+                "control_frequency",
+            },
+        )
+        return cls(
+            observation_features={k: FeatureSpec.from_dict(v) for k, v in d["observation_features"].items()},
+            action=ActionSpec.from_dict(d["action"]),
+            n_obs_steps=int(d["n_obs_steps"]),
+            chunk_size=int(d["chunk_size"]),
+            n_action_steps=int(d["n_action_steps"]),
+            control_frequency=float(d["control_frequency"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -336,24 +400,36 @@ class EnvSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (sent by env servers' ``hello``)."""
-        return {"name": self.name,
-                "observation_features": {k: v.to_dict() for k, v in self.observation_features.items()},
-                "action": self.action.to_dict(), "control_frequency": self.control_frequency,
-                "max_episode_steps": self.max_episode_steps, "tasks": list(self.tasks)}
+        return {
+            "name": self.name,
+            "observation_features": {k: v.to_dict() for k, v in self.observation_features.items()},
+            "action": self.action.to_dict(),
+            "control_frequency": self.control_frequency,
+            "max_episode_steps": self.max_episode_steps,
+            "tasks": list(self.tasks),
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EnvSpec:
         """Inverse of :meth:`to_dict`. Raises SpecError on unknown fields."""
-        _reject_unknown("EnvSpec", d, {"name", "observation_features", "action", "control_frequency",
-                                       "max_episode_steps", "tasks"})
-        return cls(name=d["name"],
-                   observation_features={k: FeatureSpec.from_dict(v) for k, v in d["observation_features"].items()},
-                   action=ActionSpec.from_dict(d["action"]), control_frequency=float(d["control_frequency"]),
-                   max_episode_steps=int(d["max_episode_steps"]), tasks=tuple(d.get("tasks", ())))
+        _reject_unknown(
+            "EnvSpec",
+            d,
+            {"name", "observation_features", "action", "control_frequency", "max_episode_steps", "tasks"},
+        )
+        return cls(
+            name=d["name"],
+            observation_features={k: FeatureSpec.from_dict(v) for k, v in d["observation_features"].items()},
+            action=ActionSpec.from_dict(d["action"]),
+            control_frequency=float(d["control_frequency"]),
+            max_episode_steps=int(d["max_episode_steps"]),
+            tasks=tuple(d.get("tasks", ())),
+        )
 
 
-def validate_observation(features: Mapping[str, FeatureSpec] | PolicySpec | EnvSpec, obs: Mapping[str, Any],
-                         batch_dims: int = 0) -> Mapping[str, Any]:
+def validate_observation(
+    features: Mapping[str, FeatureSpec] | PolicySpec | EnvSpec, obs: Mapping[str, Any], batch_dims: int = 0
+) -> Mapping[str, Any]:
     """Check that ``obs`` carries every feature with the right dtype and shape.
 
     Extra keys are allowed (an env may provide more than a policy reads).
@@ -372,8 +448,9 @@ def validate_observation(features: Mapping[str, FeatureSpec] | PolicySpec | EnvS
     if isinstance(features, (PolicySpec, EnvSpec)):
         features = features.observation_features
     if not isinstance(obs, Mapping):
-        raise ObservationError([f"observation: expected a mapping of feature key -> value, "
-                                f"received {type(obs).__name__}"])
+        raise ObservationError(
+            [f"observation: expected a mapping of feature key -> value, received {type(obs).__name__}"]
+        )
     problems = []
     for key, feat in features.items():
         if key not in obs:
@@ -397,16 +474,17 @@ def check_compatible(policy_spec: PolicySpec, env_spec: EnvSpec, *, frequency_rt
         raise IncompatibleSpecError(problems)
 
 
-def compatibility_problems(policy_spec: PolicySpec, env_spec: EnvSpec, *,
-                           frequency_rtol: float = 1e-3) -> list[str]:
+def compatibility_problems(policy_spec: PolicySpec, env_spec: EnvSpec, *, frequency_rtol: float = 1e-3) -> list[str]:
     """Same checks as :func:`check_compatible`, returned as a list of messages (empty when compatible)."""
     problems: list[str] = []
     env_feats = env_spec.observation_features
     for key, feat in policy_spec.observation_features.items():
         if key not in env_feats:
             kind = "camera" if key.startswith(IMAGE_PREFIX) else "feature"
-            problems.append(f"{key}: policy requires this {kind} ({feat.dtype} {feat.shape}); env "
-                            f"{env_spec.name!r} provides {sorted(env_feats)}")
+            problems.append(
+                f"{key}: policy requires this {kind} ({feat.dtype} {feat.shape}); env "
+                f"{env_spec.name!r} provides {sorted(env_feats)}"
+            )
             continue
         have = env_feats[key]
         if have.shape != feat.shape:
@@ -417,18 +495,22 @@ def compatibility_problems(policy_spec: PolicySpec, env_spec: EnvSpec, *,
     if pa.dim != ea.dim:
         problems.append(f"action dimension: expected {pa.dim} (policy), received {ea.dim} (env)")
     if pa.control_mode != ea.control_mode:
-        problems.append(f"action control_mode: expected {pa.control_mode.value} (policy), "
-                        f"received {ea.control_mode.value} (env)")
+        problems.append(
+            f"action control_mode: expected {pa.control_mode.value} (policy), received {ea.control_mode.value} (env)"
+        )
     if pa.rotation != ea.rotation:
         problems.append(f"action rotation: expected {pa.rotation.value} (policy), received {ea.rotation.value} (env)")
     if pa.gripper_index != ea.gripper_index:
-        problems.append(f"action gripper_index: expected {pa.gripper_index} (policy), "
-                        f"received {ea.gripper_index} (env)")
+        problems.append(
+            f"action gripper_index: expected {pa.gripper_index} (policy), received {ea.gripper_index} (env)"
+        )
     if pa.dim == ea.dim and pa.units != ea.units:
         problems.append(f"action units: expected {list(pa.units)} (policy), received {list(ea.units)} (env)")
     if not math.isclose(policy_spec.control_frequency, env_spec.control_frequency, rel_tol=frequency_rtol):
-        problems.append(f"control_frequency: expected {policy_spec.control_frequency} Hz (policy), "
-                        f"received {env_spec.control_frequency} Hz (env)")
+        problems.append(
+            f"control_frequency: expected {policy_spec.control_frequency} Hz (policy), "
+            f"received {env_spec.control_frequency} Hz (env)"
+        )
     return problems
 
 

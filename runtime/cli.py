@@ -27,7 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("policylink.runtime.serve", "serve a policy over ZeroMQ (and the openpi websocket protocol)"),
     "robot": ("policylink.runtime.robot", "serve a robot (or a simulator as a robot) over ZeroMQ"),
     "run": ("policylink.runtime.rollout", "run one policy on one environment and print the episode results"),
-    "dataset": ("policylink.runtime.dataset", "dataset tools: info, stats, export-lerobot, import-lerobot, merge"),
+    "dataset": (
+        "policylink.runtime.dataset",
+        "dataset tools: info, stats, export-lerobot, import-lerobot, merge",
+    ),
     "bench": ("policylink.runtime.bench", "run a benchmark from benchmarks/ and write its results"),
     "keys": ("policylink.runtime.keys", "CURVE key pairs for authenticated, encrypted serving"),
 }
@@ -43,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="policylink",
         description="N policies x M environments with N+M adapters: record, train, evaluate and serve robot "
-                    "policies in simulation and on real robots.",
+        "policies in simulation and on real robots.",
         epilog="Run 'policylink <command> --help' for a command's options.",
     )
     sub = parser.add_subparsers(dest="command", metavar="<command>")
@@ -65,7 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"policylink {name}: not yet available in this version", file=sys.stderr)
         return 2
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except ConfigError as e:
+        print(f"policylink {name}: {e}", file=sys.stderr)
+        return 2
 
 
 def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
@@ -75,7 +82,8 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
     comma list (``--envs push,reach``) or draccus' bracket form (``--envs [push,reach]``).
 
     Raises:
-        SystemExit: on ``--help`` (after printing help) or on an invalid value (draccus names the field).
+        SystemExit: on ``--help`` (after printing help).
+        ConfigError: on an invalid value or unknown field (the message names the field).
     """
     import draccus
 
@@ -94,7 +102,10 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
     args = _bracket_lists(cls, args)
     if prog is not None:
         sys.argv[0] = prog
-    return draccus.parse(cls, config_path=config_path, args=args)
+    try:
+        return draccus.parse(cls, config_path=config_path, args=args)
+    except draccus.utils.DraccusException as e:
+        raise ConfigError(f"invalid {cls.__name__}: {e}") from e
 
 
 def _bracket_lists(cls: type, args: list[str]) -> list[str]:

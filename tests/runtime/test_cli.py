@@ -1,0 +1,56 @@
+"""The policylink command: subcommand listing, unknown commands, config parsing with YAML + overrides."""
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from policylink.runtime import cli
+
+EXPECTED = ["record", "train", "finetune", "eval", "serve", "robot", "run", "dataset", "bench"]
+
+
+def test_help_lists_every_subcommand(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in EXPECTED:
+        assert f"    {name}" in out
+
+
+def test_console_script_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "policylink.runtime.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "record" in out and "eval" in out
+
+
+def test_unknown_command(capsys):
+    assert cli.main(["fly"]) == 2
+    assert "unknown command 'fly'" in capsys.readouterr().err
+
+
+@dataclass
+class Opt:
+    lr: float = 1e-3
+
+
+@dataclass
+class Cfg:
+    env: str = "push"
+    episodes: int = 5
+    envs: list[str] = field(default_factory=lambda: ["reach"])
+    opt: Opt = field(default_factory=Opt)
+
+
+def test_parse_config_yaml_then_overrides(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("env: reach\nepisodes: 7\nopt:\n  lr: 0.5\n")
+    cfg = cli.parse_config(Cfg, ["--config", str(cfg_file), "--episodes", "9", "--envs", "push,reach", "--opt.lr=0.25"])
+    assert cfg == Cfg(env="reach", episodes=9, envs=["push", "reach"], opt=Opt(lr=0.25))
+    assert cli.parse_config(Cfg, ["--envs=[a,b]"]).envs == ["a", "b"]
+
+
+def test_parse_config_bad_value_names_field():
+    with pytest.raises(cli.ConfigError, match="`episodes`: Couldn't parse 'many' into an int"):
+        cli.parse_config(Cfg, ["--episodes", "many"])
