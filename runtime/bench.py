@@ -13,8 +13,9 @@ from pathlib import Path
 BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def available_benchmarks(directory: Path = BENCHMARKS_DIR) -> list[str]:
-    """Names of the benchmark scripts in ``directory`` (file stems, sorted); empty if it does not exist."""
+def available_benchmarks(directory: Path | None = None) -> list[str]:
+    """Names of the benchmark scripts in ``directory`` (default ``benchmarks/``; file stems, sorted)."""
+    directory = BENCHMARKS_DIR if directory is None else directory
     return sorted(p.stem for p in directory.glob("*.py") if not p.name.startswith("_")) if directory.is_dir() else []
 
 
