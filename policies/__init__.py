@@ -1,1 +1,19 @@
-"""policylink.policies."""
+"""policylink.policies: models and learning algorithms (Diffusion Policy, flow matching, encoders).
+
+``load_policy(path, device="auto")`` turns a checkpoint folder into a ready PolicyAdapter; torch is imported
+only when it is called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def load_policy(path: Any, device: Any = "auto", seed: int = 0):
+    """Load a checkpoint folder as a PolicyAdapter (see :func:`policylink.policies.checkpoint.load_policy`)."""
+    from policylink.policies.checkpoint import load_policy as _load
+
+    return _load(path, device=device, seed=seed)
+
+
+__all__ = ["load_policy"]

@@ -1,0 +1,243 @@
+"""Observation encoders: ResNet-18 (GroupNorm, spatial softmax) and a small conv net for images, an MLP for
+state vectors, train-time random-crop augmentation, and :class:`ObservationEncoder` combining them per
+PolicySpec feature into one conditioning vector (Chi et al. 2023, Diffusion Policy, arXiv 2303.04137).
+
+Images enter as float32 ``(..., 3, H, W)`` in ``[0, 1]`` (the ``policylink.adapters.images.to_float_chw``
+convention); state features enter already normalised (float32 ``(..., D)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torchvision
+from torch import nn
+
+from policylink.adapters.schema import FeatureSpec
+
+VISION_BACKBONES = ("resnet18", "small_conv")
+
+
+@dataclass
+class EncoderConfig:
+    """Observation-encoder settings.
+
+    Attributes:
+        vision_backbone: ``"resnet18"`` (torchvision, ``weights=None``, GroupNorm) or ``"small_conv"`` (3 conv
+            layers; fast CPU configs).
+        crop_ratio: random-crop (train) / centre-crop (eval) side as a fraction of the image side, in
+            ``(0, 1]``; ``1.0`` disables cropping. Diffusion Policy crops 96 px frames to 84 px (0.875-0.9).
+        num_keypoints: spatial-softmax keypoints per image (feature size ``2 * num_keypoints``).
+        share_vision_encoder: one image encoder for every camera (True) or one per camera.
+        state_hidden_dims: hidden sizes of the state MLP; empty passes the normalised state through unchanged
+            (Diffusion Policy's low-dim variant).
+        state_out_dim: output size of the state MLP (ignored when ``state_hidden_dims`` is empty).
+    """
+
+    vision_backbone: str = "resnet18"
+    crop_ratio: float = 0.9
+    num_keypoints: int = 32
+    share_vision_encoder: bool = True
+    state_hidden_dims: list[int] = field(default_factory=list)
+    state_out_dim: int = 64
+
+
+class SpatialSoftmax(nn.Module):
+    """Spatial soft-argmax keypoints (Levine et al. 2016; Finn et al. 2016), as used by Diffusion Policy.
+
+    A 1x1 conv maps ``(N, C, h, w)`` features to ``K`` heat maps; each map's softmax over pixels gives an
+    expected ``(x, y)`` position in ``[-1, 1]``. Output: float32 ``(N, 2K)`` (x, y interleaved per keypoint).
+    """
+
+    def __init__(self, in_channels: int, num_keypoints: int):
+        super().__init__()
+        self.keypoints = nn.Conv2d(in_channels, num_keypoints, kernel_size=1)
+        self.num_keypoints = num_keypoints
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = features.shape
+        maps = self.keypoints(features).flatten(2)  # (N, K, h*w)
+        attn = torch.softmax(maps, dim=-1)
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1.0, 1.0, h, device=features.device),
+            torch.linspace(-1.0, 1.0, w, device=features.device),
+            indexing="ij",
+        )
+        grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # (h*w, 2)
+        return (attn @ grid).reshape(n, 2 * self.num_keypoints)
+
+
+def resnet18_groupnorm() -> nn.Module:
+    """torchvision ResNet-18 trunk (no pooling/fc), random init, every BatchNorm replaced by GroupNorm.
+
+    GroupNorm with ``C // 16`` groups (Diffusion Policy): batch-independent, so EMA and DDP behave.
+    Input ``(N, 3, H, W)``; output ``(N, 512, ceil(H/32), ceil(W/32))``.
+    """
+    net = torchvision.models.resnet18(weights=None, norm_layer=lambda c: nn.GroupNorm(c // 16, c))
+    return nn.Sequential(*list(net.children())[:-2])
+
+
+def small_conv() -> nn.Module:
+    """A 3-layer conv trunk for fast CPU training: ``(N, 3, H, W)`` -> ``(N, 64, ~H/4, ~W/4)``."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 5, stride=2, padding=2),
+        nn.GroupNorm(8, 32),
+        nn.Mish(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1),
+        nn.GroupNorm(8, 64),
+        nn.Mish(),
+        nn.Conv2d(64, 64, 3, stride=1, padding=1),
+        nn.GroupNorm(8, 64),
+        nn.Mish(),
+    )
+
+
+class RandomCrop(nn.Module):
+    """Random crop per image in training mode, centre crop in eval mode (Diffusion Policy's augmentation).
+
+    Input float ``(N, C, H, W)``; output ``(N, C, round(ratio*H), round(ratio*W))``. Each of the ``N`` images
+    gets its own offset, drawn from ``generator`` (or torch's global RNG).
+    """
+
+    def __init__(self, ratio: float):
+        super().__init__()
+        if not 0.0 < ratio <= 1.0:
+            raise ValueError(f"crop_ratio: expected a value in (0, 1], received {ratio}")
+        self.ratio = float(ratio)
+
+    def output_size(self, h: int, w: int) -> tuple[int, int]:
+        """Crop size ``(h', w')`` for an ``h x w`` input."""
+        return max(1, round(self.ratio * h)), max(1, round(self.ratio * w))
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        n, _, h, w = x.shape
+        ch, cw = self.output_size(h, w)
+        if (ch, cw) == (h, w):
+            return x
+        if not self.training:
+            top, left = (h - ch) // 2, (w - cw) // 2
+            return x[:, :, top : top + ch, left : left + cw]
+        top = torch.randint(0, h - ch + 1, (n,), generator=generator).to(x.device)
+        left = torch.randint(0, w - cw + 1, (n,), generator=generator).to(x.device)
+        rows = (top[:, None] + torch.arange(ch, device=x.device))[:, :, None]  # (N, ch, 1)
+        cols = (left[:, None] + torch.arange(cw, device=x.device))[:, None, :]  # (N, 1, cw)
+        batch = torch.arange(n, device=x.device)[:, None, None]
+        return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (N, C, ch, cw)
+
+
+class ImageEncoder(nn.Module):
+    """Crop -> trunk -> spatial softmax -> linear+ReLU: ``(N, 3, H, W)`` in ``[0, 1]`` -> ``(N, 2K)``.
+
+    Raises:
+        ValueError: unknown ``backbone`` (expected one of :data:`VISION_BACKBONES`).
+    """
+
+    def __init__(self, image_hw: tuple[int, int], backbone: str, crop_ratio: float, num_keypoints: int):
+        super().__init__()
+        if backbone not in VISION_BACKBONES:
+            raise ValueError(f"vision_backbone: expected one of {VISION_BACKBONES}, received {backbone!r}")
+        self.crop = RandomCrop(crop_ratio)
+        self.trunk = resnet18_groupnorm() if backbone == "resnet18" else small_conv()
+        with torch.no_grad():
+            probe = torch.zeros(1, 3, *self.crop.output_size(*image_hw))
+            channels = self.trunk(probe).shape[1]
+        self.pool = SpatialSoftmax(channels, num_keypoints)
+        self.out = nn.Sequential(nn.Linear(2 * num_keypoints, 2 * num_keypoints), nn.ReLU())
+        self.out_dim = 2 * num_keypoints
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.crop(images) * 2.0 - 1.0
+        return self.out(self.pool(self.trunk(x)))
+
+
+class StateMLP(nn.Module):
+    """MLP (Linear + Mish) over a normalised state ``(..., D)`` -> ``(..., out_dim)``; identity if no layers."""
+
+    def __init__(self, in_dim: int, hidden_dims: list[int], out_dim: int):
+        super().__init__()
+        if not hidden_dims:
+            self.net: nn.Module = nn.Identity()
+            self.out_dim = in_dim
+            return
+        layers: list[nn.Module] = []
+        dims = [in_dim, *hidden_dims]
+        for a, b in zip(dims[:-1], dims[1:]):
+            layers += [nn.Linear(a, b), nn.Mish()]
+        layers.append(nn.Linear(dims[-1], out_dim))
+        self.net = nn.Sequential(*layers)
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class ObservationEncoder(nn.Module):
+    """Encode a window of observations into one conditioning vector.
+
+    Image features (``FeatureSpec.is_image``) go through an :class:`ImageEncoder` (shared across cameras or
+    one per camera); every other numeric feature through a :class:`StateMLP`. Per step, the features are
+    concatenated in sorted key order; the ``T = n_obs_steps`` steps are then flattened (Diffusion Policy's
+    global conditioning).
+
+    Args:
+        features: the PolicySpec's observation features (text features are not supported here).
+        n_obs_steps: ``T``.
+        cfg: :class:`EncoderConfig`.
+
+    Forward: ``obs[key]`` float32 ``(B, T, 3, H, W)`` in ``[0, 1]`` for images, ``(B, T, D)`` normalised for
+    vectors -> float32 ``(B, out_dim)`` with ``out_dim = T * step_dim``.
+
+    Raises:
+        ValueError: a feature is text (``task``) or has an unsupported shape; no feature at all.
+    """
+
+    def __init__(self, features: Mapping[str, FeatureSpec], n_obs_steps: int, cfg: EncoderConfig):
+        super().__init__()
+        self.image_keys = sorted(k for k, f in features.items() if f.is_image)
+        self.vector_keys = sorted(k for k, f in features.items() if not f.is_image)
+        for key in self.vector_keys:
+            f = features[key]
+            if f.is_string or len(f.shape) != 1:
+                raise ValueError(
+                    f"{key}: expected an image (H, W, 3) uint8 or a vector (D,) feature, received "
+                    f"dtype {f.dtype} shape {f.shape}"
+                )
+        if not self.image_keys and not self.vector_keys:
+            raise ValueError("observation_features: expected at least one feature, received none")
+        self.n_obs_steps = n_obs_steps
+        self.image_encoders = nn.ModuleDict()
+        for i, key in enumerate(self.image_keys):
+            if cfg.share_vision_encoder and i > 0:
+                break
+            h, w, _ = features[key].shape
+            name = "shared" if cfg.share_vision_encoder else _module_name(key)
+            self.image_encoders[name] = ImageEncoder((h, w), cfg.vision_backbone, cfg.crop_ratio, cfg.num_keypoints)
+        self.state_encoders = nn.ModuleDict(
+            {
+                _module_name(k): StateMLP(features[k].shape[0], list(cfg.state_hidden_dims), cfg.state_out_dim)
+                for k in self.vector_keys
+            }
+        )
+        self.shared = cfg.share_vision_encoder
+        step_dim = sum(e.out_dim for e in self.state_encoders.values())
+        step_dim += len(self.image_keys) * (2 * cfg.num_keypoints)
+        self.step_dim = step_dim
+        self.out_dim = n_obs_steps * step_dim
+
+    def forward(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        parts = []
+        for key in sorted(self.image_keys + self.vector_keys):
+            x = obs[key]
+            b, t = x.shape[:2]
+            if key in self.image_keys:
+                enc = self.image_encoders["shared" if self.shared else _module_name(key)]
+                parts.append(enc(x.flatten(0, 1)).reshape(b, t, -1))
+            else:
+                parts.append(self.state_encoders[_module_name(key)](x))
+        return torch.cat(parts, dim=-1).flatten(1)
+
+
+def _module_name(key: str) -> str:
+    return key.replace(".", "__")

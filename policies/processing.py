@@ -1,0 +1,86 @@
+"""The one observation/action transform shared by training and inference: raw windows -> normalised tensors,
+normalised chunks -> action units, and the :class:`~policylink.data.normalize.Normalizer` built for a config.
+
+It reproduces :class:`policylink.data.sampler.SequenceDataset`'s item transform exactly (images via
+``to_float_chw``, vectors as float32, then ``Normalizer.normalize_feature``), so a policy sees the same
+numbers at inference as it did in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from policylink.adapters.images import to_float_chw
+from policylink.adapters.schema import ACTION_KEY, FeatureSpec
+from policylink.data.normalize import Normalizer
+
+
+def normalizer_modes(
+    features: Mapping[str, FeatureSpec], state_mode: str, action_mode: str, image_mode: str = "identity"
+) -> dict[str, str]:
+    """Normaliser mode per key: ``image_mode`` for images, ``state_mode`` for vectors, ``action_mode`` for
+    ``action``."""
+    modes = {k: (image_mode if f.is_image else state_mode) for k, f in features.items()}
+    modes[ACTION_KEY] = action_mode
+    return modes
+
+
+def observation_tensors(
+    obs: Mapping[str, Any],
+    features: Mapping[str, FeatureSpec],
+    normalizer: Normalizer,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
+    """Raw observation windows -> normalised float32 tensors on ``device``.
+
+    Args:
+        obs: key -> ``(B, T, *shape)`` numpy arrays or tensors in raw units (images uint8 ``(B, T, H, W, 3)``
+            or float in ``[0, 1]``).
+        features: the keys to convert (the policy's observation features).
+        normalizer: the policy's normaliser (every key must be configured).
+
+    Returns:
+        key -> float32 ``(B, T, D)`` or, for images, ``(B, T, 3, H, W)``.
+
+    Raises:
+        KeyError: a feature is missing from ``obs``. ImageScaleError: a float image outside ``[0, 1]``.
+        MissingStatsError: a key has no normaliser mode.
+    """
+    out = {}
+    for key, feat in features.items():
+        if key not in obs:
+            raise KeyError(f"{key}: missing from the observation; received keys {sorted(obs)}")
+        x = obs[key]
+        x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        x = to_float_chw(x, key) if feat.is_image else x.astype(np.float32, copy=False)
+        t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
+        out[key] = normalizer.normalize_feature(key, t)
+    return out
+
+
+def actions_to_units(chunk: torch.Tensor, normalizer: Normalizer) -> np.ndarray:
+    """Normalised chunk ``(B, H, A)`` -> float32 numpy ``(B, H, A)`` in the ActionSpec's units."""
+    return np.ascontiguousarray(
+        normalizer.unnormalize_feature(ACTION_KEY, chunk.float()).cpu().numpy(), dtype=np.float32
+    )
+
+
+def actions_to_normalized(
+    actions: np.ndarray | torch.Tensor, normalizer: Normalizer, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Actions ``(..., A)`` in units -> normalised float32 tensor on ``device`` (inverse of
+    :func:`actions_to_units`)."""
+    t = actions if isinstance(actions, torch.Tensor) else torch.from_numpy(np.asarray(actions, np.float32))
+    return normalizer.normalize_feature(ACTION_KEY, t.float().to(device))
+
+
+def batch_size_of(obs: Mapping[str, Any], keys: Sequence[str]) -> int:
+    """Leading dim ``B`` shared by ``obs[key]`` for ``keys``. Raises ValueError when they disagree."""
+    sizes = {k: int(np.shape(obs[k])[0]) for k in keys}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"batch size: expected the same leading dim for every feature, received {sizes}")
+    return next(iter(sizes.values()))
