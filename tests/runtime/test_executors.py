@@ -1,0 +1,211 @@
+"""Executors against closed-form expectations: receding horizon, temporal ensembling (ACT), asynchronous
+execution with simulated and measured delays, RTC weights/guidance, and per-episode resets."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from policylink.adapters.policy import HistoryPolicy
+from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
+from policylink.runtime.executors import (
+    AsyncExecutor,
+    ExecutorConfig,
+    ExecutorConfigError,
+    LatencyConfig,
+    RecedingHorizonExecutor,
+    TemporalEnsembleExecutor,
+    make_executor,
+    rtc_weights,
+)
+from policylink.runtime.executors.rtc import guidance_scale, make_flow_guidance
+
+STATE = "observation.state"
+
+
+def _spec(chunk_size: int, n_action_steps: int) -> PolicySpec:
+    # state = (episode tag, time step); action = (obs time the chunk was planned from, planned time of the action)
+    return PolicySpec(
+        {STATE: FeatureSpec("float32", (2,))},
+        ActionSpec(("src", "t"), "ee_delta", ("1", "1"), (-1e6, -1e6), (1e6, 1e6)),
+        n_obs_steps=1,
+        chunk_size=chunk_size,
+        n_action_steps=n_action_steps,
+        control_frequency=10.0,
+    )
+
+
+class ClockPolicy(HistoryPolicy):
+    """chunk[b, i] = (tag*1000 + T, T + i) for the newest observation (tag, T): a correctly aligned executor
+    always executes action[1] == the current step, and action[0] says which observation planned it."""
+
+    def __init__(self, chunk_size=8, n_action_steps=4, delay_s=0.0):
+        super().__init__(_spec(chunk_size, n_action_steps))
+        self.calls = 0
+        self.delay_s = delay_s
+
+    def _predict(self, history, pad_mask, tasks):
+        self.calls += 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        obs = history[STATE][:, -1]  # (B, 2)
+        h = self.spec.chunk_size
+        src = obs[:, 0] * 1000 + obs[:, 1]
+        return np.stack([np.repeat(src[:, None], h, 1), obs[:, 1:2] + np.arange(h)[None]], -1).astype(np.float32)
+
+
+class CountingPolicy(HistoryPolicy):
+    """Constant chunks: the k-th call (k = 0, 1, ...) returns value k everywhere (the closed-form case)."""
+
+    def __init__(self, chunk_size=4):
+        super().__init__(_spec(chunk_size, 1))
+        self.calls = 0
+
+    def _predict(self, history, pad_mask, tasks):
+        b = history[STATE].shape[0]
+        out = np.full((b, self.spec.chunk_size, 2), float(self.calls), np.float32)
+        self.calls += 1
+        return out
+
+
+def _obs(tags, t):
+    tags = np.asarray(tags, np.float32)
+    return {STATE: np.stack([tags, np.full_like(tags, t)], -1)}
+
+
+def _run(executor, steps, batch=1, tags=None):
+    tags = np.zeros(batch) if tags is None else tags
+    return np.stack([executor.act(_obs(tags, t)) for t in range(steps)])  # (T, B, A)
+
+
+def test_receding_horizon_executes_n_steps_then_replans():
+    policy = ClockPolicy(chunk_size=8, n_action_steps=3)
+    ex = make_executor(policy, ExecutorConfig(kind="receding_horizon"))
+    assert isinstance(ex, RecedingHorizonExecutor)
+    acts = _run(ex, 9)
+    np.testing.assert_array_equal(acts[:, 0, 1], np.arange(9))  # aligned: action planned for step t
+    np.testing.assert_array_equal(acts[:, 0, 0], [0, 0, 0, 3, 3, 3, 6, 6, 6])  # re-plan every 3 steps
+    assert policy.calls == 3 and ex.inferences.tolist() == [3]
+
+
+def test_receding_horizon_rejects_n_action_steps_beyond_chunk():
+    with pytest.raises(
+        ExecutorConfigError,
+        match=r"n_action_steps: expected <= the policy's chunk_size \(8\), "
+        r"received 9",
+    ):
+        make_executor(ClockPolicy(chunk_size=8), ExecutorConfig(n_action_steps=9))
+    with pytest.raises(ExecutorConfigError, match="executor.kind"):
+        ExecutorConfig(kind="chunky")
+
+
+@pytest.mark.parametrize("m", [0.0, 0.5, -0.3])
+def test_temporal_ensemble_matches_closed_form(m):
+    h, steps = 4, 10
+    ex = make_executor(CountingPolicy(chunk_size=h), ExecutorConfig(kind="temporal_ensemble", ensemble_m=m))
+    assert isinstance(ex, TemporalEnsembleExecutor)
+    acts = _run(ex, steps)[:, 0, 0]
+    for t in range(steps):
+        n = min(t + 1, h)
+        values = np.arange(t - n + 1, t + 1, dtype=np.float64)  # c_s = s, oldest first
+        w = np.exp(-m * np.arange(n))
+        assert acts[t] == pytest.approx(np.dot(w, values) / w.sum(), rel=1e-6), t
+    if m == 0.0:  # plain mean of the last 4 predictions: step 9 averages 6, 7, 8, 9
+        assert acts[9] == pytest.approx(7.5)
+
+
+def test_async_with_simulated_delay_drops_passed_actions():
+    policy = ClockPolicy(chunk_size=8, n_action_steps=4)
+    cfg = ExecutorConfig(kind="async", n_action_steps=4, latency=LatencyConfig(mode="fixed", steps=2))
+    ex = make_executor(policy, cfg)
+    assert isinstance(ex, AsyncExecutor) and not ex.uses_rtc
+    acts = _run(ex, 14)[:, 0]
+    ex.close()
+    t = np.arange(14)
+    np.testing.assert_array_equal(acts[:, 1], t)  # never late: the action for step t is executed at step t
+    src = np.where(t < 6, 0, 4 * ((t - 2) // 4))  # triggers at 4, 8, 12; each used from 2 steps later
+    np.testing.assert_array_equal(acts[:, 0], src)
+
+
+def test_async_without_delay_equals_receding_horizon():
+    a = _run(make_executor(ClockPolicy(8, 4), ExecutorConfig(kind="async", latency=LatencyConfig("fixed", 0))), 12)
+    b = _run(make_executor(ClockPolicy(8, 4), ExecutorConfig(kind="receding_horizon")), 12)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_async_rejects_delays_the_chunk_cannot_cover():
+    with pytest.raises(
+        ExecutorConfigError,
+        match=r"n_action_steps \+ latency: expected <= chunk_size \(8\), "
+        r"received 6 \+ 3",
+    ):
+        make_executor(ClockPolicy(8, 6), ExecutorConfig(kind="async", latency=LatencyConfig("uniform", low=1, high=3)))
+    with pytest.raises(ExecutorConfigError, match=r"delay <= n_action_steps \(2\)"):
+        make_executor(ClockPolicy(8, 2), ExecutorConfig(kind="async", latency=LatencyConfig("fixed", 3)))
+
+
+def test_async_thread_aligns_by_measured_delay():
+    # inference takes ~30 ms, a control step ~10 ms: chunks arrive ~3 steps after their trigger
+    policy = ClockPolicy(chunk_size=16, n_action_steps=6, delay_s=0.03)
+    ex = make_executor(policy, ExecutorConfig(kind="async"))
+    acts = []
+    for t in range(30):
+        acts.append(ex.act(_obs([0], t))[0])
+        time.sleep(0.01)
+    ex.close()
+    acts = np.array(acts)
+    np.testing.assert_array_equal(acts[:, 1], np.arange(30))
+    lag = acts[:, 1] - acts[:, 0]  # steps between the planning observation and execution
+    switched = np.nonzero(np.diff(acts[:, 0]))[0] + 1
+    assert len(switched) >= 2 and np.all(lag[switched] >= 1)  # the first actions of each new chunk were dropped
+
+
+@pytest.mark.parametrize("kind", ["receding_horizon", "temporal_ensemble", "async"])
+def test_reset_clears_only_that_episode(kind):
+    policy = ClockPolicy(chunk_size=8, n_action_steps=4)
+    lat = LatencyConfig("fixed", 2) if kind == "async" else LatencyConfig()
+    ex = make_executor(policy, ExecutorConfig(kind=kind, latency=lat))
+    tags = np.array([0.0, 0.0])
+    actions = []
+    for t in range(12):
+        if t == 5:  # row 1 starts episode 1 mid-chunk (and, for async, with a chunk in flight)
+            ex.reset([1])
+            tags = np.array([0.0, 1.0])
+        actions.append(ex.act(_obs(tags, t)))
+    ex.close()
+    actions = np.array(actions)
+    episode = actions[:, :, 0] // 1000
+    np.testing.assert_array_equal(episode[5:, 1], 1)  # never an action planned in episode 0
+    np.testing.assert_array_equal(episode[:, 0], 0)
+    np.testing.assert_array_equal(actions[:, 0, 1], np.arange(12))
+    np.testing.assert_array_equal(actions[:, 1, 1], np.arange(12))
+    if kind != "temporal_ensemble":
+        np.testing.assert_array_equal(actions[5, 1, 0], 1000 + 5)  # planned from the new episode's first obs
+        # row 0 is untouched: receding keeps its chunk planned at step 4; async switches to it at 4 + d = 6
+        expected = [4, 4, 4] if kind == "receding_horizon" else [0, 4, 4]
+        np.testing.assert_array_equal(actions[5:8, 0, 0], expected)
+    assert ex.inferences[1] >= 1 and ex.stall_steps.shape == (2,)
+    with pytest.raises(IndexError, match=r"env_ids: expected indices in \[0, 2\), received \[2\]"):
+        ex.reset([2])
+
+
+def test_rtc_weights_known_values():
+    w = rtc_weights(chunk_size=8, delay=2, execution_horizon=3)
+    c = np.array([3, 2, 1]) / 4.0  # c_i = (H - s - i) / (H - s - d + 1) for i = 2, 3, 4
+    expected = np.concatenate([[1, 1], c * (np.exp(c) - 1) / (np.e - 1), [0, 0, 0]])
+    np.testing.assert_allclose(w, expected, rtol=1e-12)
+    assert w[2] == pytest.approx(0.75 * (np.exp(0.75) - 1) / (np.e - 1))
+    with pytest.raises(ValueError, match="delay=4, execution_horizon=5, chunk_size=8"):
+        rtc_weights(8, 4, 5)
+
+
+def test_rtc_guidance_known_values():
+    assert guidance_scale(0.0, 5.0) == 5.0
+    # t = 0.5: r^2 = 0.25 / 0.5 = 0.5, (1 - t) / (t r^2) = 0.5 / 0.25 = 2
+    assert guidance_scale(0.5, 5.0) == pytest.approx(2.0)
+    target = torch.ones(1, 3, 1)
+    g = make_flow_guidance(target, torch.tensor([1.0, 0.5, 0.0]), max_guidance=5.0)
+    x, v = torch.zeros(1, 3, 1), torch.zeros(1, 3, 1)
+    out = g(x, torch.tensor([0.5]), v)  # a_hat = 0, so v' = 2 * W * (1 - 0)
+    np.testing.assert_allclose(out[0, :, 0].numpy(), [2.0, 1.0, 0.0])
