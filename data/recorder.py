@@ -1,0 +1,195 @@
+"""Episode recording into an :class:`~policylink.data.buffer.EpisodeStore`: steps are buffered in memory and an
+episode is committed whole on :meth:`EpisodeRecorder.end_episode`; an aborted episode leaves no trace.
+
+Steps follow the gymnasium loop: the observation ``o_t`` that the action ``a_t`` answered, then the reward and
+termination that ``env.step(a_t)`` returned. Several slots record parallel episodes (vectorised rollouts with
+``B`` envs, one slot per env index), each committed when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from policylink.adapters.schema import ACTION_KEY, TASK_KEY, EnvSpec
+from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeMeta, EpisodeStore
+
+
+class RecorderError(RuntimeError):
+    """A recorder call out of order (step without start, end of an empty episode...) or an inconsistent step."""
+
+
+class EpisodeRecorder:
+    """Record episodes step by step into an episode store.
+
+    Args:
+        store: an :class:`EpisodeStore` opened for append, or a path (opened with ``mode="a"`` and
+            ``lock_timeout``; closed by :meth:`close`).
+        keys: observation keys to keep (default: every non-text key of the first observation, or of
+            ``env_spec``'s features). ``task`` is never stored per step: it goes into the episode metadata.
+        env_spec: optional spec used to pick the keys and to check each observation's dtype/shape.
+        lock_timeout: seconds to wait for the store's write lock when ``store`` is a path.
+
+    Raises:
+        StoreLockedError: another process is writing the store.
+    """
+
+    def __init__(
+        self,
+        store: EpisodeStore | str | os.PathLike,
+        keys: Sequence[str] | None = None,
+        env_spec: EnvSpec | None = None,
+        lock_timeout: float = 0.0,
+    ):
+        self._owns_store = not isinstance(store, EpisodeStore)
+        self.store = EpisodeStore(store, "a", lock_timeout=lock_timeout) if self._owns_store else store
+        if keys is None and env_spec is not None:
+            keys = [k for k, f in env_spec.observation_features.items() if not f.is_string]
+        self.keys = list(keys) if keys is not None else None
+        self.env_spec = env_spec
+        self._slots: dict[int, dict[str, Any]] = {}
+
+    def start_episode(self, meta: EpisodeMeta | None = None, slot: int = 0) -> None:
+        """Begin an episode in ``slot`` (discarding any unfinished one there).
+
+        Args:
+            meta: task, seed, source, quality (``success`` is set by :meth:`end_episode`).
+            slot: index of the parallel episode (env index in a vector env).
+        """
+        self._slots[slot] = {"meta": meta or EpisodeMeta(), "steps": {}, "n": 0, "task": None}
+
+    def add_step(
+        self, obs: Mapping[str, Any], action: np.ndarray, reward: float = 0.0, done: bool = False, slot: int = 0
+    ) -> None:
+        """Append one step: observation ``o_t`` (dict of arrays without batch dim), action ``a_t`` float32
+        ``(A,)``, and the reward / termination returned by ``env.step(a_t)``.
+
+        Raises:
+            RecorderError: no episode was started in ``slot``, or a key is missing / changes shape.
+            ObservationError: ``obs`` does not match ``env_spec`` (when given).
+        """
+        ep = self._slot(slot)
+        if self.env_spec is not None:
+            from policylink.adapters.schema import validate_observation
+
+            validate_observation({k: self.env_spec.observation_features[k] for k in self.keys or []}, obs)
+        if self.keys is None:
+            self.keys = [k for k, v in obs.items() if k != TASK_KEY and not isinstance(v, str)]
+        if TASK_KEY in obs and ep["task"] is None:
+            ep["task"] = str(obs[TASK_KEY])
+        row = {}
+        for k in self.keys:
+            if k not in obs:
+                raise RecorderError(f"observation: missing key {k!r}; received {sorted(obs)}")
+            row[k] = np.array(obs[k], copy=True)
+        row[ACTION_KEY] = np.asarray(action, dtype=np.float32).copy()
+        row[REWARD_KEY] = np.float32(reward)
+        row[DONE_KEY] = bool(done)
+        for k, v in row.items():
+            lst = ep["steps"].setdefault(k, [])
+            if lst and np.shape(lst[0]) != np.shape(v):
+                raise RecorderError(
+                    f"{k}: expected per-step shape {np.shape(lst[0])} (as in step 0), received "
+                    f"{np.shape(v)} at step {ep['n']}"
+                )
+            lst.append(v)
+        ep["n"] += 1
+
+    def end_episode(self, success: bool | None = None, slot: int = 0) -> int:
+        """Commit the episode of ``slot`` with its success flag; returns its index in the store.
+
+        The last step's ``done`` is set to True (an episode ends there, by termination or truncation).
+
+        Raises:
+            RecorderError: nothing started in ``slot`` or the episode has no step.
+        """
+        ep = self._slot(slot)
+        if ep["n"] == 0:
+            raise RecorderError(f"slot {slot}: cannot end an episode with no steps (use abort_episode)")
+        data = {k: np.stack(v) for k, v in ep["steps"].items()}
+        data[DONE_KEY][-1] = True
+        meta = ep["meta"]
+        task = meta.task or ep["task"] or ""
+        meta = EpisodeMeta(task=task, success=success, seed=meta.seed, source=meta.source, quality=meta.quality)
+        del self._slots[slot]
+        return self.store.add_episode(data, meta)
+
+    def abort_episode(self, slot: int = 0) -> None:
+        """Discard the unfinished episode of ``slot`` (nothing reaches the store). No-op when none."""
+        self._slots.pop(slot, None)
+
+    def is_recording(self, slot: int = 0) -> bool:
+        """True while an episode is open in ``slot``."""
+        return slot in self._slots
+
+    def n_steps(self, slot: int = 0) -> int:
+        """Steps buffered in ``slot``'s open episode (0 when none)."""
+        return self._slots[slot]["n"] if slot in self._slots else 0
+
+    def close(self) -> None:
+        """Abort every open episode and release the store's lock when this recorder opened it."""
+        self._slots.clear()
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> EpisodeRecorder:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _slot(self, slot: int) -> dict[str, Any]:
+        if slot not in self._slots:
+            raise RecorderError(f"slot {slot}: no episode started (call start_episode first)")
+        return self._slots[slot]
+
+
+def record_episode(
+    env: Any,
+    act: Any,
+    recorder: EpisodeRecorder,
+    *,
+    seed: int | None = None,
+    meta: EpisodeMeta | None = None,
+    max_steps: int | None = None,
+) -> tuple[int, bool, int]:
+    """Run one episode of ``env`` with ``act(obs) -> action (A,)`` and commit it.
+
+    Args:
+        env: an EnvAdapter (gymnasium API, ``info["is_success"]``).
+        act: callable from the current observation dict to a float32 action ``(A,)``.
+        recorder: where the episode goes.
+        seed: env reset seed (recorded in the metadata).
+        meta: source / quality / task tags (its ``seed`` is replaced by ``seed``).
+        max_steps: step cap (default: ``env.env_spec.max_episode_steps``).
+
+    Returns:
+        ``(episode_index, success, n_steps)``; success is True if ``info["is_success"]`` was ever True.
+        An exception inside the loop aborts the episode (nothing is stored) and propagates.
+    """
+    meta = meta or EpisodeMeta()
+    meta = EpisodeMeta(task=meta.task, success=None, seed=seed, source=meta.source, quality=meta.quality)
+    max_steps = max_steps or int(env.env_spec.max_episode_steps)
+    recorder.start_episode(meta)
+    try:
+        obs, info = env.reset(seed=seed)
+        success = bool(info.get("is_success", False))
+        for _ in range(max_steps):
+            action = np.asarray(act(obs), dtype=np.float32)
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            success = success or bool(info.get("is_success", False))
+            recorder.add_step(obs, action, reward, terminated)
+            obs = next_obs
+            if terminated or truncated:
+                break
+        n = recorder.n_steps()
+        return recorder.end_episode(success), success, n
+    except BaseException:
+        recorder.abort_episode()
+        raise
+
+
+__all__ = ["EpisodeRecorder", "RecorderError", "record_episode"]
