@@ -1,0 +1,120 @@
+"""The reference rollout loop: terminal-step metrics, planned seeds with SAME_STEP autoreset, videos that start
+at their own episode's first frame, recording through the data recorder, and ``policylink run``."""
+
+import numpy as np
+import pytest
+
+from policylink.adapters.env import EnvAdapter
+from policylink.adapters.policy import HistoryPolicy
+from policylink.adapters.registry import register_env, register_policy
+from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, PolicySpec
+from policylink.data.buffer import EpisodeStore
+from policylink.data.recorder import EpisodeRecorder
+from policylink.runtime import rollout as ro
+from policylink.runtime.executors import ExecutorConfig, make_executor
+
+STATE = "observation.state"
+ACTION = ActionSpec(("u",), "ee_delta", ("m",), (-1.0,), (1.0,))
+
+
+class Countdown(EnvAdapter):
+    """state = (seed, t). Step t (1-based) gives reward t - 4 (so -3, -2, -1, ...); the episode terminates
+    after ``3 + seed % 3`` steps, successfully when the seed is even. Frames encode (seed, t)."""
+
+    env_spec = EnvSpec("countdown", {STATE: FeatureSpec("float32", (2,))}, ACTION, 10.0, 50)
+
+    def __init__(self, render_mode="rgb_array"):
+        self.render_mode = render_mode
+        self._init_spaces()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seed_, self.t = (-1 if seed is None else seed), 0
+        return self._obs(), {"is_success": False}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t >= 3 + self.seed_ % 3
+        ok = bool(end and self.seed_ % 2 == 0)
+        return self._obs(), float(self.t - 4), end, False, {"is_success": ok}
+
+    def render(self):
+        frame = np.zeros((8, 8, 3), np.uint8)
+        frame[..., 0], frame[..., 1] = self.seed_ % 256, self.t
+        return frame
+
+    def _obs(self):
+        return {STATE: np.array([self.seed_, self.t], np.float32)}
+
+
+class Zero(HistoryPolicy):
+    """Chunks of zeros (4 steps)."""
+
+    def __init__(self):
+        super().__init__(PolicySpec({STATE: FeatureSpec("float32", (2,))}, ACTION, chunk_size=4, n_action_steps=2))
+
+    def _predict(self, history, pad_mask, tasks):
+        return np.zeros((history[STATE].shape[0], 4, 1), np.float32)
+
+
+def test_metrics_stop_at_the_terminal_step():
+    # rewards -3, -2, -1 ending at step 3, then padding that must not count
+    n, total, best, ok = ro.episode_metrics([-3, -2, -1, 5, 7], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1])
+    assert (n, total, best, ok) == (3, -6.0, -1.0, False)
+    assert ro.episode_metrics([1, 2], [0, 0], [0, 1]) == (2, 3.0, 2.0, True)  # never done: every step counts
+    with pytest.raises(ValueError, match="equal non-empty"):
+        ro.episode_metrics([1], [0, 1], [0])
+
+
+def _run(n_episodes, num_envs, seed=0, **kw):
+    vec = ro.make_vector_env(Countdown, ro.plan_episodes(n_episodes, seed, num_envs), max_episode_steps=50)
+    ex = make_executor(Zero(), ExecutorConfig())
+    try:
+        return ro.rollout(vec, ex, n_episodes, **kw)
+    finally:
+        vec.close()
+
+
+def test_rollout_counts_each_episode_up_to_its_terminal_step():
+    results = _run(5, num_envs=2, video_episodes=[0, 3])
+    assert [r.index for r in results] == [0, 1, 2, 3, 4] and [r.seed for r in results] == [0, 1, 2, 3, 4]
+    # seed s lasts 3 + s % 3 steps: rewards -3..(n-4); the slot keeps running other episodes afterwards
+    assert [r.n_steps for r in results] == [3, 4, 5, 3, 4]
+    assert [r.max_reward for r in results] == [-1.0, 0.0, 1.0, -1.0, 0.0]
+    assert [r.sum_reward for r in results] == [-6.0, -6.0, -5.0, -6.0, -6.0]
+    assert [r.success for r in results] == [True, False, True, False, True]
+    assert [r.inferences for r in results] == [2, 2, 3, 2, 2]  # re-plan every 2 steps, fresh at each episode
+    for r in results:
+        if r.index in (0, 3):  # video starts at its own reset frame, then one frame per non-terminal step
+            seeds = [int(f[0, 0, 0]) for f in r.frames]
+            ts = [int(f[0, 0, 1]) for f in r.frames]
+            assert seeds == [r.seed] * r.n_steps and ts == list(range(r.n_steps))
+        else:
+            assert r.frames is None
+
+
+def test_rollout_results_do_not_depend_on_the_number_of_envs():
+    one = [r.to_dict() for r in _run(6, num_envs=1, seed=10)]
+    three = [r.to_dict() for r in _run(6, num_envs=3, seed=10)]
+    assert one == three
+
+
+def test_rollout_records_episodes(tmp_path):
+    rec = EpisodeRecorder(tmp_path / "store.zarr", env_spec=Countdown.env_spec)
+    _run(3, num_envs=2, recorder=rec)
+    rec.close()
+    store = EpisodeStore(tmp_path / "store.zarr", "r")
+    assert store.n_episodes == 3
+    assert sorted(store.episode_lengths.tolist()) == [3, 4, 5]
+    metas = store.all_meta()
+    assert sorted((m.seed, m.success) for m in metas) == [(0, True), (1, False), (2, True)]
+    first = store.get_episode([m.seed for m in metas].index(0))
+    np.testing.assert_array_equal(first[STATE][:, 1], [0, 1, 2])  # o_t that each action answered
+
+
+def test_run_command(capsys):
+    register_env("countdown_run", Countdown, overwrite=True)
+    register_policy("zero_run", Zero, overwrite=True)
+    assert ro.main(["--policy", "zero_run", "--env", "countdown_run", "--episodes", "3", "--num_envs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "episode 2 seed 2: success=True steps=5" in out and "success: 2/3 (66.7%)" in out
