@@ -1,0 +1,245 @@
+"""Numpy-aware msgpack codec for the wire protocol: one msgpack header frame plus one raw frame per array.
+
+A message is any tree of dicts (str keys), lists, str, bytes, int, float, bool, None, numpy arrays of a
+supported dtype, numpy scalars and numpy string arrays. Arrays travel as a small msgpack extension (type 1:
+``dtype code u8, ndim u8, frame index u32, shape u64 x ndim``, little-endian; the dtype code indexes
+:data:`SUPPORTED_DTYPES`) in the header and their bytes in a separate ZMQ frame (sent zero-copy,
+little-endian, C order). Anything else (object arrays, pickles, sets, custom classes) is refused at encode
+time with :class:`CodecError`; nothing is ever pickled (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+SUPPORTED_DTYPES: tuple[str, ...] = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+_WIRE_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in SUPPORTED_DTYPES}
+_DTYPE_CODE = {np.dtype(name): code for code, name in enumerate(SUPPORTED_DTYPES)}
+_DTYPE_CODE.update({dt: code for code, dt in enumerate(_WIRE_DTYPES.values())})
+_EXT_ARRAY = 1  # payload: struct <dtype code u8, ndim u8, frame index u32, shape u64 x ndim>; data in frame 1+index
+_EXT_STR_ARRAY = 2  # payload: msgpack [shape, flat list of str]
+_EXT_SCALAR = 3  # payload: msgpack [dtype name, little-endian bytes]
+_MAX_NDIM = 32
+_ARRAY_HEAD = struct.Struct("<BBI")
+_SHAPES = [struct.Struct(f"<{n}Q") for n in range(_MAX_NDIM + 1)]
+_NATIVE = [(dt, dt.kind == "b", dt.isnative) for dt in _WIRE_DTYPES.values()]
+
+Frame = bytes | memoryview | np.ndarray
+
+
+class CodecError(ValueError):
+    """A value cannot be encoded, or received frames cannot be decoded (the message names the problem)."""
+
+
+def encode(message: Any) -> list[Frame]:
+    """Encode ``message`` into ZMQ frames: ``[header, array_0, array_1, ...]``.
+
+    Array frames are the arrays themselves (C-contiguous, little-endian; a copy is made only when the
+    input is not), so ``socket.send_multipart(frames, copy=False)`` sends them without copying.
+
+    Raises:
+        CodecError: a value of an unsupported type or dtype, naming its path in the message
+            (e.g. ``body.observation.x: object arrays are not supported``).
+    """
+    arrays: list[np.ndarray] = []
+
+    def default(obj: Any) -> msgpack.ExtType:
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.kind == "U":
+                payload = [list(obj.shape), obj.ravel().tolist()]
+                return msgpack.ExtType(_EXT_STR_ARRAY, msgpack.packb(payload))
+            code = _DTYPE_CODE.get(obj.dtype)
+            if code is None:
+                code = _DTYPE_CODE[_wire_dtype(obj.dtype)]
+            wire = _WIRE_DTYPES[SUPPORTED_DTYPES[code]]
+            if obj.dtype is not wire and obj.dtype != wire or not obj.flags.c_contiguous:
+                obj = np.ascontiguousarray(obj, dtype=wire)
+            arrays.append(obj)
+            shape = obj.shape
+            if len(shape) > _MAX_NDIM:
+                raise TypeError(f"arrays of more than {_MAX_NDIM} dims are not supported")
+            head = _ARRAY_HEAD.pack(code, len(shape), len(arrays) - 1)
+            return msgpack.ExtType(_EXT_ARRAY, head + _SHAPES[len(shape)].pack(*shape))
+        if isinstance(obj, np.generic):
+            wire = _wire_dtype(obj.dtype)
+            return msgpack.ExtType(_EXT_SCALAR, msgpack.packb([wire.name, np.asarray(obj, wire).tobytes()]))
+        raise TypeError(type(obj).__name__)
+
+    try:
+        header = msgpack.packb(message, default=default, use_bin_type=True, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as e:
+        path, why = _find_unencodable(message, "message")
+        raise CodecError(f"{path}: {why}" if path else f"message: cannot encode ({e})") from None
+    return [header, *arrays]
+
+
+def decode(frames: Sequence[Any]) -> Any:
+    """Decode frames produced by :func:`encode` (``bytes``, ``memoryview`` or ``zmq.Frame``).
+
+    Arrays are zero-copy views of writable ZMQ frame buffers (``recv_multipart(copy=False)``), so a receiver
+    may normalise them in place; when a frame is read-only (``bytes``) the array is a writable copy.
+
+    Raises:
+        CodecError: malformed msgpack, an unknown extension, a frame whose size does not match its
+            ``dtype`` x ``shape``, an unsupported dtype, non-str map keys, or unused/missing frames.
+    """
+    if not frames:
+        raise CodecError("frames: expected at least one (the msgpack header), received none")
+    buffers = [_buffer_of(f) for f in frames]
+    used: set[int] = set()
+
+    def ext_hook(code: int, data: bytes) -> Any:
+        if code == _EXT_ARRAY:
+            return _decode_array(data, buffers, used)
+        if code == _EXT_STR_ARRAY:
+            return _decode_str_array(data)
+        if code == _EXT_SCALAR:
+            name, raw = _unpack_list(data, 2, "scalar")
+            dt = _dtype_from_name(name)
+            if not isinstance(raw, bytes) or len(raw) != dt.itemsize:
+                raise CodecError(f"scalar: expected {dt.itemsize} bytes of {name}, received {raw!r:.40}")
+            return np.frombuffer(raw, dtype=dt)[0].astype(dt.newbyteorder("="))
+        raise CodecError(f"header: unknown msgpack extension type {code} (expected 1, 2 or 3)")
+
+    try:
+        message = msgpack.unpackb(buffers[0], ext_hook=ext_hook, raw=False, strict_map_key=True, use_list=True)
+    except CodecError:
+        raise
+    except Exception as e:  # msgpack raises several types (ExtraData, FormatError, ValueError...)
+        raise CodecError(f"header: invalid msgpack ({type(e).__name__}: {e})") from None
+    if len(used) != len(buffers) - 1:
+        raise CodecError(f"frames: {len(buffers) - 1} array frame(s) sent, {len(used)} referenced by the header")
+    return message
+
+
+def nbytes(frames: Sequence[Any]) -> int:
+    """Total payload size of ``frames`` in bytes (header + array frames)."""
+    return sum(_buffer_of(f).nbytes for f in frames)
+
+
+def _buffer_of(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", None)  # zmq.Frame
+    view = memoryview(buf if buf is not None else frame)
+    if view.format == "B" and view.ndim == 1:
+        return view
+    return view.cast("B") if view.nbytes else memoryview(b"")
+
+
+def _wire_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype.kind == "O":
+        raise TypeError("object arrays are not supported (only bool, int8-64, uint8-64, float16/32/64, str)")
+    name = np.dtype(dtype).newbyteorder("=").name
+    if name not in _WIRE_DTYPES:
+        raise TypeError(f"dtype {dtype} is not supported; expected one of {list(SUPPORTED_DTYPES)}")
+    return _WIRE_DTYPES[name]
+
+
+def _dtype_from_name(name: Any) -> np.dtype:
+    if not isinstance(name, str) or name not in _WIRE_DTYPES:
+        raise CodecError(f"dtype: expected one of {list(SUPPORTED_DTYPES)}, received {name!r:.40}")
+    return _WIRE_DTYPES[name]
+
+
+def _unpack_list(data: bytes, n: int, what: str) -> list:
+    try:
+        items = msgpack.unpackb(data, raw=False, use_list=True)
+    except Exception as e:
+        raise CodecError(f"{what}: invalid extension payload ({type(e).__name__})") from None
+    if not isinstance(items, list) or len(items) != n:
+        raise CodecError(f"{what}: expected a {n}-item header, received {items!r:.60}")
+    return items
+
+
+def _check_shape(shape: Any, what: str) -> tuple[int, ...]:
+    if (
+        not isinstance(shape, list)
+        or len(shape) > _MAX_NDIM
+        or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**48 for s in shape)
+    ):
+        raise CodecError(f"{what}: expected a shape of non-negative ints, received {shape!r:.60}")
+    return tuple(shape)
+
+
+def _decode_array(data: bytes, buffers: list[memoryview], used: set[int]) -> np.ndarray:
+    if len(data) < _ARRAY_HEAD.size:
+        raise CodecError(f"array: header of {len(data)} bytes is too short")
+    code, ndim, index = _ARRAY_HEAD.unpack_from(data)
+    if code >= len(SUPPORTED_DTYPES) or ndim > _MAX_NDIM or len(data) != _ARRAY_HEAD.size + 8 * ndim:
+        raise CodecError(f"array: invalid header (dtype code {code}, {ndim} dims, {len(data)} bytes)")
+    dt, is_bool, native = _NATIVE[code]
+    shape = _SHAPES[ndim].unpack_from(data, _ARRAY_HEAD.size)
+    if not 0 <= index < len(buffers) - 1 or index in used:
+        raise CodecError(f"array: frame index {index} is out of range or reused ({len(buffers) - 1} array frame(s))")
+    used.add(index)
+    buf = buffers[1 + index]
+    expected = math.prod(shape) * dt.itemsize
+    if buf.nbytes != expected:
+        raise CodecError(
+            f"array frame {index}: expected {expected} bytes for {dt.name} {list(shape)}, received {buf.nbytes}"
+        )
+    if buf.readonly:
+        buf = memoryview(bytearray(buf))
+    arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+    if is_bool and arr.size and arr.view(np.uint8).max() > 1:
+        raise CodecError(f"array frame {index}: bool array holds bytes other than 0 and 1")
+    return arr if native else arr.astype(dt.newbyteorder("="))
+
+
+def _decode_str_array(data: bytes) -> np.ndarray:
+    shape, items = _unpack_list(data, 2, "string array")
+    shape = _check_shape(shape, "string array shape")
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise CodecError("string array: expected a flat list of str")
+    if len(items) != math.prod(shape):
+        raise CodecError(f"string array: shape {list(shape)} does not match {len(items)} items")
+    return np.array(items, dtype=str).reshape(shape)
+
+
+def _find_unencodable(obj: Any, path: str) -> tuple[str | None, str]:
+    """Walk ``obj`` and return ``(path, reason)`` of the first value :func:`encode` refuses."""
+    if obj is None or isinstance(obj, (bool, float, str, bytes)):
+        return None, ""
+    if isinstance(obj, int):
+        return (None, "") if -(2**63) <= obj < 2**64 else (path, f"int {obj} does not fit in 64 bits")
+    if isinstance(obj, np.ndarray | np.generic):
+        if isinstance(obj, np.ndarray) and obj.dtype.kind == "U":
+            return None, ""
+        try:
+            _wire_dtype(obj.dtype)
+        except TypeError as e:
+            return path, str(e)
+        return None, ""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                return f"{path}[{k!r}]", f"map keys must be str, received {type(k).__name__}"
+            found = _find_unencodable(v, f"{path}.{k}")
+            if found[0]:
+                return found
+        return None, ""
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            found = _find_unencodable(v, f"{path}[{i}]")
+            if found[0]:
+                return found
+        return None, ""
+    return path, f"type {type(obj).__name__} is not supported (no pickling on the wire)"

@@ -1,0 +1,455 @@
+"""ZeroMQ request/reply machinery under the policy and env servers: a ROUTER server that answers ``hello`` and
+``ping`` even while a slow call runs, with per-verb metrics, and a DEALER client channel with request ids,
+timeouts and a fresh socket after a timeout. Never REQ/REP: a lost reply cannot wedge either side
+(DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from policylink.adapters import security
+from policylink.adapters.codec import CodecError, nbytes
+from policylink.adapters.protocol import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    ProtocolError,
+    RemoteError,
+    VersionMismatchError,
+    encode_message,
+    error_frames,
+    parse_message,
+)
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
+_POLL_MS = 100
+_server_ids = itertools.count()
+log = logging.getLogger(__name__)
+
+
+class ServerStats:
+    """Thread-safe per-verb request counts, error counts and latency percentiles (last ``window`` requests).
+
+    Latency is measured on the server from receiving a request to sending its reply, in seconds.
+    """
+
+    def __init__(self, window: int = 10_000):
+        self._lock = threading.Lock()
+        self._latency: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        self._count: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+
+    def record(self, verb: str, seconds: float, error: str | None = None) -> None:
+        """Count one reply to ``verb`` that took ``seconds``; ``error`` is its error code or None."""
+        with self._lock:
+            self._count[verb] += 1
+            self._latency[verb].append(seconds)
+            if error is not None:
+                self._errors[verb] += 1
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """``{verb: {"count", "errors", "p50_ms", "p99_ms"}}`` for every verb seen so far."""
+        with self._lock:
+            out = {}
+            for verb in sorted(self._count):
+                lat = np.asarray(self._latency[verb], dtype=np.float64) * 1e3
+                out[verb] = {
+                    "count": self._count[verb],
+                    "errors": self._errors[verb],
+                    "p50_ms": float(np.percentile(lat, 50)),
+                    "p99_ms": float(np.percentile(lat, 99)),
+                }
+            return out
+
+    def format(self) -> str:
+        """A fixed-width table of :meth:`snapshot` (one line per verb)."""
+        lines = [f"{'verb':<16}{'count':>9}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}"]
+        for verb, s in self.snapshot().items():
+            lines.append(f"{verb:<16}{s['count']:>9d}{s['errors']:>8d}{s['p50_ms']:>10.3f}{s['p99_ms']:>10.3f}")
+        return "\n".join(lines)
+
+
+class Server:
+    """Base of :class:`~policylink.adapters.transport.PolicyServer` and ``EnvServer``.
+
+    Subclasses set ``kind``, ``requests`` (verb -> body schema) and ``failure_code``, and implement
+    :meth:`handle` and :meth:`spec_dict`.
+
+    Threads (leader/follower with a lazy hand-over): the serving thread owns the ROUTER socket, answers
+    ``hello``/``ping`` and runs :meth:`handle` inline, so a fast call costs no thread hand-off. It releases the
+    socket while :meth:`handle` runs; if that call lasts longer than ``rescue_after_s``, a standby thread takes
+    the socket, answers ``hello``/``ping`` (and queues other verbs) until the call ends. Calls to
+    :meth:`handle` are therefore serialised (one at a time, in arrival order).
+
+    Args:
+        bind: ZeroMQ endpoint, default loopback; a port of ``0`` or ``*`` picks a free one (see ``endpoint``).
+        curve_keys: a key folder (``policylink keys generate``) or :class:`~policylink.adapters.security.ServerKeys`;
+            required for a non-loopback ``bind`` unless ``insecure``.
+        insecure: allow a non-loopback ``bind`` without CURVE (logs a warning).
+        max_message_bytes: requests larger than this get a ``too_large`` error reply; single frames over twice
+            this are dropped by ZeroMQ before allocation (the client then times out).
+        name: shown in ``hello`` replies and logs.
+        rescue_after_s: how long a :meth:`handle` call may hold the socket idle before ``hello``/``ping`` are
+            served by the standby thread, seconds.
+
+    Raises:
+        InsecureBindError: non-loopback ``bind`` without keys or ``insecure``.
+        zmq.ZMQError: the endpoint cannot be bound (port in use).
+    """
+
+    kind: str = ""
+    requests: Mapping[str, Mapping[str, Any]] = {}
+    failure_code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(
+        self,
+        bind: str = "tcp://127.0.0.1:5555",
+        *,
+        curve_keys: str | Path | security.ServerKeys | None = None,
+        insecure: bool = False,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        name: str | None = None,
+        rescue_after_s: float = 0.003,
+    ):
+        if bind.endswith(":0"):
+            bind = bind[:-1] + "*"
+        keys = security.load_server_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
+        security.check_bind(bind, keys, insecure)
+        self.bind, self.name, self.max_message_bytes = bind, name or f"policylink-{self.kind}", max_message_bytes
+        self.rescue_after_s = rescue_after_s
+        self.stats = ServerStats()
+        self.endpoint: str | None = None
+        self._keys = keys
+        self._ctx: zmq.Context | None = None
+        self._auth = None
+        self._router: zmq.Socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._sock_lock = threading.Lock()  # whoever holds it may use the ROUTER socket
+        self._backlog: deque = deque()  # (identity, Message, t0) received by the standby thread
+        self._busy_since: float | None = None  # perf_counter() when the running handle() started
+        self._rescuing = False
+        self._wake = f"inproc://policylink-wake-{next(_server_ids)}"
+
+    # -- to implement ------------------------------------------------------------------------------------------
+    def spec_dict(self) -> dict[str, Any]:
+        """The served object's spec as a plain dict (sent in ``hello``)."""
+        raise NotImplementedError
+
+    def handle(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Serve one verb other than ``hello``/``ping``; return the reply body or raise ProtocolError."""
+        raise NotImplementedError
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def start(self) -> Server:
+        """Bind and start the serving and standby threads; returns ``self`` (``endpoint`` = the bound address)."""
+        if self._threads:
+            return self
+        self._stop.clear()
+        self._ctx = zmq.Context()
+        router = self._ctx.socket(zmq.ROUTER)
+        router.linger = 0
+        router.setsockopt(zmq.MAXMSGSIZE, max(2 * self.max_message_bytes, self.max_message_bytes + 2**20))
+        if self._keys is not None:
+            self._auth = security.secure_server_socket(self._ctx, router, self._keys)
+        try:
+            router.bind(self.bind)
+        except zmq.ZMQError:
+            router.close()
+            self._close_context()
+            raise
+        self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._router = router
+        wake_rx, wake_tx = self._ctx.socket(zmq.PAIR), self._ctx.socket(zmq.PAIR)
+        wake_rx.bind(self._wake)
+        wake_tx.connect(self._wake)
+        self._threads = [
+            threading.Thread(target=self._serve_loop, args=(wake_tx,), daemon=True, name=f"{self.name}-serve"),
+            threading.Thread(target=self._standby_loop, args=(wake_rx,), daemon=True, name=f"{self.name}-standby"),
+        ]
+        for t in self._threads:
+            t.start()
+        log.info("%s serving on %s", self.name, self.endpoint)
+        return self
+
+    def serve_forever(self, duration_s: float | None = None) -> None:
+        """Start (if needed) and block until :meth:`stop`, Ctrl-C, or ``duration_s`` seconds."""
+        self.start()
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        try:
+            while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                self._stop.wait(0.2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the threads and release the socket (pending requests get no reply)."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10.0)
+        self._threads = []
+        if self._router is not None:
+            self._router.close(linger=0)
+            self._router = None
+        self._close_context()
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- threads -----------------------------------------------------------------------------------------------
+    def _close_context(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    def _serve_loop(self, wake_tx: zmq.Socket) -> None:
+        router = self._router
+        try:
+            while not self._stop.is_set():
+                with self._sock_lock:
+                    job = self._backlog.popleft() if self._backlog else self._receive(router, inline=True)
+                if job is None:
+                    continue
+                identity, msg, t0 = job
+                self._busy_since = time.perf_counter()
+                out, error = self._run(msg)
+                self._busy_since = None
+                if self._rescuing:
+                    wake_tx.send(b"")
+                with self._sock_lock:
+                    router.send_multipart([identity, *out], copy=False)
+                self.stats.record(msg.type, time.perf_counter() - t0, error)
+        finally:
+            wake_tx.close(linger=0)
+
+    def _standby_loop(self, wake_rx: zmq.Socket) -> None:
+        router = self._router
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(wake_rx, zmq.POLLIN)
+        try:
+            while not self._stop.wait(self.rescue_after_s):
+                since = self._busy_since
+                if since is None or time.perf_counter() - since < self.rescue_after_s:
+                    continue
+                with self._sock_lock:
+                    self._rescuing = True
+                    while self._busy_since is not None and not self._stop.is_set():
+                        events = dict(poller.poll(_POLL_MS))
+                        if wake_rx in events:
+                            while wake_rx.poll(0):
+                                wake_rx.recv()
+                        if router in events:
+                            job = self._receive(router, inline=False)
+                            if job is not None:
+                                self._backlog.append(job)
+                    self._rescuing = False
+        finally:
+            wake_rx.close(linger=0)
+
+    def _receive(self, router: zmq.Socket, inline: bool) -> tuple | None:
+        """Receive one request (the caller holds the socket); answer hello/ping/errors at once, return others."""
+        if not router.poll(_POLL_MS if inline else 0, zmq.POLLIN):
+            return None
+        frames = router.recv_multipart(copy=False)
+        t0 = time.perf_counter()
+        identity, payload = frames[0], frames[1:]
+        verb = "(invalid)"
+        try:
+            size = nbytes(payload)
+            if size > self.max_message_bytes:
+                raise ProtocolError(
+                    ErrorCode.TOO_LARGE,
+                    f"message: expected at most {self.max_message_bytes} bytes, received {size}",
+                    None,
+                    _peek_id(payload),
+                )
+            msg = parse_message(payload, self.requests)
+            verb = msg.type
+            if verb == "hello":
+                out, error = encode_message(msg.id, verb, self._hello(msg)), None
+            elif verb == "ping":
+                out, error = encode_message(msg.id, verb, {"time": time.time()}), None
+            else:
+                return identity, msg, t0
+        except ProtocolError as e:
+            out, error = error_frames(e), e.code.value
+        except Exception as e:  # never let one request kill the server
+            log.exception("%s: internal error on a %s request", self.name, verb)
+            out, error = error_frames(ProtocolError(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")), "internal"
+        router.send_multipart([identity, *out], copy=False)
+        self.stats.record(verb, time.perf_counter() - t0, error)
+        return None
+
+    def _hello(self, msg: Message) -> dict[str, Any]:
+        if msg.body["protocol"] != PROTOCOL_VERSION:
+            raise ProtocolError(
+                ErrorCode.VERSION_MISMATCH,
+                f"protocol: expected {PROTOCOL_VERSION} (this server), "
+                f"received {msg.body['protocol']} (client); run the same policylink version on "
+                "both sides",
+                "body.protocol",
+                msg.id,
+            )
+        return {"protocol": PROTOCOL_VERSION, "kind": self.kind, "spec": self.spec_dict(), "server": self.name}
+
+    def _run(self, msg: Message) -> tuple[list, str | None]:
+        """Call :meth:`handle` and encode its reply; every failure becomes an error reply."""
+        try:
+            return encode_message(msg.id, msg.type, self.handle(msg.type, msg.body)), None
+        except ProtocolError as e:
+            e.request_id = msg.id
+            return error_frames(e), e.code.value
+        except CodecError as e:
+            err = ProtocolError(self.failure_code, f"reply not encodable: {e}", None, msg.id)
+        except Exception as e:
+            log.exception("%s: %s failed", self.name, msg.type)
+            err = ProtocolError(self.failure_code, f"{type(e).__name__}: {e}", None, msg.id)
+        return error_frames(err), err.code.value
+
+
+class Channel:
+    """Client side of one server: a DEALER socket, request ids, timeouts, and a fresh socket after a timeout.
+
+    Replies whose id is not the pending request's (late replies to timed-out requests) are discarded.
+    Thread-safe (one request at a time).
+
+    Args:
+        endpoint: the server's ZeroMQ endpoint, e.g. ``"tcp://127.0.0.1:5555"``.
+        replies: verb -> reply body schema (:data:`~policylink.adapters.protocol.POLICY_REPLIES`...).
+        timeout_s: default per-request timeout, seconds.
+        curve_keys: a key folder or :class:`~policylink.adapters.security.ClientKeys` when the server uses CURVE.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        replies: Mapping[str, Mapping[str, Any]],
+        *,
+        timeout_s: float = 10.0,
+        curve_keys: str | Path | security.ClientKeys | None = None,
+    ):
+        self.endpoint, self.timeout_s, self._replies = endpoint, float(timeout_s), replies
+        self._keys = security.load_client_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
+        self._ctx = zmq.Context.instance()
+        self._sock: zmq.Socket | None = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def request(self, verb: str, body: Mapping[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        """Send ``verb`` with ``body`` and return the reply body.
+
+        Raises:
+            TimeoutError: no reply within the timeout (names the server and the verb); the socket is dropped
+                and the next request connects afresh.
+            RemoteError: the server replied with an error (``code``, ``message``, ``field``);
+                :class:`VersionMismatchError` for ``version_mismatch``.
+            CodecError: ``body`` holds a value the codec refuses (nothing is sent).
+            ProtocolError: the reply breaks the protocol.
+        """
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        with self._lock:
+            frames = encode_message(rid := next(self._ids), verb, body)
+            sock = self._socket()
+            sock.send_multipart(frames, copy=False)
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
+                if not remaining_ms or not sock.poll(remaining_ms, zmq.POLLIN):
+                    self._drop_socket()
+                    raise TimeoutError(
+                        f"policylink server {self.endpoint}: no reply to {verb!r} within {timeout:g} s "
+                        "(server down or overloaded, or it refused this client's CURVE key); the "
+                        "next call reconnects on a fresh socket"
+                    )
+                reply = parse_message(sock.recv_multipart(copy=False), self._replies, allow_error=True)
+                if reply.id != rid:
+                    continue  # a late reply to an earlier, timed-out request
+                if reply.type == "error":
+                    b = reply.body
+                    cls = VersionMismatchError if b["code"] == ErrorCode.VERSION_MISMATCH.value else RemoteError
+                    raise cls(self.endpoint, verb, b["code"], b["message"], b.get("field"))
+                if reply.type != verb:
+                    raise ProtocolError(
+                        ErrorCode.INVALID_FRAME, f"reply type: expected {verb!r}, received {reply.type!r}", "type", rid
+                    )
+                return reply.body
+
+    def hello(self, kind: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """Run the ``hello`` handshake and check the server ``kind`` (``"policy"`` or ``"env"``).
+
+        Raises:
+            VersionMismatchError: the server speaks another protocol version.
+            ProtocolError: the server is not a ``kind`` server.
+        """
+        reply = self.request("hello", {"protocol": PROTOCOL_VERSION, "client": "policylink"}, timeout_s)
+        if reply["protocol"] != PROTOCOL_VERSION:
+            raise VersionMismatchError(
+                self.endpoint,
+                "hello",
+                ErrorCode.VERSION_MISMATCH.value,
+                f"protocol: expected {PROTOCOL_VERSION} (client), received {reply['protocol']} (server)",
+                "protocol",
+            )
+        if reply["kind"] != kind:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"kind: expected a {kind} server at {self.endpoint}, received {reply['kind']!r}",
+                "kind",
+            )
+        return reply
+
+    def ping(self, timeout_s: float | None = None) -> float:
+        """Round-trip time of a ``ping``, seconds."""
+        t0 = time.perf_counter()
+        self.request("ping", {}, timeout_s)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Close the socket (a later request opens a new one)."""
+        with self._lock:
+            self._drop_socket()
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            if self._keys is not None:
+                security.secure_client_socket(sock, self._keys)
+            sock.connect(self.endpoint)
+            self._sock = sock
+        return self._sock
+
+    def _drop_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+
+def _peek_id(frames: list) -> int | None:
+    """The request id of an otherwise rejected message, when its envelope can be read."""
+    try:
+        return parse_message(frames, {}, allow_error=False).id
+    except ProtocolError as e:
+        return e.request_id
+    except Exception:
+        return None
