@@ -1,0 +1,322 @@
+"""Shared machinery of the policylink MuJoCo tasks: model loading, seeded resets, 10 Hz control with physics
+substeps, observation assembly (state / images / task), perturbations and rendering.
+
+A task subclasses :class:`MujocoTaskEnv`, names its MJCF file and its state layout, and implements episode
+sampling, action application, the state vector and the success predicate.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+from policylink.adapters.env import EnvAdapter
+from policylink.adapters.schema import (
+    IMAGE_PREFIX,
+    STATE_KEY,
+    TASK_KEY,
+    ActionError,
+    ActionSpec,
+    EnvSpec,
+    FeatureSpec,
+)
+from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
+from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
+from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_quality
+
+OBS_MODES = ("state", "image", "state+image")
+CONTROL_FREQUENCY_HZ = 10.0
+
+
+def asset_path(filename: str) -> str:
+    """Absolute path of an MJCF file shipped in ``policylink.sim.mujoco/assets``."""
+    return str(files("policylink.sim.mujoco").joinpath("assets", filename))
+
+
+def yaw_of(quat_wxyz: np.ndarray) -> float:
+    """Rotation about world z (rad) of a unit quaternion ``(w, x, y, z)``."""
+    w, x, y, z = quat_wxyz
+    return float(np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z)))
+
+
+class MujocoTaskEnv(EnvAdapter):
+    """Base class of the MuJoCo tasks (an :class:`~policylink.adapters.env.EnvAdapter`).
+
+    Args:
+        obs_mode: ``"state"`` (``observation.state`` only), ``"image"`` (camera frames only) or
+            ``"state+image"``; every mode adds the ``task`` instruction (str).
+        image_size: frame size, ``int`` (square) or ``(H, W)``, pixels (default 96).
+        cameras: camera names for image observations (default: the task's ``default_cameras``); known
+            cameras are ``"top"`` (straight down, image right = world +x, up = world +y) and ``"front"``.
+        render_quality: ``"fast"`` (no shadows, no multisampling) or ``"pretty"`` (for videos).
+        perturbation: a :class:`PerturbationConfig`, or None for none.
+        render_mode: ``"rgb_array"`` makes :meth:`render` return a ``render_size`` frame of the first camera.
+        randomization: visual randomisation bounds (default :class:`RandomizationConfig`).
+        render_size: side of the :meth:`render` frame, pixels (default 256).
+
+    Raises:
+        ValueError: an unknown ``obs_mode``, ``render_quality`` or ``render_mode``, a bad ``image_size``.
+        KeyError: an unknown camera name.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": int(CONTROL_FREQUENCY_HZ)}
+    name: ClassVar[str]
+    xml_file: ClassVar[str]
+    max_episode_steps: ClassVar[int]
+    state_names: ClassVar[tuple[str, ...]]
+    state_unit: ClassVar[str] = "m"
+    default_cameras: ClassVar[tuple[str, ...]] = ("front",)
+    randomized_geoms: ClassVar[tuple[str, ...]] = ()
+    main_object: ClassVar[str]  # body moved by displacement / force perturbations
+    instructions: ClassVar[tuple[str, ...]]
+
+    def __init__(
+        self,
+        obs_mode: str = "state",
+        image_size: int | tuple[int, int] = 96,
+        cameras: tuple[str, ...] | None = None,
+        render_quality: str = "fast",
+        perturbation: PerturbationConfig | None = None,
+        render_mode: str | None = None,
+        randomization: RandomizationConfig | None = None,
+        render_size: int = 256,
+    ):
+        if obs_mode not in OBS_MODES:
+            raise ValueError(f"obs_mode: expected one of {OBS_MODES}, received {obs_mode!r}")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode: expected None or 'rgb_array', received {render_mode!r}")
+        if perturbation is not None and not isinstance(perturbation, PerturbationConfig):
+            got = type(perturbation).__name__
+            raise ValueError(f"perturbation: expected PerturbationConfig or None, received {got}")
+        height, width = (image_size, image_size) if np.isscalar(image_size) else tuple(image_size)
+        self.obs_mode, self.render_mode, self.render_quality = obs_mode, render_mode, render_quality
+        self.model = mujoco.MjModel.from_xml_path(asset_path(self.xml_file))
+        self.data = mujoco.MjData(self.model)
+        self.n_substeps = int(round(1.0 / (CONTROL_FREQUENCY_HZ * self.model.opt.timestep)))
+        self._setup()
+        self.cameras = tuple(cameras) if cameras is not None else self.default_cameras
+        known = [self.model.camera(i).name for i in range(self.model.ncam)]
+        for cam in self.cameras:
+            if cam not in known:
+                raise KeyError(f"cameras: expected names from {known}, received {cam!r}")
+        self._use_state = obs_mode != "image"
+        self._use_images = obs_mode != "state"
+        buf = (max(height, render_size if render_mode else 0), max(width, render_size if render_mode else 0))
+        configure_visual_quality(self.model, render_quality, *buf)
+        self._renderer = FrameRenderer(self.model, height, width) if self._use_images else None
+        self._video_renderer = FrameRenderer(self.model, render_size, render_size) if render_mode else None
+        self.randomization = randomization if randomization is not None else RandomizationConfig()
+        self._randomizer = SceneRandomizer(self.model, self.randomization, self.randomized_geoms)
+        self.perturbation = perturbation
+        action = self._action_spec()
+        self._low, self._high = action.low_array, action.high_array
+        self._perturber = (
+            Perturber(perturbation, self._low, self._high, self._hold_action())
+            if perturbation is not None and perturbation.active
+            else None
+        )
+        self._main_body = self.model.body(self.main_object).id
+        features: dict[str, FeatureSpec] = {}
+        if self._use_state:
+            features[STATE_KEY] = FeatureSpec(
+                "float32", (len(self.state_names),), names=self.state_names, unit=self.state_unit
+            )
+        if self._use_images:
+            for cam in self.cameras:
+                features[IMAGE_PREFIX + cam] = FeatureSpec("uint8", (height, width, 3), unit="rgb")
+        features[TASK_KEY] = FeatureSpec("string", ())
+        self.env_spec = EnvSpec(
+            name=self.name,
+            observation_features=features,
+            action=action,
+            control_frequency=CONTROL_FREQUENCY_HZ,
+            max_episode_steps=self.max_episode_steps,
+            tasks=self.instructions,
+        )
+        self._init_spaces()
+        self.task = self.instructions[0]
+        self.elapsed_steps = 0
+        self.reset(seed=None)
+
+    # ----------------------------------------------------------------------------------------- task hooks
+    def _setup(self) -> None:
+        """Build task-specific handles (robot controller, body ids) once the model and data exist."""
+        raise NotImplementedError
+
+    def _action_spec(self) -> ActionSpec:
+        """The task's ActionSpec (physical units)."""
+        raise NotImplementedError
+
+    def _hold_action(self) -> np.ndarray:
+        """The action that holds the robot still, float32 ``(A,)`` (zero displacement, gripper open)."""
+        return np.zeros(len(self._action_spec().names), dtype=np.float32)
+
+    def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
+        """Set object, goal and robot poses in ``self.data`` for a new episode (after ``mj_resetData``)."""
+        raise NotImplementedError
+
+    def _apply_action(self, action: np.ndarray) -> None:
+        """Turn a clipped action ``(A,)`` into actuator commands."""
+        raise NotImplementedError
+
+    def _state(self) -> np.ndarray:
+        """The ``observation.state`` vector, float32 ``(D,)`` in the order of ``state_names``."""
+        raise NotImplementedError
+
+    def _is_success(self) -> bool:
+        """The task's success predicate on the current state."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------- gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start a new episode from scratch: physics, controller, perturbations, visuals, task.
+
+        A seeded reset is reproducible; an unseeded one continues the env's generator (a new episode).
+        ``options["task"]`` selects an instruction from ``env_spec.tasks`` where the task supports it.
+        Derived quantities (body and site positions, rendered frames) are valid on return (``mj_forward``).
+
+        Returns:
+            ``(observation, info)`` with ``info["is_success"]`` (bool).
+        """
+        super().reset(seed=seed)
+        options = dict(options or {})
+        mujoco.mj_resetData(self.model, self.data)
+        self._randomizer.apply(self.np_random)
+        self._sample_episode(self.np_random, options)
+        if self._perturber is not None:
+            self._perturber.reset(self.np_random)
+        self.elapsed_steps = 0
+        mujoco.mj_forward(self.model, self.data)
+        return self._observation(), {"is_success": self._is_success()}
+
+    def step(self, action: np.ndarray):
+        """Advance one control step (``1 / 10`` s = ``n_substeps`` physics steps).
+
+        Args:
+            action: float32-convertible ``(A,)`` in the ActionSpec's units; clipped to its limits.
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``: reward 1.0 on success else 0.0, terminated on
+            success, truncated at ``max_episode_steps``, ``info["is_success"]``.
+
+        Raises:
+            ActionError: wrong shape or non-finite values.
+        """
+        a = np.asarray(action, dtype=np.float32)
+        if a.shape != self._low.shape or not np.isfinite(a).all():
+            raise ActionError(
+                [
+                    f"action: expected finite float32 of shape {self._low.shape}, "
+                    f"received shape {a.shape} {'with NaN/inf' if a.shape == self._low.shape else ''}"
+                ]
+            )
+        a = np.clip(a, self._low, self._high)
+        if self._perturber is not None:
+            a = self._perturb(a)
+        self._apply_action(a)
+        mujoco.mj_step(self.model, self.data, nstep=self.n_substeps)
+        mujoco.mj_kinematics(self.model, self.data)
+        self.elapsed_steps += 1
+        success = self._is_success()
+        truncated = self.elapsed_steps >= self.max_episode_steps
+        return self._observation(), float(success), success, truncated, {"is_success": success}
+
+    def render(self) -> np.ndarray | None:
+        """A ``render_size`` RGB uint8 frame of the first camera (``render_mode="rgb_array"``), else None."""
+        if self._video_renderer is None:
+            return None
+        return self._video_renderer.render(self.data, self.cameras[0])
+
+    def close(self) -> None:
+        """Free the renderers' GL contexts."""
+        for r in (self._renderer, self._video_renderer):
+            if r is not None:
+                r.close()
+
+    # -------------------------------------------------------------------------------------------- helpers
+    def _observation(self) -> dict[str, Any]:
+        obs: dict[str, Any] = {}
+        if self._use_state:
+            obs[STATE_KEY] = self._state()
+        if self._renderer is not None:
+            for cam in self.cameras:
+                obs[IMAGE_PREFIX + cam] = self._renderer.render(self.data, cam)
+        obs[TASK_KEY] = self.task
+        return obs
+
+    def _perturb(self, action: np.ndarray) -> np.ndarray:
+        p, rng = self._perturber, self.np_random
+        offset = p.displacement(self.elapsed_steps, rng)
+        if offset is not None:
+            self.displace_body(self.main_object, offset)
+        self.data.xfrc_applied[self._main_body, :3] = p.force(rng)
+        return p.action(action, rng)
+
+    def displace_body(self, body: str, offset: np.ndarray) -> None:
+        """Move ``body`` (free joint or mocap) by the planar ``offset`` (m, ``(2,)``) and refresh kinematics."""
+        b = self.model.body(body)
+        if b.mocapid[0] >= 0:
+            self.data.mocap_pos[b.mocapid[0], :2] += offset
+        else:
+            adr = self.model.jnt_qposadr[b.jntadr[0]]
+            self.data.qpos[adr : adr + 2] += offset
+        mujoco.mj_kinematics(self.model, self.data)
+
+    def set_free_body(self, body: str, position: np.ndarray, yaw: float = 0.0) -> None:
+        """Place free-joint ``body`` at ``position`` (m, ``(3,)``) rotated by ``yaw`` (rad) about z, at rest."""
+        j = self.model.body(body).jntadr[0]
+        adr, vadr = self.model.jnt_qposadr[j], self.model.jnt_dofadr[j]
+        self.data.qpos[adr : adr + 3] = position
+        self.data.qpos[adr + 3 : adr + 7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
+        self.data.qvel[vadr : vadr + 6] = 0.0
+
+    def body_position(self, body: str) -> np.ndarray:
+        """World position of ``body``'s frame, m, ``(3,)`` (a view into ``data.xpos``)."""
+        return self.data.xpos[self.model.body(body).id]
+
+
+def sample_separated(
+    rng: np.random.Generator,
+    low: np.ndarray,
+    high: np.ndarray,
+    n: int,
+    min_distance: float,
+    avoid: list[np.ndarray] | None = None,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
+    """Draw ``n`` points uniformly in the box ``[low, high]`` at least ``min_distance`` (m) apart.
+
+    Args:
+        avoid: points the samples must also stay ``min_distance`` away from.
+
+    Raises:
+        RuntimeError: no valid set found in ``max_tries`` draws (the box is too small).
+    """
+    points: list[np.ndarray] = []
+    others = list(avoid or [])
+    for _ in range(max_tries):
+        p = rng.uniform(low, high)
+        if all(np.linalg.norm(p - q) >= min_distance for q in points + others):
+            points.append(p)
+            if len(points) == n:
+                return points
+    raise RuntimeError(
+        f"sample_separated: expected {n} points {min_distance} m apart in [{low}, {high}], "
+        f"found {len(points)} after {max_tries} draws"
+    )
+
+
+def vector_env(factory, n: int, asynchronous: bool = False, **kwargs: Any) -> gym.vector.VectorEnv:
+    """``n`` copies of ``factory(**kwargs)`` as a gymnasium ``SyncVectorEnv`` or ``AsyncVectorEnv``.
+
+    The async variant uses ``shared_memory=False``: gymnasium's shared-memory buffers garble ``Text``
+    observations (the ``task`` string), pipes carry them intact.
+    """
+    fns = [lambda: factory(**kwargs) for _ in range(n)]
+    if asynchronous:
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=False)
+    return gym.vector.SyncVectorEnv(fns)

@@ -1,0 +1,104 @@
+"""``push``: push a T-shaped block to a fixed goal pose on the table (PushT in 3-D contact physics).
+
+The block (free joint, two boxes) slides on the table; a cylindrical pusher moves in the plane. State (float32,
+6): pusher x, y (m), block x, y (m, the centre of the T's bar), sin and cos of the block's yaw. Action:
+``ee_delta`` (dx, dy), m per 0.1 s step, within +-0.025 m. Success: block within 0.02 m and 0.2 rad of the goal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from policylink.adapters.schema import ActionSpec, ControlMode
+from policylink.sim.mujoco.base import MujocoTaskEnv, yaw_of
+from policylink.sim.mujoco.robot import GantryController
+
+MAX_DELTA_M = 0.025
+GOAL_POSE = np.array([0.0, 0.06, 0.0])  # x (m), y (m), yaw (rad); fixed, as in PushT
+SUCCESS_POSITION_M = 0.02
+SUCCESS_YAW_RAD = 0.2
+BLOCK_Z_M = 0.0155
+BLOCK_START_LOW = np.array([-0.14, -0.12, -np.pi / 2])
+BLOCK_START_HIGH = np.array([0.14, 0.0, np.pi / 2])
+WORKSPACE_LOW = np.array([-0.28, -0.28])
+WORKSPACE_HIGH = np.array([0.28, 0.28])
+# T geometry in the block frame: (centre x, centre y, half x, half y) of the bar and the stem, metres
+T_BOXES = ((0.0, 0.0, 0.06, 0.015), (0.0, -0.06, 0.015, 0.045))
+PUSHER_RADIUS_M = 0.012
+
+
+def wrap_angle(a: float) -> float:
+    """``a`` (rad) wrapped into ``[-pi, pi)``."""
+    return float((a + np.pi) % (2 * np.pi) - np.pi)
+
+
+def pose_error(block_pose: np.ndarray) -> tuple[float, float]:
+    """Distance (m) and absolute yaw difference (rad) of a block pose ``(x, y, yaw)`` from :data:`GOAL_POSE`."""
+    return (float(np.hypot(*(block_pose[:2] - GOAL_POSE[:2]))), abs(wrap_angle(float(block_pose[2] - GOAL_POSE[2]))))
+
+
+class PushEnv(MujocoTaskEnv):
+    """Push the T block to the goal pose: see the module docstring (kwargs: :class:`MujocoTaskEnv`)."""
+
+    name = "push"
+    xml_file = "push.xml"
+    max_episode_steps = 150
+    state_names = ("pusher_x", "pusher_y", "block_x", "block_y", "block_sin_yaw", "block_cos_yaw")
+    state_unit = "m (x, y); 1 (sin, cos)"
+    default_cameras = ("top",)
+    randomized_geoms = ("block_bar", "block_stem")
+    main_object = "block"
+    instructions = ("push the T-shaped block onto the green target",)
+
+    def _setup(self) -> None:
+        self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)
+        j = self.model.body("block").jntadr[0]
+        self._block_qadr = int(self.model.jnt_qposadr[j])
+
+    def _action_spec(self) -> ActionSpec:
+        return ActionSpec(
+            names=("dx", "dy"),
+            control_mode=ControlMode.EE_DELTA,
+            units=("m", "m"),
+            low=(-MAX_DELTA_M,) * 2,
+            high=(MAX_DELTA_M,) * 2,
+        )
+
+    def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
+        while True:
+            x, y, yaw = rng.uniform(BLOCK_START_LOW, BLOCK_START_HIGH)
+            dist, dyaw = pose_error(np.array([x, y, yaw]))
+            if dist > 2 * SUCCESS_POSITION_M or dyaw > 2 * SUCCESS_YAW_RAD:
+                break
+        self.set_free_body("block", np.array([x, y, BLOCK_Z_M]), yaw)
+        while True:
+            pusher = rng.uniform(WORKSPACE_LOW + 0.03, WORKSPACE_HIGH - 0.03)
+            if np.hypot(pusher[0] - x, pusher[1] - y) > 0.14:
+                break
+        self.robot.reset(pusher)
+
+    def _apply_action(self, action: np.ndarray) -> None:
+        self.robot.command(action)
+
+    @property
+    def block_pose(self) -> np.ndarray:
+        """Block ``(x, y, yaw)``: m, m, rad (from the free joint's qpos)."""
+        q = self.data.qpos[self._block_qadr : self._block_qadr + 7]
+        return np.array([q[0], q[1], yaw_of(q[3:7])])
+
+    def _state(self) -> np.ndarray:
+        x, y, yaw = self.block_pose
+        ee = self.robot.ee_position
+        return np.array([ee[0], ee[1], x, y, np.sin(yaw), np.cos(yaw)], dtype=np.float32)
+
+    def _is_success(self) -> bool:
+        dist, dyaw = pose_error(self.block_pose)
+        return dist < SUCCESS_POSITION_M and dyaw < SUCCESS_YAW_RAD
+
+
+def make_push_env(**kwargs: Any) -> PushEnv:
+    """Registry factory for ``push`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``, ``render_quality``,
+    ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    return PushEnv(**kwargs)

@@ -1,0 +1,78 @@
+"""``reach``: move the gripper's end-effector site to a random target point above the table.
+
+State (float32, 6): ee x, y, z and target x, y, z (m). Action: ``ee_delta`` (dx, dy, dz), m per 0.1 s step,
+within +-0.02 m. Success: the ee site within 0.02 m of the target.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from policylink.adapters.schema import ActionSpec, ControlMode
+from policylink.sim.mujoco.base import MujocoTaskEnv
+from policylink.sim.mujoco.robot import GantryController
+
+MAX_DELTA_M = 0.02
+SUCCESS_RADIUS_M = 0.02
+WORKSPACE_LOW = np.array([-0.2, -0.2, 0.03])
+WORKSPACE_HIGH = np.array([0.2, 0.2, 0.3])
+TARGET_LOW = np.array([-0.15, -0.15, 0.05])
+TARGET_HIGH = np.array([0.15, 0.15, 0.25])
+START_LOW = np.array([-0.05, -0.05, 0.15])
+START_HIGH = np.array([0.05, 0.05, 0.22])
+
+
+class ReachEnv(MujocoTaskEnv):
+    """Reach a target: see the module docstring for state, action and success (kwargs: :class:`MujocoTaskEnv`)."""
+
+    name = "reach"
+    xml_file = "reach.xml"
+    max_episode_steps = 50
+    state_names = ("ee_x", "ee_y", "ee_z", "target_x", "target_y", "target_z")
+    default_cameras = ("front",)
+    randomized_geoms = ("target",)
+    main_object = "target"
+    instructions = ("move the gripper to the red ball",)
+
+    def _setup(self) -> None:
+        self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)
+        self._target_mocap = self.model.body("target").mocapid[0]
+
+    def _action_spec(self) -> ActionSpec:
+        return ActionSpec(
+            names=("dx", "dy", "dz"),
+            control_mode=ControlMode.EE_DELTA,
+            units=("m", "m", "m"),
+            low=(-MAX_DELTA_M,) * 3,
+            high=(MAX_DELTA_M,) * 3,
+        )
+
+    def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
+        start = rng.uniform(START_LOW, START_HIGH)
+        target = rng.uniform(TARGET_LOW, TARGET_HIGH)
+        while np.linalg.norm(target - start) < 3 * SUCCESS_RADIUS_M:
+            target = rng.uniform(TARGET_LOW, TARGET_HIGH)
+        self.robot.reset(start)
+        self.data.mocap_pos[self._target_mocap] = target
+
+    def _apply_action(self, action: np.ndarray) -> None:
+        self.robot.command(action)
+
+    @property
+    def target(self) -> np.ndarray:
+        """Target position, m, ``(3,)``."""
+        return self.data.mocap_pos[self._target_mocap]
+
+    def _state(self) -> np.ndarray:
+        return np.concatenate([self.robot.ee_position, self.target]).astype(np.float32)
+
+    def _is_success(self) -> bool:
+        return bool(np.linalg.norm(self.robot.ee_position - self.target) < SUCCESS_RADIUS_M)
+
+
+def make_reach_env(**kwargs: Any) -> ReachEnv:
+    """Registry factory for ``reach`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``, ``render_quality``,
+    ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    return ReachEnv(**kwargs)

@@ -1,0 +1,84 @@
+"""The simulated robot: a position-actuated Cartesian gantry (2 or 3 slide joints) with an optional
+parallel-jaw gripper, driven by end-effector displacement commands.
+
+The controller adds each ``ee_delta`` action to the *measured* end-effector position (so a blocked end
+effector never winds up a far-away target), clips to the workspace and writes the result to the position
+actuators; the physics moves the end effector there with real contact dynamics. Its only state is that target
+and the gripper command, both set from scratch by :meth:`GantryController.reset`.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+
+GRIPPER_OPEN_M = 0.045  # finger joint position when open (each finger, metres from the centre line)
+
+
+class GantryController:
+    """End-effector position controller for the gantry in ``robot_gripper.xml`` / ``robot_pusher.xml``.
+
+    Args:
+        model, data: the MuJoCo model and data holding joints ``ee_x``, ``ee_y`` (+ ``ee_z``), site ``ee``
+            and, with a gripper, joints ``finger_left`` / ``finger_right``.
+        workspace_low, workspace_high: bounds of the ``ee`` site target, metres, ``(n_axes,)``.
+
+    Raises:
+        KeyError: the model lacks a required joint, actuator or site.
+    """
+
+    def __init__(self, model: mujoco.MjModel, data: mujoco.MjData, workspace_low, workspace_high):
+        self.model, self.data = model, data
+        self.n_axes = len(workspace_low)
+        axes = ("ee_x", "ee_y", "ee_z")[: self.n_axes]
+        self._qadr = np.array([model.joint(n).qposadr[0] for n in axes])
+        self._dadr = np.array([model.joint(n).dofadr[0] for n in axes])
+        self._act = np.array([model.actuator(n).id for n in axes])
+        self.has_gripper = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "finger_left") >= 0
+        if self.has_gripper:
+            fingers = ("finger_left", "finger_right")
+            self._finger_qadr = np.array([model.joint(n).qposadr[0] for n in fingers])
+            self._finger_dadr = np.array([model.joint(n).dofadr[0] for n in fingers])
+            self._finger_act = np.array([model.actuator(n).id for n in fingers])
+        self.site_id = model.site("ee").id
+        self.low = np.asarray(workspace_low, dtype=np.float64)
+        self.high = np.asarray(workspace_high, dtype=np.float64)
+        # site position at joint zero: ee = offset + q on the actuated axes
+        ref = mujoco.MjData(model)
+        mujoco.mj_kinematics(model, ref)
+        self._offset = ref.site_xpos[self.site_id, : self.n_axes].copy()
+        self.target = np.zeros(self.n_axes)
+        self.grip = 0.0
+
+    def reset(self, ee_position: np.ndarray) -> None:
+        """Place the end effector at ``ee_position`` (m, ``(n_axes,)``) at rest, gripper open, target there."""
+        q = np.asarray(ee_position, dtype=np.float64) - self._offset
+        self.data.qpos[self._qadr] = q
+        self.data.qvel[self._dadr] = 0.0
+        self.target = np.clip(np.asarray(ee_position, dtype=np.float64), self.low, self.high)
+        self.data.ctrl[self._act] = self.target - self._offset
+        self.grip = 0.0
+        if self.has_gripper:
+            self.data.qpos[self._finger_qadr] = GRIPPER_OPEN_M
+            self.data.qvel[self._finger_dadr] = 0.0
+            self.data.ctrl[self._finger_act] = GRIPPER_OPEN_M
+
+    def command(self, delta: np.ndarray, grip: float | None = None) -> None:
+        """Target = measured ee + ``delta`` (m, ``(n_axes,)``) within the workspace; gripper 0 open, 1 closed."""
+        self.target = np.clip(self.data.site_xpos[self.site_id, : self.n_axes] + delta, self.low, self.high)
+        self.data.ctrl[self._act] = self.target - self._offset
+        if grip is not None and self.has_gripper:
+            self.grip = min(max(float(grip), 0.0), 1.0)
+            self.data.ctrl[self._finger_act] = GRIPPER_OPEN_M * (1.0 - self.grip)
+
+    @property
+    def ee_position(self) -> np.ndarray:
+        """Current ``ee`` site position, m, ``(3,)`` (valid after ``mj_kinematics``/``mj_forward``)."""
+        return self.data.site_xpos[self.site_id]
+
+    @property
+    def opening(self) -> float:
+        """Gripper opening as a fraction: 1 = fully open, 0 = fingers touching (mean of both fingers)."""
+        if not self.has_gripper:
+            return 0.0
+        return float(self.data.qpos[self._finger_qadr].mean() / GRIPPER_OPEN_M)

@@ -1,0 +1,151 @@
+"""MuJoCo tasks through the EnvAdapter contract: spec, observations, seeded and unseeded resets, leak-free
+resets, perturbations and vector envs."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import pytest
+
+from policylink.adapters import registry
+from policylink.adapters.schema import STATE_KEY, TASK_KEY, ActionError, validate_observation
+from policylink.sim.mujoco.base import vector_env
+from policylink.sim.mujoco.perturbations import PerturbationConfig
+
+TASKS = ("reach", "push")
+
+
+def _rollout(env, steps: int, seed: int = 0):
+    obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    states = [obs[STATE_KEY]]
+    for _ in range(steps):
+        obs, *_ = env.step(rng.uniform(env.action_space.low, env.action_space.high).astype(np.float32))
+        states.append(obs[STATE_KEY])
+    return np.stack(states)
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_spec_and_observation_match(name):
+    env = registry.make_env(name, obs_mode="state+image", image_size=32)
+    obs, info = env.reset(seed=3)
+    spec = env.env_spec
+    assert spec.name == name and spec.control_frequency == 10.0 and spec.max_episode_steps >= 50
+    validate_observation(spec, obs)
+    assert env.observation_space.contains(obs)
+    assert obs[TASK_KEY] in spec.tasks
+    assert info == {"is_success": False}
+    assert env.n_substeps * env.model.opt.timestep == pytest.approx(0.1)
+    obs, reward, terminated, truncated, info = env.step(np.zeros(spec.action.dim, np.float32))
+    validate_observation(spec, obs)
+    assert isinstance(info["is_success"], bool) and reward == float(info["is_success"])
+    with pytest.raises(ActionError, match="shape"):
+        env.step(np.zeros(spec.action.dim + 1, np.float32))
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_seeded_reset_replays_and_unseeded_reset_is_new(name):
+    env = registry.make_env(name)
+    a = _rollout(env, 5, seed=11)
+    b = _rollout(env, 5, seed=11)
+    np.testing.assert_array_equal(a, b)
+    first, _ = env.reset(seed=11)
+    second, _ = env.reset()
+    assert not np.allclose(first[STATE_KEY], second[STATE_KEY])
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_reset_leaks_nothing_from_previous_episode(name):
+    """A fresh env and a used env give the identical episode from the same seed (controller, contacts...)."""
+    fresh = registry.make_env(name)
+    used = registry.make_env(name)
+    _rollout(used, 30, seed=5)  # leaves velocities, contacts, controller targets behind
+    used.data.xfrc_applied[:] = 1.0
+    expected = _rollout(fresh, 8, seed=42)
+    got = _rollout(used, 8, seed=42)
+    np.testing.assert_array_equal(expected, got)
+    assert used.elapsed_steps == 8
+    np.testing.assert_array_equal(used.data.ctrl, fresh.data.ctrl)
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_derived_quantities_valid_before_first_step(name):
+    env = registry.make_env(name)
+    env.reset(seed=7)
+    xpos = env.data.xpos.copy()
+    site = env.data.site_xpos.copy()
+    mujoco.mj_forward(env.model, env.data)
+    np.testing.assert_allclose(xpos, env.data.xpos)
+    np.testing.assert_allclose(site, env.data.site_xpos)
+    state = env._state()
+    np.testing.assert_allclose(state[:2], env.data.site("ee").xpos[:2], atol=1e-6)
+
+
+def test_first_frame_is_rendered_from_reset_state():
+    env = registry.make_env("push", obs_mode="image", image_size=48, randomization=None)
+    frame_a, _ = env.reset(seed=1)
+    frame_b, _ = env.reset(seed=2)  # different block pose -> different first frame
+    key = "observation.images.top"
+    assert frame_a[key].shape == (48, 48, 3) and frame_a[key].dtype == np.uint8
+    assert np.abs(frame_a[key].astype(int) - frame_b[key].astype(int)).sum() > 0
+
+
+def test_invalid_arguments_name_the_field():
+    with pytest.raises(ValueError, match="obs_mode"):
+        registry.make_env("reach", obs_mode="pixels")
+    with pytest.raises(KeyError, match="cameras"):
+        registry.make_env("reach", obs_mode="image", cameras=("wrist_cam",))
+    with pytest.raises(ValueError, match="render_quality"):
+        registry.make_env("reach", obs_mode="image", render_quality="ultra")
+    with pytest.raises(ValueError, match="action_delay_steps"):
+        PerturbationConfig(action_delay_steps=-1)
+
+
+def test_action_delay_holds_robot_for_the_delay():
+    env = registry.make_env("reach", perturbation=PerturbationConfig(action_delay_steps=2))
+    obs, _ = env.reset(seed=0)
+    start = obs[STATE_KEY][:3].copy()
+    push = np.array([0.02, 0.0, 0.0], np.float32)
+    for _ in range(2):
+        obs, *_ = env.step(push)
+    np.testing.assert_allclose(obs[STATE_KEY][:3], start, atol=2e-3)  # delayed: still (about) at the start
+    obs, *_ = env.step(push)
+    assert obs[STATE_KEY][0] - start[0] > 0.01
+
+
+def test_displacement_moves_object_once_by_configured_distance():
+    cfg = PerturbationConfig(displacement=0.05, displacement_steps=(3, 3))
+    env = registry.make_env("push", perturbation=cfg)
+    obs, _ = env.reset(seed=0)
+    block = [obs[STATE_KEY][2:4]]
+    for _ in range(5):
+        obs, *_ = env.step(np.zeros(2, np.float32))  # pusher does not move; block only moves if displaced
+        block.append(obs[STATE_KEY][2:4])
+    jumps = np.linalg.norm(np.diff(np.stack(block), axis=0), axis=1)
+    assert jumps[3] == pytest.approx(0.05, abs=0.003)
+    assert np.all(np.delete(jumps, 3) < 1e-3)
+
+
+def test_force_pulses_move_a_resting_block():
+    cfg = PerturbationConfig(force=3.0, force_probability=1.0, force_duration_steps=1)
+    env = registry.make_env("push", perturbation=cfg)
+    obs, _ = env.reset(seed=0)
+    start = obs[STATE_KEY][2:4].copy()
+    for _ in range(3):
+        obs, *_ = env.step(np.zeros(2, np.float32))
+    assert np.linalg.norm(obs[STATE_KEY][2:4] - start) > 0.01
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_vector_partial_reset_leaves_other_envs_untouched(asynchronous):
+    venv = vector_env(registry.env_factory("reach"), 2, asynchronous=asynchronous)
+    try:
+        venv.reset(seed=[1, 2])
+        obs, *_ = venv.step(np.full((2, 3), 0.01, np.float32))
+        before = obs[STATE_KEY].copy()
+        obs, _ = venv.reset(seed=[7, 8], options={"reset_mask": np.array([True, False])})
+        np.testing.assert_array_equal(obs[STATE_KEY][1], before[1])
+        assert not np.allclose(obs[STATE_KEY][0], before[0])
+        assert list(obs[TASK_KEY]) == [registry.env_factory("reach")().task] * 2
+    finally:
+        venv.close()
