@@ -85,6 +85,8 @@ def encode(message: Any) -> list[Frame]:
         raise TypeError(type(obj).__name__)
 
     try:
+        if not _str_keys(message):
+            raise TypeError("map key")
         header = msgpack.packb(message, default=default, use_bin_type=True, strict_types=False)
     except (TypeError, ValueError, OverflowError) as e:
         path, why = _find_unencodable(message, "message")
@@ -212,6 +214,15 @@ def _decode_str_array(data: bytes) -> np.ndarray:
     if len(items) != math.prod(shape):
         raise CodecError(f"string array: shape {list(shape)} does not match {len(items)} items")
     return np.array(items, dtype=str).reshape(shape)
+
+
+def _str_keys(obj: Any) -> bool:
+    """True when every map inside ``obj`` (through maps and lists) has str keys only."""
+    if isinstance(obj, dict):
+        return all(isinstance(k, str) and _str_keys(v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return all(_str_keys(v) for v in obj)
+    return True
 
 
 def _find_unencodable(obj: Any, path: str) -> tuple[str | None, str]:
