@@ -89,7 +89,8 @@ class GymEnvAdapter(EnvAdapter):
         task: instruction put in ``obs["task"]`` when the spec has a ``task`` feature.
 
     Raises:
-        SpecError: at construction, if the mapped first observation does not match ``env_spec``.
+        SpecError: at construction, if a spec feature has no map entry; at ``reset``/``step``, if a mapped
+            observation does not match ``env_spec`` (shape, dtype) or a map index is out of range.
     """
 
     def __init__(
@@ -155,6 +156,14 @@ class GymEnvAdapter(EnvAdapter):
             else:
                 value = np.asarray(raw[m.source])
             if m.indices is not None:
+                if value.ndim == 0 or max(m.indices) >= value.shape[-1] or min(m.indices) < -value.shape[-1]:
+                    raise SpecError(
+                        [
+                            f"{key}: indices {list(m.indices)} out of range for source {m.source!r} "
+                            f"of shape {value.shape}"
+                        ],
+                        "invalid key map",
+                    )
                 value = value[..., list(m.indices)]
             feat = self.env_spec.observation_features.get(key)
             if feat is not None and not feat.is_string:

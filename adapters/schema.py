@@ -148,7 +148,8 @@ class FeatureSpec:
             return [f"{key}: expected numpy array of dtype {self.dtype}, received {type(value).__name__}"]
         problems = []
         if value.ndim != batch_dims + len(self.shape) or tuple(value.shape[batch_dims:]) != self.shape:
-            expected = "(" + ", ".join(["B"] * batch_dims + [str(s) for s in self.shape]) + ")"
+            dims = ["B"] * batch_dims + [str(s) for s in self.shape]
+            expected = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
             problems.append(f"{key}: expected shape {expected}, received {tuple(value.shape)}")
         if value.dtype != np.dtype(self.dtype):
             problems.append(f"{key}: expected dtype {self.dtype}, received {value.dtype}")

@@ -69,7 +69,7 @@ def test_missing_map_entry_and_bad_action_are_named():
 def test_declared_shape_mismatch_is_reported():
     bad_map = {**MAP, "observation.state": ObsMap("qpos")}  # (3,) where the spec says (2,)
     env = GymEnvAdapter(ForeignEnv(), SPEC, bad_map)
-    with pytest.raises(SpecError, match=r"observation.state: expected shape \(2\), received \(3,\)"):
+    with pytest.raises(SpecError, match=r"observation.state: expected shape \(2,\), received \(3,\)"):
         env.reset()
 
 
@@ -84,3 +84,9 @@ def test_observation_space_types():
     assert space["observation.images.top"].dtype == np.uint8 and space["observation.images.top"].high.max() == 255
     assert space["task"].contains("Put the red block in the bin.")
     assert space["observation.state"].shape == (4,)
+
+
+def test_out_of_range_map_index_is_a_spec_error():
+    env = GymEnvAdapter(ForeignEnv(), SPEC, {**MAP, "observation.state": ObsMap("qpos", (0, 7))})
+    with pytest.raises(SpecError, match=r"observation.state: indices \[0, 7\] out of range for source 'qpos'"):
+        env.reset()

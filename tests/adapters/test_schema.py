@@ -94,7 +94,7 @@ def test_validate_observation_lists_missing_shape_and_dtype():
     with pytest.raises(ObservationError) as e:
         validate_observation(FEATS, obs)
     msg = str(e.value)
-    assert "observation.state: expected shape (4), received (5,)" in msg
+    assert "observation.state: expected shape (4,), received (5,)" in msg
     assert "observation.state: expected dtype float32, received float64" in msg
     assert "observation.images.top: missing" in msg
     assert len(e.value.problems) == 3
