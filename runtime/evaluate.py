@@ -1,0 +1,497 @@
+"""N policies x M environments x seeded episodes, on a local process pool or a Ray cluster; per-cell
+``eval_info.json`` in LeRobot's shape, combined tables, plots, videos and an HTML report; ``policylink eval``.
+
+Episode ``i`` of every cell resets with seed ``seed + i`` (shared across policies, so cells are comparable).
+A cell is split into shards of ``shard_episodes`` episodes; each shard is one task (a process or a Ray task)
+that reseeds the policy with ``seed + first_episode``, so results depend on the config only, not on the
+back-end or the number of workers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policylink.adapters.schema import IncompatibleSpecError, compatibility_problems
+from policylink.runtime import report
+from policylink.runtime.executors import ExecutorConfig, make_executor
+from policylink.runtime.rollout import (
+    RegistryEnvFn,
+    env_spec_of,
+    load_policy_ref,
+    make_vector_env,
+    plan_episodes,
+    rollout,
+)
+
+EVAL_INFO = "eval_info.json"
+
+
+@dataclass
+class EvalConfig:
+    """``policylink eval``.
+
+    Attributes:
+        policies: registry names, checkpoint folders or server addresses (``tcp://host:port``).
+        envs: environment registry names.
+        episodes: episodes per (policy, env) cell.
+        seed: episode ``i`` resets with ``seed + i`` in every cell.
+        workers: parallel tasks (processes, or Ray CPUs for a local Ray cluster); 0 runs inline.
+        out: output folder (cells, tables, plots, videos, report.html).
+        ray_address: ``None`` for the local process pool; ``auto``, ``local`` (start one here) or an address.
+        num_envs: vector envs per task.
+        shard_episodes: episodes per task.
+        videos: the first ``videos`` episodes of each cell are saved as mp4.
+        device: torch device for checkpoints.
+        resume: skip cells (and shards) already written in ``out``.
+        env_kwargs: keyword arguments of every env factory (``obs_mode``...).
+        executor: chunk execution (:class:`ExecutorConfig`), including simulated latency.
+    """
+
+    policies: list[str] = field(default_factory=list)
+    envs: list[str] = field(default_factory=list)
+    episodes: int = 50
+    seed: int = 0
+    workers: int = 2
+    out: str = "outputs/eval"
+    ray_address: str | None = None
+    num_envs: int = 1
+    shard_episodes: int = 10
+    videos: int = 2
+    device: str = "cpu"
+    resume: bool = True
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+
+@dataclass
+class ShardTask:
+    """One unit of work: episodes ``first .. first + count - 1`` of one cell (picklable)."""
+
+    cell: str
+    policy_ref: Any
+    env_fn: Callable[[], Any]
+    first: int
+    count: int
+    seed: int
+    num_envs: int
+    max_episode_steps: int
+    fps: float
+    executor: ExecutorConfig
+    video_episodes: list[int]
+    video_dir: str
+    device: str
+
+
+def evaluate(
+    policies: Sequence[Any],
+    envs: Sequence[Any],
+    *,
+    episodes: int = 50,
+    seed: int = 0,
+    workers: int = 2,
+    out: str | Path = "outputs/eval",
+    ray_address: str | None = None,
+    num_envs: int = 1,
+    shard_episodes: int = 10,
+    videos: int = 2,
+    device: str = "cpu",
+    resume: bool = True,
+    env_kwargs: dict[str, Any] | None = None,
+    executor: ExecutorConfig | None = None,
+    progress: bool = True,
+    write_report: bool = True,
+) -> list[dict[str, Any]]:
+    """Evaluate every policy on every env and write all outputs to ``out``; returns one summary per cell.
+
+    Args:
+        policies: references (name, checkpoint folder, ``tcp://`` address) or ``(label, ref)`` pairs where
+            ``ref`` may also be a zero-argument callable returning a PolicyAdapter.
+        envs: env registry names, or ``(label, env_fn)`` pairs with a zero-argument callable returning an
+            EnvAdapter (picklable for workers).
+        The other arguments are those of :class:`EvalConfig`.
+
+    Returns:
+        Cell summaries (``policy``, ``env``, ``pc_success``, ``ci95_low``, ``ci95_high``, ``avg_sum_reward``,
+        ``avg_max_reward``, ``avg_steps``, ``avg_stall_steps``, ``n_episodes``, ``eval_s``), policies-major.
+
+    Raises:
+        IncompatibleSpecError: one error listing every incompatible (policy, env) cell, before anything runs.
+        ValueError: bad counts, or ``out`` holds results of a different configuration (with ``resume``).
+    """
+    cfg = EvalConfig(
+        policies=[],
+        envs=[],
+        episodes=episodes,
+        seed=seed,
+        workers=workers,
+        out=str(out),
+        ray_address=ray_address,
+        num_envs=num_envs,
+        shard_episodes=shard_episodes,
+        videos=videos,
+        device=device,
+        resume=resume,
+        env_kwargs=dict(env_kwargs or {}),
+        executor=executor or ExecutorConfig(),
+    )
+    for name in ("episodes", "num_envs", "shard_episodes"):
+        if int(getattr(cfg, name)) < 1:
+            raise ValueError(f"{name}: expected >= 1, received {getattr(cfg, name)}")
+    pols = [_labelled(p) for p in policies]
+    env_items = [_labelled(e) for e in envs]
+    env_fns = {
+        label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_env_kwargs(cfg))) for label, ref in env_items
+    }
+    specs = _check_cells(pols, env_fns, cfg.device)
+    out = Path(cfg.out)
+    settings = _settings(cfg)
+    tasks, done_shards = [], {}
+    for p_label, p_ref in pols:
+        for e_label in env_fns:
+            cell = cell_name(p_label, e_label)
+            cdir = out / "cells" / cell
+            done_shards[cell] = _load_done(cdir, settings, cfg.resume)
+            for first in range(0, cfg.episodes, cfg.shard_episodes):
+                if first in done_shards[cell]:
+                    continue
+                count = min(cfg.shard_episodes, cfg.episodes - first)
+                vids = [i for i in range(first, first + count) if i < cfg.videos]
+                tasks.append(
+                    ShardTask(
+                        cell,
+                        p_ref,
+                        env_fns[e_label],
+                        first,
+                        count,
+                        cfg.seed,
+                        cfg.num_envs,
+                        specs[e_label].max_episode_steps,
+                        specs[e_label].control_frequency,
+                        cfg.executor,
+                        vids,
+                        str(cdir / "videos"),
+                        cfg.device,
+                    )
+                )
+    bars = _bars(pols, env_fns, cfg.episodes, done_shards, progress)
+    for task, result in _run_tasks(tasks, cfg):
+        cdir = out / "cells" / task.cell
+        (cdir / "shards").mkdir(parents=True, exist_ok=True)
+        (cdir / "shards" / f"{task.first:06d}.json").write_text(json.dumps({"settings": settings, **result}))
+        done_shards[task.cell][task.first] = result
+        if bars is not None:
+            bars[task.cell].update(task.count)
+    summaries = []
+    for p_label, _ in pols:
+        for e_label in env_fns:
+            cell = cell_name(p_label, e_label)
+            info = _cell_info(p_label, e_label, specs[e_label].tasks, done_shards[cell], out, settings)
+            (out / "cells" / cell / EVAL_INFO).write_text(json.dumps(info, indent=2))
+            summaries.append(_summary(p_label, e_label, cell, info))
+    if bars is not None:
+        for bar in bars.values():
+            bar.close()
+    report.write_tables(out, summaries)
+    if write_report:
+        report.write_report(
+            out, summaries, config={**settings, "policies": [p for p, _ in pols], "envs": list(env_fns)}
+        )
+    return summaries
+
+
+def cell_name(policy: str, env: str) -> str:
+    """Folder name of a cell: ``<policy>__<env>`` with unsafe characters replaced by ``_``."""
+    return f"{_safe(policy)}__{_safe(env)}"
+
+
+def run_shard(task: ShardTask) -> dict[str, Any]:
+    """Run one shard (in a worker): returns ``{"episodes": [...], "video_paths": {index: path}, "eval_s": s}``.
+
+    The policy is loaded here and reseeded with ``task.seed + task.first`` (``reseed`` when it has one, and the
+    numpy/torch global generators), so a shard's result depends only on the task.
+    """
+    start = time.perf_counter()
+    shard_seed = task.seed + task.first
+    policy = load_policy_ref(task.policy_ref, task.device, shard_seed)
+    _single_thread()
+    np.random.seed(shard_seed % 2**32)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(shard_seed)
+    if callable(getattr(type(policy), "reseed", None)):
+        policy.reseed(shard_seed)
+    num_envs = min(task.num_envs, task.count)
+    vec = make_vector_env(
+        task.env_fn, plan_episodes(task.count, task.seed, num_envs, task.first), task.max_episode_steps
+    )
+    executor = make_executor(policy, task.executor)
+    try:
+        results = rollout(vec, executor, task.count, video_episodes=task.video_episodes)
+    finally:
+        executor.close()
+        vec.close()
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
+    videos = {}
+    for r in results:
+        if r.frames:
+            path = Path(task.video_dir) / f"episode_{r.index:04d}.mp4"
+            report.write_video(path, r.frames, fps=task.fps)
+            videos[str(r.index)] = str(path)
+    return {"episodes": [r.to_dict() for r in results], "video_paths": videos, "eval_s": time.perf_counter() - start}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``policylink eval --policies A,B --envs X,Y --episodes 50 --seed 0 --workers 2 --out DIR``."""
+    from policylink.runtime.cli import parse_config
+
+    args = [_underscore_flag(a) for a in (sys.argv[1:] if argv is None else argv)]
+    cfg = parse_config(EvalConfig, args, prog="policylink eval")
+    if not cfg.policies or not cfg.envs:
+        print("policylink eval: expected --policies and --envs (see --help)", file=sys.stderr)
+        return 2
+    try:
+        summaries = evaluate(
+            cfg.policies,
+            cfg.envs,
+            episodes=cfg.episodes,
+            seed=cfg.seed,
+            workers=cfg.workers,
+            out=cfg.out,
+            ray_address=cfg.ray_address,
+            num_envs=cfg.num_envs,
+            shard_episodes=cfg.shard_episodes,
+            videos=cfg.videos,
+            device=cfg.device,
+            resume=cfg.resume,
+            env_kwargs=cfg.env_kwargs,
+            executor=cfg.executor,
+        )
+    except IncompatibleSpecError as e:
+        print(f"policylink eval: {e}", file=sys.stderr)
+        return 2
+    print(report.markdown_table(summaries))
+    print(f"wrote {Path(cfg.out) / 'report.html'}")
+    return 0
+
+
+def _underscore_flag(arg: str) -> str:
+    """``--ray-address=x`` -> ``--ray_address=x`` (dashed spellings of the config's field names)."""
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg[2:].partition("=")
+    return "--" + name.replace("-", "_") + eq + value
+
+
+def _labelled(item: Any) -> tuple[str, Any]:
+    if isinstance(item, tuple) and len(item) == 2:
+        return str(item[0]), item[1]
+    if callable(item):
+        raise TypeError(
+            f"policy/env reference: expected a string or a (label, callable) pair, received a bare "
+            f"{type(item).__name__}"
+        )
+    text = str(item)
+    label = Path(text).name if Path(text).is_dir() else text
+    return label, text
+
+
+def _env_kwargs(cfg: EvalConfig) -> dict[str, Any]:
+    kw = dict(cfg.env_kwargs)
+    if cfg.videos > 0:
+        kw.setdefault("render_mode", "rgb_array")
+    return kw
+
+
+def _check_cells(pols, env_fns, device) -> dict[str, Any]:
+    """EnvSpec per env label; raises one IncompatibleSpecError listing every incompatible cell."""
+    specs = {}
+    for label, fn in env_fns.items():
+        env = fn()
+        specs[label] = env_spec_of(env)
+        env.close()
+    problems = []
+    for p_label, ref in pols:
+        policy = load_policy_ref(ref, device)
+        pspec = policy.spec
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
+        for e_label, espec in specs.items():
+            problems += [f"{p_label} x {e_label}: {p}" for p in compatibility_problems(pspec, espec)]
+    if problems:
+        raise IncompatibleSpecError(problems)
+    return specs
+
+
+def _settings(cfg: EvalConfig) -> dict[str, Any]:
+    """The configuration that determines results (compared on resume)."""
+    return {
+        "episodes": cfg.episodes,
+        "seed": cfg.seed,
+        "num_envs": cfg.num_envs,
+        "shard_episodes": cfg.shard_episodes,
+        "videos": cfg.videos,
+        "env_kwargs": {k: str(v) for k, v in cfg.env_kwargs.items()},
+        "executor": json.loads(json.dumps(asdict(cfg.executor), default=str)),
+    }
+
+
+def _load_done(cdir: Path, settings: dict[str, Any], resume: bool) -> dict[int, dict[str, Any]]:
+    done: dict[int, dict[str, Any]] = {}
+    if not resume or not (cdir / "shards").is_dir():
+        return done
+    for f in sorted((cdir / "shards").glob("*.json")):
+        doc = json.loads(f.read_text())
+        saved = doc.pop("settings")
+        if saved != settings:
+            diff = sorted(k for k in settings if saved.get(k) != settings[k])
+            raise ValueError(
+                f"resume {cdir}: expected results of the same configuration, received different "
+                f"{diff} (saved {[saved.get(k) for k in diff]}, now {[settings[k] for k in diff]}); "
+                "use another --out or --resume false"
+            )
+        done[int(f.stem)] = doc
+    return done
+
+
+def _run_tasks(tasks: list[ShardTask], cfg: EvalConfig):
+    """Yield ``(task, result)`` as tasks finish (inline, process pool, or Ray)."""
+    if not tasks:
+        return
+    if cfg.ray_address is not None:
+        yield from _run_ray(tasks, cfg)
+    elif cfg.workers <= 0:
+        for t in tasks:
+            yield t, run_shard(t)
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = mp.get_context("fork")  # test doubles and registered names reach the workers as they are
+        with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=ctx) as pool:
+            futures = {pool.submit(run_shard, t): t for t in tasks}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+
+
+def _run_ray(tasks: list[ShardTask], cfg: EvalConfig):
+    import ray
+
+    if not ray.is_initialized():
+        if cfg.ray_address == "local":
+            ray.init(num_cpus=max(cfg.workers, 1), include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=cfg.ray_address, log_to_driver=False)
+    remote = ray.remote(num_cpus=1)(run_shard)
+    pending = {remote.remote(t): t for t in tasks}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            yield pending.pop(ref), ray.get(ref)
+
+
+def _cell_info(
+    policy: str, env: str, tasks: Sequence[str], shards: dict[int, dict[str, Any]], out: Path, settings: dict[str, Any]
+) -> dict[str, Any]:
+    """LeRobot-shaped eval info: ``per_episode``, ``per_task``, ``per_group``, ``overall``."""
+    eps = sorted((e for s in shards.values() for e in s["episodes"]), key=lambda e: e["index"])
+    videos = {int(k): v for s in shards.values() for k, v in s["video_paths"].items()}
+    rel = {k: str(Path(v).resolve().relative_to(out.resolve())) for k, v in videos.items()}
+    by_task: dict[str, list[dict]] = {}
+    for e in eps:
+        by_task.setdefault(e["task"], []).append(e)
+    per_task = []
+    for name, group in by_task.items():
+        task_id = list(tasks).index(name) if name in tasks else len(per_task)
+        per_task.append(
+            {
+                "task_group": env,
+                "task_id": task_id,
+                "task": name,
+                "metrics": {
+                    "sum_rewards": [e["sum_reward"] for e in group],
+                    "max_rewards": [e["max_reward"] for e in group],
+                    "successes": [e["success"] for e in group],
+                    "video_paths": [rel[e["index"]] for e in group if e["index"] in rel],
+                },
+            }
+        )
+    agg = _aggregate(eps)
+    video_list = [rel[k] for k in sorted(rel)]
+    eval_s = float(sum(s["eval_s"] for s in shards.values()))
+    return {
+        "policy": policy,
+        "env": env,
+        "settings": settings,
+        "per_episode": eps,
+        "per_task": per_task,
+        "per_group": {env: {**agg, "video_paths": video_list}},
+        "overall": {**agg, "eval_s": eval_s, "eval_ep_s": eval_s / max(len(eps), 1), "video_paths": video_list},
+    }
+
+
+def _aggregate(eps: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(eps)
+    mean = (lambda key: float(np.mean([e[key] for e in eps]))) if n else (lambda key: float("nan"))
+    return {
+        "avg_sum_reward": mean("sum_reward"),
+        "avg_max_reward": mean("max_reward"),
+        "pc_success": 100.0 * mean("success") if n else float("nan"),
+        "n_episodes": n,
+        "avg_steps": mean("n_steps"),
+        "avg_stall_steps": mean("stall_steps"),
+    }
+
+
+def _summary(policy: str, env: str, cell: str, info: dict[str, Any]) -> dict[str, Any]:
+    o = info["overall"]
+    k = sum(e["success"] for e in info["per_episode"])
+    low, high = report.wilson_interval(k, o["n_episodes"])
+    return {
+        "policy": policy,
+        "env": env,
+        "cell": cell,
+        "n_success": int(k),
+        "n_episodes": o["n_episodes"],
+        "pc_success": o["pc_success"],
+        "ci95_low": 100.0 * low,
+        "ci95_high": 100.0 * high,
+        "avg_sum_reward": o["avg_sum_reward"],
+        "avg_max_reward": o["avg_max_reward"],
+        "avg_steps": o["avg_steps"],
+        "avg_stall_steps": o["avg_stall_steps"],
+        "eval_s": o["eval_s"],
+        "video_paths": o["video_paths"],
+    }
+
+
+def _bars(pols, env_fns, episodes, done_shards, enabled):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    bars = {}
+    for i, cell in enumerate(cell_name(p, e) for p, _ in pols for e in env_fns):
+        already = sum(len(s["episodes"]) for s in done_shards[cell].values())
+        bars[cell] = tqdm(total=episodes, initial=already, desc=cell, position=i, unit="ep", leave=True)
+    return bars
+
+
+def _single_thread() -> None:
+    """One intra-op thread per worker: parallelism comes from workers, not from oversubscribed BLAS pools."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "x"

@@ -1,0 +1,212 @@
+"""Evaluation reports: success-rate tables with 95% Wilson intervals (markdown, CSV, JSON), a heat map and a
+bar plot (PNG), episode videos (mp4) and a static ``report.html`` that shows them all."""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import platform
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TABLE_FIELDS = (
+    "policy",
+    "env",
+    "n_success",
+    "n_episodes",
+    "pc_success",
+    "ci95_low",
+    "ci95_high",
+    "avg_sum_reward",
+    "avg_max_reward",
+    "avg_steps",
+    "avg_stall_steps",
+    "eval_s",
+)
+_VERSIONED = ("policylink", "numpy", "torch", "gymnasium", "mujoco", "zarr", "ray", "matplotlib", "imageio", "av")
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (Wilson 1927), as fractions in ``[0, 1]``.
+
+    ``center = (p + z^2 / 2n) / (1 + z^2 / n)``, ``half = z sqrt(p (1 - p) / n + z^2 / 4n^2) / (1 + z^2 / n)``;
+    ``z = 1.96`` gives 95%. With ``n = 0`` the interval is ``(0, 1)``.
+
+    Raises:
+        ValueError: ``successes`` outside ``[0, n]``.
+    """
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes: expected an integer in [0, n={n}], received {successes}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
+    """N x M markdown table: one row per policy, one column per env, cells ``62.0% [48.1, 74.2] (n=50)``."""
+    policies = list(dict.fromkeys(s["policy"] for s in summaries))
+    envs = list(dict.fromkeys(s["env"] for s in summaries))
+    cell = {(s["policy"], s["env"]): s for s in summaries}
+    lines = ["| policy | " + " | ".join(envs) + " |", "|---" * (len(envs) + 1) + "|"]
+    for p in policies:
+        row = []
+        for e in envs:
+            s = cell.get((p, e))
+            row.append(
+                "-"
+                if s is None
+                else f"{s['pc_success']:.1f}% [{s['ci95_low']:.1f}, {s['ci95_high']:.1f}] (n={s['n_episodes']})"
+            )
+        lines.append(f"| {p} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n\nSuccess rate with its 95% Wilson score interval; n = episodes per cell.\n"
+
+
+def write_tables(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[str, Path]:
+    """Write ``results.json``, ``results.csv`` and ``results.md`` into ``out``; returns their paths by suffix."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "csv": out / "results.csv", "md": out / "results.md"}
+    paths["json"].write_text(json.dumps(list(summaries), indent=2))
+    with paths["csv"].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=TABLE_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(summaries)
+    paths["md"].write_text(markdown_table(summaries))
+    return paths
+
+
+def write_video(path: str | Path, frames: Sequence[np.ndarray], fps: float) -> Path:
+    """Encode uint8 RGB frames ``(H, W, 3)`` as an H.264 mp4 (imageio + PyAV). Returns the path.
+
+    Raises:
+        ValueError: no frames, or frames of different shapes.
+    """
+    import imageio.v3 as iio
+
+    if not frames:
+        raise ValueError("frames: expected at least one frame, received none")
+    stack = np.stack([np.asarray(f, np.uint8) for f in frames])
+    h, w = stack.shape[1:3]
+    if h % 2 or w % 2:  # yuv420p needs even sizes
+        stack = np.pad(stack, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    iio.imwrite(path, stack, fps=float(fps), plugin="pyav", codec="libx264")
+    return path
+
+
+def write_plots(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[str, Path]:
+    """Heat map of success rates (policies x envs) and a grouped bar plot with Wilson error bars (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    policies = list(dict.fromkeys(s["policy"] for s in summaries))
+    envs = list(dict.fromkeys(s["env"] for s in summaries))
+    cell = {(s["policy"], s["env"]): s for s in summaries}
+    rate = np.array([[cell[p, e]["pc_success"] if (p, e) in cell else np.nan for e in envs] for p in policies])
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(envs), 1.2 + 0.6 * len(policies)))
+    im = ax.imshow(rate, vmin=0, vmax=100, cmap="viridis")
+    ax.set_xticks(range(len(envs)), envs)
+    ax.set_yticks(range(len(policies)), policies)
+    for i in range(len(policies)):
+        for j in range(len(envs)):
+            if not np.isnan(rate[i, j]):
+                ax.text(
+                    j, i, f"{rate[i, j]:.0f}%", ha="center", va="center", color="white" if rate[i, j] < 60 else "black"
+                )
+    fig.colorbar(im, ax=ax, label="success rate (%)")
+    ax.set_title("success rate")
+    fig.tight_layout()
+    heat = out / "success_heatmap.png"
+    fig.savefig(heat, dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(envs) * max(len(policies), 1) * 0.5, 3.2))
+    width = 0.8 / max(len(policies), 1)
+    for i, p in enumerate(policies):
+        xs = np.arange(len(envs)) + (i - (len(policies) - 1) / 2) * width
+        ys = [cell[p, e]["pc_success"] if (p, e) in cell else 0.0 for e in envs]
+        lo = [ys[k] - cell[p, e]["ci95_low"] if (p, e) in cell else 0.0 for k, e in enumerate(envs)]
+        hi = [cell[p, e]["ci95_high"] - ys[k] if (p, e) in cell else 0.0 for k, e in enumerate(envs)]
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=p)
+    ax.set_xticks(range(len(envs)), envs)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("success rate (%), 95% Wilson")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    bars = out / "success_bars.png"
+    fig.savefig(bars, dpi=100)
+    plt.close(fig)
+    return {"heatmap": heat, "bars": bars}
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages that shape results (``"-"`` when absent) and the Python version."""
+    out = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "-"
+    return out
+
+
+def write_report(out: str | Path, summaries: Sequence[dict[str, Any]], config: dict[str, Any]) -> Path:
+    """Write the plots and a static ``report.html`` (table, plots, videos inline, config, package versions).
+
+    Paths in the page are relative to ``out``, so the folder can be moved or served as is.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(out, summaries)
+    esc = html.escape
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{esc(_fmt(s.get(k)))}</td>" for k in TABLE_FIELDS) + "</tr>" for s in summaries
+    )
+    videos = []
+    for s in summaries:
+        clips = "".join(
+            f'<figure><video src="{esc(v)}" controls muted loop width="192"></video>'
+            f"<figcaption>{esc(Path(v).stem)}</figcaption></figure>"
+            for v in s["video_paths"]
+        )
+        if clips:
+            videos.append(f"<h3>{esc(s['policy'])} on {esc(s['env'])}</h3><div class='row'>{clips}</div>")
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>policylink evaluation</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} .row{{display:flex;flex-wrap:wrap;gap:8px}}
+figure{{margin:0}} pre{{background:#f4f4f4;padding:1em}}</style></head><body>
+<h1>policylink evaluation</h1>
+<h2>Success rates</h2>
+<table><tr>{"".join(f"<th>{esc(k)}</th>" for k in TABLE_FIELDS)}</tr>{rows}</table>
+<p>pc_success and its 95% Wilson score interval (ci95_low, ci95_high), in %; rewards and steps are averaged
+over episodes, counting steps up to and including each episode's terminal step.</p>
+<h2>Plots</h2><img src="{plots["heatmap"].name}" alt="success heat map"> <img src="{plots["bars"].name}"
+alt="success bar plot">
+<h2>Episodes</h2>{"".join(videos) or "<p>no videos recorded</p>"}
+<h2>Configuration</h2><pre>{esc(json.dumps(config, indent=2, default=str))}</pre>
+<h2>Package versions</h2><pre>{esc(json.dumps(package_versions(), indent=2))}</pre>
+</body></html>
+"""
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return "" if v is None else str(v)

@@ -1,0 +1,216 @@
+"""N x M evaluation: all outputs written in LeRobot's shape, one error for every incompatible cell, resume,
+shared seeds, the CLI, and the same results on the local process pool and on Ray."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from policylink.adapters.env import EnvAdapter
+from policylink.adapters.policy import HistoryPolicy
+from policylink.adapters.registry import register_env, register_policy
+from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, IncompatibleSpecError, PolicySpec
+from policylink.runtime import evaluate as ev
+
+STATE = "observation.state"
+ACTION = ActionSpec(("dx",), "ee_delta", ("m",), (-0.1,), (0.1,))
+
+
+class Line(EnvAdapter):
+    """A point on a line (m), x0 ~ U(-0.5, 0.5) from the seed; success (and termination) when |x| < 0.05 m.
+    Frames are a solid colour: red = 40 * (seed % 6), green = 10 * step."""
+
+    env_spec = EnvSpec("line", {STATE: FeatureSpec("float32", (1,))}, ACTION, 10.0, 12)
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+        self._init_spaces()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seed_, self.t = seed or 0, 0
+        self.x = float(self.np_random.uniform(-0.5, 0.5))
+        return self._obs(), {"is_success": False}
+
+    def step(self, action):
+        self.t += 1
+        self.x += float(np.clip(action[0], -0.1, 0.1))
+        ok = abs(self.x) < 0.05
+        return self._obs(), -abs(self.x), ok, False, {"is_success": ok}
+
+    def render(self):
+        frame = np.zeros((16, 16, 3), np.uint8)
+        frame[..., 0], frame[..., 1] = 40 * (self.seed_ % 6), min(10 * self.t, 255)
+        return frame
+
+    def _obs(self):
+        return {STATE: np.array([self.x], np.float32)}
+
+
+def _pspec(action=ACTION):
+    return PolicySpec({STATE: FeatureSpec("float32", (1,))}, action, chunk_size=4, n_action_steps=2)
+
+
+class Greedy(HistoryPolicy):
+    """Steps toward 0 at 0.1 m/step, with N(0, 0.08) noise from numpy's global generator (seeded per shard)."""
+
+    def __init__(self):
+        super().__init__(_pspec())
+
+    def _predict(self, history, pad_mask, tasks):
+        x = history[STATE][:, -1, 0]
+        step = np.clip(-x, -0.1, 0.1)[:, None] + np.random.normal(0, 0.08, (x.shape[0], 4))
+        return np.clip(step, -0.1, 0.1)[..., None].astype(np.float32)
+
+
+class Still(HistoryPolicy):
+    """Never moves: succeeds only when the start is already within 5 cm."""
+
+    def __init__(self):
+        super().__init__(_pspec())
+
+    def _predict(self, history, pad_mask, tasks):
+        return np.zeros((history[STATE].shape[0], 4, 1), np.float32)
+
+
+class TwoD(HistoryPolicy):
+    """A 2-D action policy (incompatible with Line)."""
+
+    def __init__(self):
+        super().__init__(_pspec(ActionSpec(("a", "b"), "joint_position", ("rad", "rad"), (-1, -1), (1, 1))))
+
+    def _predict(self, history, pad_mask, tasks):
+        return np.zeros((history[STATE].shape[0], 4, 2), np.float32)
+
+
+def _line():
+    return Line(render_mode="rgb_array")
+
+
+POLICIES = [("greedy", Greedy), ("still", Still)]
+ENVS = [("line", _line), ("line2", _line)]
+
+
+def _eval(tmp_path, **kw):
+    args = dict(episodes=6, seed=3, workers=0, shard_episodes=3, videos=2, progress=False, out=tmp_path / "out")
+    args.update(kw)
+    return ev.evaluate(POLICIES, ENVS, **args)
+
+
+def test_evaluate_writes_every_output(tmp_path):
+    summaries = _eval(tmp_path)
+    out = tmp_path / "out"
+    assert [(s["policy"], s["env"]) for s in summaries] == [
+        ("greedy", "line"),
+        ("greedy", "line2"),
+        ("still", "line"),
+        ("still", "line2"),
+    ]
+    info = json.loads((out / "cells" / "greedy__line" / "eval_info.json").read_text())
+    assert set(info) >= {"per_episode", "per_task", "per_group", "overall"}
+    for key in ("pc_success", "avg_sum_reward", "avg_max_reward", "n_episodes", "eval_s", "video_paths"):
+        assert key in info["overall"]
+    assert info["overall"]["n_episodes"] == 6 and info["per_group"]["line"]["n_episodes"] == 6
+    assert [e["seed"] for e in info["per_episode"]] == [3, 4, 5, 6, 7, 8]
+    assert len(info["per_task"][0]["metrics"]["successes"]) == 6
+    # the same seeds in both envs and for both policies: identical starts, so "still" matches across envs
+    still = [json.loads((out / "cells" / f"still__{e}" / "eval_info.json").read_text()) for e in ("line", "line2")]
+    assert still[0]["per_episode"] == still[1]["per_episode"]
+    for e in info["per_episode"]:  # the greedy policy moves <= 0.1 m/step from |x0| <= 0.5: needs >= 1 step
+        assert 1 <= e["n_steps"] <= 12 and e["max_reward"] <= 0.0
+    assert summaries[0]["pc_success"] > summaries[2]["pc_success"]
+    for name in ("results.json", "results.csv", "results.md", "report.html", "success_heatmap.png", "success_bars.png"):
+        assert (out / name).stat().st_size > 0, name
+    md = (out / "results.md").read_text()
+    assert "| policy | line | line2 |" in md and "(n=6)" in md
+    assert len((out / "results.csv").read_text().strip().splitlines()) == 5
+    html = (out / "report.html").read_text()
+    assert html.count("<video") == 8 and "numpy" in html
+    import imageio.v3 as iio
+
+    assert info["overall"]["video_paths"] == [
+        "cells/greedy__line/videos/episode_0000.mp4",
+        "cells/greedy__line/videos/episode_0001.mp4",
+    ]
+    for i, rel in enumerate(info["overall"]["video_paths"]):
+        frames = iio.imread(out / rel, plugin="pyav")
+        seed = 3 + i
+        assert abs(int(frames[0, 8, 8, 0]) - 40 * (seed % 6)) <= 8  # its own episode's reset frame
+        assert int(frames[0, 8, 8, 1]) <= 8  # step 0
+
+
+def test_incompatible_cells_are_listed_before_anything_runs(tmp_path):
+    with pytest.raises(IncompatibleSpecError) as err:
+        ev.evaluate(
+            [("greedy", Greedy), ("twod", TwoD)], ENVS, episodes=2, workers=0, progress=False, out=tmp_path / "out"
+        )
+    msg = str(err.value)
+    assert "twod x line: action dimension: expected 2 (policy), received 1 (env)" in msg
+    assert "twod x line2: action dimension" in msg and "greedy x" not in msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_skips_done_cells_and_rejects_other_configs(tmp_path, monkeypatch):
+    first = _eval(tmp_path)
+
+    def boom(task):
+        raise AssertionError("a finished shard ran again")
+
+    monkeypatch.setattr(ev, "run_shard", boom)
+    again = _eval(tmp_path)
+    assert [s["pc_success"] for s in again] == [s["pc_success"] for s in first]
+    with pytest.raises(ValueError, match=r"different \['seed'\]"):
+        _eval(tmp_path, seed=4)
+
+
+def test_process_pool_matches_inline_and_cli(tmp_path, capsys):
+    inline = _eval(tmp_path / "a", workers=0, videos=0)
+    pooled = _eval(tmp_path / "b", workers=2, videos=0)
+    strip = [{k: v for k, v in s.items() if k != "eval_s"} for s in inline]
+    assert strip == [{k: v for k, v in s.items() if k != "eval_s"} for s in pooled]
+    register_env("line_cli", Line, overwrite=True)
+    register_policy("greedy_cli", Greedy, overwrite=True)
+    register_policy("still_cli", Still, overwrite=True)
+    rc = ev.main(
+        [
+            "--policies",
+            "greedy_cli,still_cli",
+            "--envs",
+            "line_cli",
+            "--episodes",
+            "4",
+            "--seed",
+            "3",
+            "--workers",
+            "2",
+            "--videos",
+            "1",
+            "--shard-episodes",
+            "2",
+            "--out",
+            str(tmp_path / "cli"),
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| greedy_cli |" in out and "(n=4)" in out
+    assert (tmp_path / "cli" / "cells" / "still_cli__line_cli" / "videos" / "episode_0000.mp4").is_file()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_matches_local_pool(tmp_path):
+    ray = pytest.importorskip("ray")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    local = _eval(tmp_path / "local", workers=2, videos=0)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = _eval(tmp_path / "ray", workers=2, videos=0, ray_address="auto")
+    finally:
+        ray.shutdown()
+    strip = [{k: v for k, v in s.items() if k != "eval_s"} for s in local]
+    assert strip == [{k: v for k, v in s.items() if k != "eval_s"} for s in remote]
+    cell = ("out", "cells", "greedy__line", "eval_info.json")
+    a, b = (json.loads(tmp_path.joinpath(where, *cell).read_text())["per_episode"] for where in ("local", "ray"))
+    assert a == b
