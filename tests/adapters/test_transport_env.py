@@ -1,0 +1,142 @@
+"""EnvServer / RemoteEnv: a gymnasium env across a process boundary, exact observations, live robots, errors."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from policylink.adapters.env import EnvAdapter
+from policylink.adapters.protocol import RemoteError
+from policylink.adapters.schema import ActionError, ActionSpec, EnvSpec, FeatureSpec
+from policylink.adapters.transport import EnvServer, RemoteEnv
+
+ENV_SPEC = EnvSpec(
+    "point",
+    {
+        "observation.state": FeatureSpec("float32", (2,)),
+        "observation.images.top": FeatureSpec("uint8", (4, 4, 3)),
+        "task": FeatureSpec("string", ()),
+    },
+    ActionSpec(("dx", "dy"), "ee_delta", ("m", "m"), (-1.0, -1.0), (1.0, 1.0)),
+    control_frequency=10.0,
+    max_episode_steps=5,
+    tasks=("reach the origin",),
+)
+
+
+class PointEnv(EnvAdapter):
+    """A point at ``seed`` units from the origin on x; an action moves it; success within 0.05 m."""
+
+    def __init__(self):
+        self.env_spec = ENV_SPEC
+        self._init_spaces()
+        self.pos = np.zeros(2, np.float32)
+        self.t = 0
+
+    def _obs(self):
+        img = np.zeros((4, 4, 3), np.uint8)
+        img[..., 0] = self.t
+        return {"observation.state": self.pos.copy(), "observation.images.top": img, "task": "reach the origin"}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = np.array([float(seed or 0), (options or {}).get("y", 0.0)], np.float32)
+        self.t = 0
+        return self._obs(), {"is_success": False}
+
+    def step(self, action):
+        if action[0] > 0.99:
+            raise RuntimeError("simulated joint limit")
+        self.pos = self.pos + action
+        self.t += 1
+        success = bool(np.linalg.norm(self.pos) < 0.05)
+        return (
+            self._obs(),
+            -float(np.linalg.norm(self.pos)),
+            success,
+            self.t >= 5,
+            {"is_success": success, "dist": np.float32(0.5)},
+        )
+
+
+class LivePointEnv(PointEnv):
+    """PointEnv that also exposes get_observation / send_action (a LiveEnv, like a robot)."""
+
+    def get_observation(self):
+        return self._obs()
+
+    def send_action(self, action):
+        self.pos = self.pos + 2 * action
+
+
+@pytest.fixture
+def served():
+    srv = EnvServer(PointEnv(), "tcp://127.0.0.1:0").start()
+    env = RemoteEnv(srv.endpoint, timeout_s=5)
+    yield srv, env
+    env.close()
+    srv.stop()
+
+
+def test_remote_env_is_a_gymnasium_env_with_the_served_spec(served):
+    _, env = served
+    assert isinstance(env, gym.Env) and env.env_spec == ENV_SPEC
+    assert env.action_space.shape == (2,) and env.observation_space["observation.images.top"].shape == (4, 4, 3)
+
+
+def test_reset_and_step_round_trip_exact_values(served):
+    srv, env = served
+    obs, info = env.reset(seed=1, options={"y": 0.5})
+    np.testing.assert_array_equal(obs["observation.state"], [1.0, 0.5])
+    assert obs["task"] == "reach the origin" and info == {"is_success": False}
+    assert obs["observation.state"].dtype == np.float32
+    obs, reward, terminated, truncated, info = env.step(np.array([-0.5, -0.25], np.float32))
+    np.testing.assert_array_equal(obs["observation.state"], [0.5, 0.25])
+    assert obs["observation.images.top"].dtype == np.uint8 and obs["observation.images.top"][0, 0, 0] == 1
+    assert reward == pytest.approx(-np.hypot(0.5, 0.25), rel=1e-6)
+    assert (terminated, truncated, info["is_success"]) == (False, False, False)
+    assert info["dist"] == np.float32(0.5) and info["dist"].dtype == np.float32
+    obs, _, terminated, _, info = env.step(np.array([-0.5, -0.25], np.float32))
+    assert terminated and info["is_success"]
+    np.testing.assert_array_equal(env.get_observation()["observation.state"], [0.0, 0.0])
+    assert srv.stats.snapshot()["step"]["count"] == 2
+
+
+def test_bad_actions_and_env_failures_are_structured(served):
+    _, env = served
+    with pytest.raises(RemoteError, match="env_failed: get_observation: no observation yet"):
+        env.get_observation()
+    env.reset(seed=0)
+    with pytest.raises(ActionError, match=r"expected shape \(..., 2\)"):
+        env.step(np.zeros(3, np.float32))  # checked before sending
+    with pytest.raises(RemoteError) as err:
+        env._channel.request("step", {"action": np.zeros(2, np.float64)})  # bypassing the local check
+    assert err.value.code == "invalid_field" and err.value.field == "body.action"
+    with pytest.raises(RemoteError) as err:
+        env.step(np.array([1.0, 0.0], np.float32))
+    assert err.value.code == "env_failed" and "RuntimeError: simulated joint limit" in err.value.message
+    with pytest.raises(RemoteError) as err:
+        env.send_action(np.zeros(2, np.float32))
+    assert err.value.code == "unsupported"
+    obs, *_ = env.step(np.array([0.25, 0.0], np.float32))  # still serving
+    np.testing.assert_array_equal(obs["observation.state"], [0.25, 0.0])
+
+
+def test_live_env_reads_sensors_and_sends_actions_without_stepping():
+    srv = EnvServer(LivePointEnv(), "tcp://127.0.0.1:0").start()
+    env = RemoteEnv(srv.endpoint, timeout_s=5)
+    try:
+        env.reset(seed=2)
+        env.send_action(np.array([0.5, 0.25], np.float32))
+        np.testing.assert_array_equal(env.get_observation()["observation.state"], [3.0, 0.5])
+    finally:
+        env.close()
+        srv.stop()
+
+
+def test_policy_client_refuses_an_env_server(served):
+    from policylink.adapters.protocol import ProtocolError
+    from policylink.adapters.transport import RemotePolicy
+
+    srv, _ = served
+    with pytest.raises(ProtocolError, match="kind: expected a policy server"):
+        RemotePolicy(srv.endpoint, timeout_s=5)
