@@ -13,6 +13,7 @@ openpi observations are unbatched; keys are mapped to ours by a declared key map
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -268,9 +269,17 @@ class OpenPIRemotePolicy(HistoryPolicy):
     def _connect(self) -> Any:
         import websockets.sync.client
 
+        # websockets >= 17 wants connect() as a context manager unless legacy=True; the connection outlives
+        # this call, so ask for the direct form where the option exists.
+        extra = {"legacy": True} if "legacy" in inspect.signature(websockets.sync.client.connect).parameters else {}
         try:
             self._ws = websockets.sync.client.connect(
-                self.uri, compression=None, max_size=None, open_timeout=self.timeout_s, additional_headers=self._headers
+                self.uri,
+                compression=None,
+                max_size=None,
+                open_timeout=self.timeout_s,
+                additional_headers=self._headers,
+                **extra,
             )
             return unpack(self._ws.recv(timeout=self.timeout_s))
         except TimeoutError:
