@@ -28,6 +28,7 @@ $(STAMP): $(PY) pyproject.toml setup.py
 	$(MAKE) --no-print-directory apt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e ".[dev,ray]"
+	$(PIP) install -q --no-deps "openpi-client==0.1.2"  # declares numpy<2, works with numpy 2 (DESIGN.md 5)
 	touch $(STAMP)
 
 install: $(STAMP)  ## venv + apt libs + package (editable) with dev tools
