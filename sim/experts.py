@@ -18,6 +18,8 @@ EXPERT_FACTORIES: dict[str, str] = {
     "pick_place": "policylink.sim.mujoco.pick_place_expert:make_pick_place_expert",
     "insert": "policylink.sim.mujoco.pick_place_expert:make_insert_expert",
     "multitask": "policylink.sim.mujoco.pick_place_expert:make_multitask_expert",
+    "genesis_reach": "policylink.sim.mujoco.reach_expert:make_reach_expert",  # same task on Genesis physics
+    "genesis_pick_place": "policylink.sim.mujoco.pick_place_expert:make_pick_place_expert",
     "reacher": "policylink.sim.gym_experts:make_reacher_expert",
     "pusher": "policylink.sim.gym_experts:make_pusher_expert",
 }
