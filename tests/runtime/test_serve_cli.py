@@ -1,0 +1,159 @@
+"""``policylink serve`` and ``policylink keys``: a registry policy served over ZMQ and openpi, statistics on exit,
+checkpoints through ``load_policy``, refusal of unsafe binds, key generation."""
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from policylink.adapters import registry
+from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
+from policylink.adapters.transport import RemotePolicy
+from policylink.runtime import keys, serve
+
+# openpi-client 0.1.2 opens its websocket the pre-websockets-17 way; that warning is theirs, not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+
+SPEC = PolicySpec(
+    {"observation.state": FeatureSpec("float32", (1,))},
+    ActionSpec(("x",), "joint_position", ("rad",), (-10.0,), (10.0,)),
+    chunk_size=2,
+)
+
+
+class DoublePolicy:
+    """Stateless PolicyAdapter: chunk = [2 * state, 2 * state]."""
+
+    spec = SPEC
+
+    def __init__(self, **kwargs):
+        self.kwargs, self._state = kwargs, None
+
+    def reset(self, env_ids=None):
+        pass
+
+    def update_observation(self, obs):
+        self._state = obs["observation.state"]
+
+    def predict_action_chunk(self):
+        return np.repeat(2 * self._state[:, None], 2, axis=1).astype(np.float32)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_in_thread(argv):
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("rc", serve.main(argv)), daemon=True)
+    t.start()
+    return t, result
+
+
+def test_normalise_flags():
+    assert serve.normalise_flags(["--openpi-port", "8000", "--stats", "--insecure", "--bind=tcp://x:1"]) == [
+        "--openpi_port",
+        "8000",
+        "--stats=true",
+        "--insecure=true",
+        "--bind=tcp://x:1",
+    ]
+    assert serve.normalise_flags(["--stats", "false"]) == ["--stats", "false"]
+
+
+def test_serve_a_registry_policy_over_zmq_and_openpi_with_stats(capsys):
+    registry.register_policy("serve-cli-double", DoublePolicy, overwrite=True)
+    port, ws_port = _free_port(), _free_port()
+    t, result = _serve_in_thread(
+        [
+            "--policy",
+            "serve-cli-double",
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "--openpi-port",
+            str(ws_port),
+            "--stats",
+            "--stats_interval_s",
+            "0.3",
+            "--duration_s",
+            "3",
+        ]
+    )
+    remote = RemotePolicy(f"tcp://127.0.0.1:{port}", timeout_s=5)
+    for v in (1.0, 2.5):
+        remote.update_observation({"observation.state": np.array([[v]], np.float32)})
+        np.testing.assert_array_equal(remote.predict_action_chunk(), [[[2 * v], [2 * v]]])
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    for _ in range(50):  # the websocket endpoint starts right after the ZMQ one
+        try:
+            client = WebsocketClientPolicy("127.0.0.1", ws_port)
+            break
+        except OSError:
+            time.sleep(0.05)
+    np.testing.assert_array_equal(
+        client.infer({"observation/state": np.array([3.0], np.float32)})["actions"], [[6.0], [6.0]]
+    )
+    remote.close()
+    t.join(15)
+    assert result["rc"] == 0
+    out = capsys.readouterr().out
+    assert f"on tcp://127.0.0.1:{port}" in out and f"openpi ws://127.0.0.1:{ws_port}" in out
+    final = out.split("final statistics:")[1]
+    rows = {line.split()[0]: line.split()[1:3] for line in final.strip().splitlines()[1:]}
+    assert rows["infer"] == ["2", "0"] and rows["hello"] == ["1", "0"]
+    assert out.count("verb") >= 2  # at least one periodic print before the final one
+
+
+def test_serve_checkpoint_goes_through_load_policy(monkeypatch, tmp_path):
+    import policylink.policies
+
+    calls = []
+    monkeypatch.setattr(
+        policylink.policies, "load_policy", lambda path, device="auto": calls.append((path, device)) or DoublePolicy()
+    )
+    port = _free_port()
+    t, result = _serve_in_thread(
+        ["--checkpoint", str(tmp_path), "--device", "cpu", "--bind", f"tcp://127.0.0.1:{port}", "--duration_s", "2"]
+    )
+    remote = RemotePolicy(f"tcp://127.0.0.1:{port}", timeout_s=5)
+    assert remote.spec == SPEC
+    remote.close()
+    t.join(10)
+    assert result["rc"] == 0 and calls == [(str(tmp_path), "cpu")]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "expected exactly one of --checkpoint DIR or --policy NAME"),
+        (["--policy", "a", "--checkpoint", "b"], "expected exactly one"),
+        (["--policy", "a", "--bind", "tcp://0.0.0.0:5555"], "--insecure"),
+        (["--policy", "a", "--openpi-port", "8000", "--openpi_host", "0.0.0.0"], "--insecure"),
+        (["--policy", "a", "--bind", "tcp://0.0.0.0:5555", "--curve-keys", "/nonexistent"], "server.key_secret"),
+    ],
+)
+def test_bad_configurations_exit_2_with_a_reason(argv, message, capsys):
+    assert serve.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_keys_generate_writes_server_and_client_pairs(tmp_path, capsys):
+    assert keys.main(["generate", "--out", str(tmp_path / "k"), "--clients", "robot1,robot2"]) == 0
+    names = sorted(p.name for p in (tmp_path / "k").iterdir())
+    assert names == [
+        "authorized_clients",
+        "robot1.key",
+        "robot1.key_secret",
+        "robot2.key",
+        "robot2.key_secret",
+        "server.key",
+        "server.key_secret",
+    ]
+    assert sorted(p.name for p in (tmp_path / "k" / "authorized_clients").iterdir()) == ["robot1.key", "robot2.key"]
+    assert keys.main(["rotate"]) == 2
+    assert "expected 'generate'" in capsys.readouterr().err
