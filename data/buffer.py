@@ -216,6 +216,20 @@ class EpisodeStore:
         """The zarr array of ``key`` (``(>= n_steps, *shape)``; rows past :attr:`n_steps` are uncommitted)."""
         return self._array(key)
 
+    @property
+    def info(self) -> dict[str, Any]:
+        """Dataset-level description kept in the root attributes (``fps`` in Hz, ``env`` name, ``features``:
+        key -> FeatureSpec dict, ``action``: ActionSpec dict); empty for a foreign store."""
+        return dict(dict(dict(self._root.attrs).get(_ATTRS_KEY, {})).get("info", {}))
+
+    def update_info(self, **fields: Any) -> None:
+        """Merge JSON-serialisable ``fields`` into :attr:`info` (e.g. ``fps=10.0``). Raises StoreError read-only."""
+        if self.mode == "r":
+            raise StoreError(f"store {str(self.path)!r} is open read-only; open it with mode='a' to update info")
+        attrs = dict(dict(self._root.attrs).get(_ATTRS_KEY, {"version": 1}))
+        attrs["info"] = {**dict(attrs.get("info", {})), **fields}
+        self._root.attrs[_ATTRS_KEY] = attrs
+
     # ---------------------------------------------------------------- reading
 
     def episode_slice(self, i: int) -> slice:

@@ -30,7 +30,8 @@ class EpisodeRecorder:
             ``lock_timeout``; closed by :meth:`close`).
         keys: observation keys to keep (default: every non-text key of the first observation, or of
             ``env_spec``'s features). ``task`` is never stored per step: it goes into the episode metadata.
-        env_spec: optional spec used to pick the keys and to check each observation's dtype/shape.
+        env_spec: optional spec used to pick the keys, to check each observation's dtype/shape, and saved in
+            the store's :attr:`~policylink.data.buffer.EpisodeStore.info` (fps, feature names, action spec).
         lock_timeout: seconds to wait for the store's write lock when ``store`` is a path.
 
     Raises:
@@ -50,6 +51,13 @@ class EpisodeRecorder:
             keys = [k for k, f in env_spec.observation_features.items() if not f.is_string]
         self.keys = list(keys) if keys is not None else None
         self.env_spec = env_spec
+        if env_spec is not None:
+            self.store.update_info(
+                fps=float(env_spec.control_frequency),
+                env=env_spec.name,
+                features={k: f.to_dict() for k, f in env_spec.observation_features.items()},
+                action=env_spec.action.to_dict(),
+            )
         self._slots: dict[int, dict[str, Any]] = {}
 
     def start_episode(self, meta: EpisodeMeta | None = None, slot: int = 0) -> None:

@@ -124,6 +124,7 @@ def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
     assert rc == 0
     s = EpisodeStore(out)
     assert s.n_episodes == 4
+    assert s.info["fps"] == 10.0 and s.info["env"] == "point" and s.info["action"]["names"] == ["dx"]
     assert [m.seed for m in s.all_meta()] == [10, 11, 12, 13]
     assert all(m.success and m.source == "expert" and m.quality == "expert" for m in s.all_meta())
     # the expert moves 0.25 per step (clipped) and lands on 0: ceil(|x0| / 0.25) steps

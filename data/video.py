@@ -1,0 +1,145 @@
+"""MP4 encoding and decoding of uint8 RGB frames with PyAV (FFmpeg), and frame lookup by timestamp.
+
+Frames stay RGB end to end: they are handed to FFmpeg as ``rgb24`` and read back as ``rgb24`` (no OpenCV, so
+no BGR reordering). A timestamp maps to frame ``round((t - t0) * fps)``, clamped into the valid range, so a
+query a hair past the last frame returns the last frame instead of indexing past it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_CODEC = "libx264"
+
+
+def encode_video(
+    frames: np.ndarray, path: str | os.PathLike, fps: float, *, codec: str = DEFAULT_CODEC, crf: int = 18, gop: int = 2
+) -> dict[str, Any]:
+    """Write uint8 RGB frames ``(T, H, W, 3)`` to an mp4 at ``fps`` Hz.
+
+    Args:
+        frames: uint8 ``(T, H, W, 3)``; ``H`` and ``W`` even (yuv420p).
+        path: output file (parent folders are created).
+        fps: frame rate, Hz.
+        codec: FFmpeg encoder (``libx264``, ``libsvtav1``...).
+        crf: constant rate factor (lower = better quality).
+        gop: keyframe interval, frames (small = fast random access, as LeRobot's ``g=2``).
+
+    Returns:
+        LeRobot's ``video.*`` info fields (height, width, codec, pix_fmt, fps, channels, is_depth_map, has_audio).
+
+    Raises:
+        ValueError: wrong dtype/shape, odd size, or ``T == 0``.
+    """
+    import av
+
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
+        raise ValueError(f"frames: expected uint8 (T>0, H, W, 3), received {frames.dtype} {frames.shape}")
+    h, w = frames.shape[1:3]
+    if h % 2 or w % 2:
+        raise ValueError(f"frames: expected even height and width for yuv420p, received {h}x{w}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rate = _rate(fps)
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream(codec, rate=rate)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        stream.options = {"crf": str(crf), "g": str(gop)}
+        for img in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return {
+        "video.height": int(h),
+        "video.width": int(w),
+        "video.codec": codec,
+        "video.pix_fmt": "yuv420p",
+        "video.is_depth_map": False,
+        "video.fps": float(fps),
+        "video.channels": 3,
+        "has_audio": False,
+    }
+
+
+def decode_video(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """All frames of ``path`` as uint8 RGB ``(T, H, W, 3)`` and their presentation times float64 ``(T,)`` (s)."""
+    reader = VideoFrames(path)
+    reader.decode_all()
+    return np.stack(reader.frames), np.asarray(reader.times)
+
+
+class VideoFrames:
+    """Sequential PyAV decoder of one video file with timestamp lookup.
+
+    Args:
+        path: the video file.
+        fps: frame rate used to map timestamps to frame indices (default: the stream's average rate).
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+
+    def __init__(self, path: str | os.PathLike, fps: float | None = None):
+        import av
+
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"video: no file at {str(self.path)!r}")
+        self._container = av.open(str(self.path))
+        stream = self._container.streams.video[0]
+        self.fps = float(fps if fps is not None else stream.average_rate)
+        self._iter = self._container.decode(stream)
+        self.frames: list[np.ndarray] = []
+        self.times: list[float] = []
+        self._done = False
+
+    def frames_at(self, timestamps: np.ndarray, first: int = 0, last: int | None = None) -> np.ndarray:
+        """Frames for ``timestamps`` (s, from the file start) as uint8 ``(N, H, W, 3)``.
+
+        Indices are ``round(t * fps)`` clamped into ``[first, last]`` (``last`` defaults to the file's last
+        frame), e.g. the frame range of one episode inside a concatenated file.
+
+        Raises:
+            ValueError: the file holds no frame in ``[first, last]``.
+        """
+        idx = np.rint(np.asarray(timestamps, np.float64) * self.fps).astype(np.int64)
+        want_last = int(idx.max()) if last is None else int(last)
+        self._decode_until(max(want_last, first))
+        n = len(self.frames)
+        hi = n - 1 if last is None else min(int(last), n - 1)
+        if hi < first:
+            raise ValueError(f"video {str(self.path)!r}: expected frames {first}..{last}, file has {n}")
+        return np.stack([self.frames[i] for i in np.clip(idx, first, hi)])
+
+    def decode_all(self) -> None:
+        """Decode every remaining frame."""
+        self._decode_until(None)
+
+    def close(self) -> None:
+        """Close the file."""
+        self._container.close()
+
+    def _decode_until(self, index: int | None) -> None:
+        while not self._done and (index is None or len(self.frames) <= index):
+            try:
+                frame = next(self._iter)
+            except StopIteration:
+                self._done = True
+                break
+            self.frames.append(frame.to_ndarray(format="rgb24"))
+            self.times.append(float(frame.time) if frame.time is not None else len(self.times) / self.fps)
+
+
+def _rate(fps: float) -> Any:
+    from fractions import Fraction
+
+    return Fraction(fps).limit_denominator(1001)
+
+
+__all__ = ["DEFAULT_CODEC", "VideoFrames", "decode_video", "encode_video"]
