@@ -32,7 +32,7 @@ apt:  ## headless MuJoCo rendering libraries (only the missing ones)
 $(STAMP): $(PY) pyproject.toml setup.py
 	$(MAKE) --no-print-directory apt
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[dev,ray]"
+	$(PIP) install -q -e ".[dev,ray,genesis]"
 	$(PIP) install -q --no-deps "openpi-client==0.1.2"  # declares numpy<2, works with numpy 2 (DESIGN.md 5)
 	touch $(STAMP)
 
