@@ -7,6 +7,7 @@ sampling, action application, the state vector and the success predicate.
 
 from __future__ import annotations
 
+import math
 from importlib.resources import files
 from typing import Any, ClassVar
 
@@ -39,8 +40,8 @@ def asset_path(filename: str) -> str:
 
 def yaw_of(quat_wxyz: np.ndarray) -> float:
     """Rotation about world z (rad) of a unit quaternion ``(w, x, y, z)``."""
-    w, x, y, z = quat_wxyz
-    return float(np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z)))
+    w, x, y, z = (float(v) for v in quat_wxyz)
+    return math.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
 
 
 class MujocoTaskEnv(EnvAdapter):
@@ -207,14 +208,14 @@ class MujocoTaskEnv(EnvAdapter):
             ActionError: wrong shape or non-finite values.
         """
         a = np.asarray(action, dtype=np.float32)
-        if a.shape != self._low.shape or not np.isfinite(a).all():
+        if a.shape != self._low.shape or not math.isfinite(a.sum()):
             raise ActionError(
                 [
                     f"action: expected finite float32 of shape {self._low.shape}, "
                     f"received shape {a.shape} {'with NaN/inf' if a.shape == self._low.shape else ''}"
                 ]
             )
-        a = np.clip(a, self._low, self._high)
+        a = np.minimum(np.maximum(a, self._low), self._high)
         if self._perturber is not None:
             a = self._perturb(a)
         self._apply_action(a)

@@ -7,6 +7,7 @@ The block (free joint, two boxes) slides on the table; a cylindrical pusher move
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ PUSHER_RADIUS_M = 0.012
 
 def wrap_angle(a: float) -> float:
     """``a`` (rad) wrapped into ``[-pi, pi)``."""
-    return float((a + np.pi) % (2 * np.pi) - np.pi)
+    return float((a + math.pi) % (2 * math.pi) - math.pi)
 
 
 def pose_error(block_pose: np.ndarray) -> tuple[float, float]:
@@ -89,13 +90,15 @@ class PushEnv(MujocoTaskEnv):
         return np.array([q[0], q[1], yaw_of(q[3:7])])
 
     def _state(self) -> np.ndarray:
-        x, y, yaw = self.block_pose
+        q = self.data.qpos[self._block_qadr : self._block_qadr + 7]
+        yaw = yaw_of(q[3:7])
         ee = self.robot.ee_position
-        return np.array([ee[0], ee[1], x, y, np.sin(yaw), np.cos(yaw)], dtype=np.float32)
+        return np.array([ee[0], ee[1], q[0], q[1], math.sin(yaw), math.cos(yaw)], dtype=np.float32)
 
     def _is_success(self) -> bool:
-        dist, dyaw = pose_error(self.block_pose)
-        return dist < SUCCESS_POSITION_M and dyaw < SUCCESS_YAW_RAD
+        q = self.data.qpos[self._block_qadr : self._block_qadr + 7]
+        dist = math.hypot(q[0] - GOAL_POSE[0], q[1] - GOAL_POSE[1])
+        return dist < SUCCESS_POSITION_M and abs(wrap_angle(yaw_of(q[3:7]) - GOAL_POSE[2])) < SUCCESS_YAW_RAD
 
 
 def make_push_env(**kwargs: Any) -> PushEnv:

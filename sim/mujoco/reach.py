@@ -6,6 +6,7 @@ within +-0.02 m. Success: the ee site within 0.02 m of the target.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,8 @@ class ReachEnv(MujocoTaskEnv):
         return np.concatenate([self.robot.ee_position, self.target]).astype(np.float32)
 
     def _is_success(self) -> bool:
-        return bool(np.linalg.norm(self.robot.ee_position - self.target) < SUCCESS_RADIUS_M)
+        e, t = self.robot.ee_position, self.target
+        return math.dist((e[0], e[1], e[2]), (t[0], t[1], t[2])) < SUCCESS_RADIUS_M
 
 
 def make_reach_env(**kwargs: Any) -> ReachEnv:

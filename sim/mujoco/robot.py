@@ -34,6 +34,8 @@ class GantryController:
         self._qadr = np.array([model.joint(n).qposadr[0] for n in axes])
         self._dadr = np.array([model.joint(n).dofadr[0] for n in axes])
         self._act = np.array([model.actuator(n).id for n in axes])
+        contiguous = np.array_equal(self._act, np.arange(self._act[0], self._act[0] + self.n_axes))
+        self._act_slice = slice(int(self._act[0]), int(self._act[0]) + self.n_axes) if contiguous else self._act
         self.has_gripper = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "finger_left") >= 0
         if self.has_gripper:
             fingers = ("finger_left", "finger_right")
@@ -65,8 +67,9 @@ class GantryController:
 
     def command(self, delta: np.ndarray, grip: float | None = None) -> None:
         """Target = measured ee + ``delta`` (m, ``(n_axes,)``) within the workspace; gripper 0 open, 1 closed."""
-        self.target = np.clip(self.data.site_xpos[self.site_id, : self.n_axes] + delta, self.low, self.high)
-        self.data.ctrl[self._act] = self.target - self._offset
+        ee = self.data.site_xpos[self.site_id, : self.n_axes]
+        self.target = np.minimum(np.maximum(ee + delta, self.low), self.high)
+        self.data.ctrl[self._act_slice] = self.target - self._offset
         if grip is not None and self.has_gripper:
             self.grip = min(max(float(grip), 0.0), 1.0)
             self.data.ctrl[self._finger_act] = GRIPPER_OPEN_M * (1.0 - self.grip)

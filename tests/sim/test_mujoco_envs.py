@@ -12,7 +12,7 @@ from policylink.adapters.schema import STATE_KEY, TASK_KEY, ActionError, validat
 from policylink.sim.mujoco.base import vector_env
 from policylink.sim.mujoco.perturbations import PerturbationConfig
 
-TASKS = ("reach", "push")
+TASKS = ("reach", "push", "pick_place", "insert", "multitask")
 
 
 def _rollout(env, steps: int, seed: int = 0):
@@ -149,3 +149,23 @@ def test_vector_partial_reset_leaves_other_envs_untouched(asynchronous):
         assert list(obs[TASK_KEY]) == [registry.env_factory("reach")().task] * 2
     finally:
         venv.close()
+
+
+def test_multitask_instruction_selects_the_goal():
+    env = registry.make_env("multitask")
+    assert len(env.env_spec.tasks) == 18 and len(set(env.env_spec.tasks)) == 18
+    obs, _ = env.reset(seed=0, options={"task": "place the blue cube onto the left target"})
+    assert obs[TASK_KEY] == "place the blue cube onto the left target"
+    assert env.goal == ("blue", "left")
+    np.testing.assert_allclose(env.object_position, obs[STATE_KEY][10:13], atol=1e-6)  # blue cube xyz
+    assert env.goal_position[0] < 0  # left pad
+    drawn = {env.reset(seed=s)[0][TASK_KEY] for s in range(40)}
+    assert len(drawn) > 10 and drawn <= set(env.env_spec.tasks)
+    with pytest.raises(ValueError, match="options\\['task'\\]"):
+        env.reset(options={"task": "juggle the cubes"})
+
+
+def test_gripper_action_spec_is_physical():
+    spec = registry.make_env("pick_place").env_spec.action
+    assert spec.control_mode.value == "ee_delta" and spec.units == ("m", "m", "m", "1")
+    assert spec.gripper_index == 3 and spec.low[3] == 0.0 and spec.high[3] == 1.0

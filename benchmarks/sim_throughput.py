@@ -1,0 +1,144 @@
+"""Control steps per second of the MuJoCo tasks, with and without rendering, and the adapter's overhead over
+raw ``mujoco.mj_step`` on the same model in the same run.
+
+Usage::
+
+    MUJOCO_GL=egl .venv/bin/python benchmarks/sim_throughput.py --steps 2000 \
+        --out benchmarks/results/sim_throughput.md
+
+For each task: *env* = ``env.step(action)`` with random actions (``obs_mode="state"``, resets at episode
+ends, excluded from the timing); *raw* = bare ``mj_step(model, data, nstep=n_substeps)`` replaying exactly the
+physics of that run (same model, same episode start states, same actuator controls) on a fresh ``MjData``;
+*image* = the same with one 96x96 camera (``obs_mode="image"``, fast rendering). Raw and env runs alternate
+``--repeats`` times and the fastest of each is kept (shared machine).
+Vectorised rows: ``SyncVectorEnv`` and ``AsyncVectorEnv`` (state), total env steps/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+
+import mujoco
+import numpy as np
+
+from policylink.adapters.registry import env_factory, make_env
+from policylink.sim.mujoco.base import vector_env
+
+TASKS = ("reach", "push", "pick_place", "insert", "multitask")
+
+
+def time_env(env, steps: int, seed: int = 0) -> tuple[float, list]:
+    """Seconds spent inside ``env.step`` for ``steps`` random-action steps (resets not timed), and the trace
+    ``[(start_state or None, ctrl), ...]`` of the physics work it did (for :func:`time_raw`)."""
+    rng = np.random.default_rng(seed)
+    low, high = env.action_space.low, env.action_space.high
+    actions = rng.uniform(low, high, (steps, len(low))).astype(np.float32)
+    env.reset(seed=seed)
+    trace, start, total = [], _state(env), 0.0
+    for a in actions:
+        t0 = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(a)
+        total += time.perf_counter() - t0
+        trace.append((start, env.data.ctrl.copy()))
+        start = None
+        if terminated or truncated:
+            env.reset()
+            start = _state(env)
+    return total, trace
+
+
+def time_raw(env, trace: list) -> float:
+    """Seconds of bare ``mj_step(nstep=n_substeps)`` replaying ``trace`` (same model, states and controls)."""
+    data = mujoco.MjData(env.model)
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    total = 0.0
+    for start, ctrl in trace:
+        if start is not None:
+            mujoco.mj_setState(env.model, data, start, spec)
+            mujoco.mj_forward(env.model, data)
+        t0 = time.perf_counter()
+        data.ctrl[:] = ctrl
+        mujoco.mj_step(env.model, data, nstep=env.n_substeps)
+        total += time.perf_counter() - t0
+    return total
+
+
+def _state(env) -> np.ndarray:
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    state = np.empty(mujoco.mj_stateSize(env.model, spec))
+    mujoco.mj_getState(env.model, env.data, state, spec)
+    return state
+
+
+def time_vector(name: str, n: int, asynchronous: bool, steps: int) -> float:
+    """Total env steps per second of ``n`` sub-envs stepping ``steps`` times together."""
+    venv = vector_env(env_factory(name), n, asynchronous=asynchronous)
+    try:
+        venv.reset(seed=0)
+        rng = np.random.default_rng(0)
+        low, high = venv.single_action_space.low, venv.single_action_space.high
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            venv.step(rng.uniform(low, high, (n, len(low))).astype(np.float32))
+        return n * steps / (time.perf_counter() - t0)
+    finally:
+        venv.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the table and optionally write it as markdown. Returns 0."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated env names")
+    parser.add_argument("--steps", type=int, default=2000, help="control steps per timed run")
+    parser.add_argument("--image-steps", type=int, default=500, help="control steps of the rendering run")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating raw/env repetitions (best kept)")
+    parser.add_argument("--vector-envs", type=int, default=2, help="sub-envs in the vectorised rows (0 skips)")
+    parser.add_argument("--out", default=None, help="markdown file to write")
+    args = parser.parse_args(argv)
+    lines = [
+        "| task | substeps | raw mj_step steps/s | env steps/s (state) | adapter overhead | "
+        "env steps/s (96x96 image) | sync vec steps/s | async vec steps/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in args.tasks.split(","):
+        env = make_env(name)
+        raw, wrapped = [], []
+        for r in range(args.repeats):
+            seconds, trace = time_env(env, args.steps, seed=r)
+            wrapped.append(seconds)
+            raw.append(time_raw(env, trace))
+        raw_sps, env_sps = args.steps / min(raw), args.steps / min(wrapped)
+        overhead = min(wrapped) / min(raw) - 1.0
+        img_env = make_env(name, obs_mode="image")
+        img_sps = args.image_steps / time_env(img_env, args.image_steps)[0]
+        img_env.close()
+        sync = time_vector(name, args.vector_envs, False, args.steps // 4) if args.vector_envs else float("nan")
+        asyn = time_vector(name, args.vector_envs, True, args.steps // 4) if args.vector_envs else float("nan")
+        lines.append(
+            f"| {name} | {env.n_substeps} | {raw_sps:,.0f} | {env_sps:,.0f} | {overhead * 100:+.1f}% | "
+            f"{img_sps:,.0f} | {sync:,.0f} | {asyn:,.0f} |"
+        )
+        print(lines[-1], flush=True)
+        env.close()
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        cmd = "MUJOCO_GL=egl .venv/bin/python benchmarks/sim_throughput.py " + " ".join(sys.argv[1:])
+        with open(args.out, "w") as f:
+            f.write(
+                "# MuJoCo task throughput\n\n"
+                f"Command: `{cmd}`\n\nMachine: 2-core CPU, no GPU (shared with other jobs; Mesa llvmpipe "
+                f"EGL rendering). Date: {datetime.date.today().isoformat()}.\n\n"
+                "Control steps are 0.1 s (10 Hz); `substeps` physics steps each. Adapter overhead = time in "
+                "`env.step` / time in raw `mj_step(nstep=substeps)` on the same model, minus 1 (best of "
+                f"{args.repeats} alternating runs of {args.steps} steps). Vectorised columns: "
+                f"{args.vector_envs} sub-envs, total steps/s.\n\n" + table + "\n"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

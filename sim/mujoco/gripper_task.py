@@ -1,0 +1,59 @@
+"""Shared base of the gripper tasks (``pick_place``, ``insert``, ``multitask``): the xyz gantry with a
+parallel-jaw gripper, a 4-D ``ee_delta`` + gripper action, and the "placed and released" predicate.
+
+Action (float32, 4): dx, dy, dz (m per 0.1 s step, within +-0.03 m) and the gripper command (0 = open,
+1 = closed; fractional values close partially). State starts with ee x, y, z (m) and the gripper opening (1 =
+open, 0 = closed); each task appends its object and goal positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policylink.adapters.schema import ActionSpec, ControlMode
+from policylink.sim.mujoco.base import MujocoTaskEnv
+from policylink.sim.mujoco.robot import GantryController
+
+MAX_DELTA_M = 0.03
+WORKSPACE_LOW = np.array([-0.25, -0.25, 0.015])
+WORKSPACE_HIGH = np.array([0.25, 0.25, 0.3])
+EE_START_LOW = np.array([-0.05, -0.05, 0.16])
+EE_START_HIGH = np.array([0.05, 0.05, 0.2])
+ROBOT_STATE_NAMES = ("ee_x", "ee_y", "ee_z", "gripper_opening")
+RELEASED_OPENING = 0.5  # the object counts as released when the gripper is at least this open
+
+
+class GripperTaskEnv(MujocoTaskEnv):
+    """Base of the gripper tasks (kwargs: :class:`~policylink.sim.mujoco.base.MujocoTaskEnv`)."""
+
+    def _setup(self) -> None:
+        self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)
+
+    def _action_spec(self) -> ActionSpec:
+        return ActionSpec(
+            names=("dx", "dy", "dz", "gripper"),
+            control_mode=ControlMode.EE_DELTA,
+            units=("m", "m", "m", "1"),
+            low=(-MAX_DELTA_M,) * 3 + (0.0,),
+            high=(MAX_DELTA_M,) * 3 + (1.0,),
+            gripper_index=3,
+        )
+
+    def _apply_action(self, action: np.ndarray) -> None:
+        self.robot.command(action[:3], grip=float(action[3]))
+
+    def _reset_robot(self, rng: np.random.Generator) -> None:
+        self.robot.reset(rng.uniform(EE_START_LOW, EE_START_HIGH))
+
+    def _robot_state(self) -> np.ndarray:
+        """ee x, y, z (m) and gripper opening (1 open, 0 closed), float64 ``(4,)``."""
+        return np.append(self.robot.ee_position, self.robot.opening)
+
+    def placed(self, body: str, goal_xy: np.ndarray, radius: float, max_height: float) -> bool:
+        """``body`` rests within ``radius`` (m) of ``goal_xy`` below ``max_height`` (m) and the gripper is open."""
+        p = self.body_position(body)
+        return bool(
+            np.hypot(p[0] - goal_xy[0], p[1] - goal_xy[1]) < radius
+            and p[2] < max_height
+            and self.robot.opening > RELEASED_OPENING
+        )

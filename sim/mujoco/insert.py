@@ -1,0 +1,74 @@
+"""``insert``: pick a 24 mm square peg and insert it into a 26 mm square hole (1 mm clearance per side,
+40 mm deep).
+
+State (float32, 10): ee x, y, z (m), gripper opening (1 open), peg centre x, y, z (m), hole centre x, y (m)
+and hole top z (m). Action: see :mod:`policylink.sim.mujoco.gripper_task`. Success: the peg's bottom is at
+least 20 mm inside the hole (below z = 0.02 m) and its axis within 4 mm of the hole's centre.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from policylink.sim.mujoco.base import sample_separated
+from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv
+
+PEG_HALF_HEIGHT_M = 0.04
+HOLE_TOP_M = 0.04
+INSERTED_BOTTOM_M = 0.02
+CENTRED_M = 0.004
+PEG_LOW, PEG_HIGH = np.array([-0.15, -0.15]), np.array([0.15, -0.02])
+HOLE_LOW, HOLE_HIGH = np.array([-0.15, 0.06]), np.array([0.15, 0.15])
+
+
+class InsertEnv(GripperTaskEnv):
+    """Peg-in-hole with tight clearance: see the module docstring (kwargs: :class:`MujocoTaskEnv`)."""
+
+    name = "insert"
+    xml_file = "insert.xml"
+    max_episode_steps = 120
+    state_names = ROBOT_STATE_NAMES + ("peg_x", "peg_y", "peg_z", "hole_x", "hole_y", "hole_top_z")
+    default_cameras = ("front",)
+    randomized_geoms = ("peg", "wall_px", "wall_nx", "wall_py", "wall_ny")
+    main_object = "peg"
+    instructions = ("insert the orange peg into the hole",)
+
+    def _setup(self) -> None:
+        super()._setup()
+        self._hole_mocap = self.model.body("hole").mocapid[0]
+
+    def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
+        peg = rng.uniform(PEG_LOW, PEG_HIGH)
+        (hole,) = sample_separated(rng, HOLE_LOW, HOLE_HIGH, 1, 0.12, avoid=[peg])
+        self.set_free_body("peg", np.array([peg[0], peg[1], PEG_HALF_HEIGHT_M]))
+        self.data.mocap_pos[self._hole_mocap] = (hole[0], hole[1], 0.0)
+        self._reset_robot(rng)
+
+    @property
+    def object_position(self) -> np.ndarray:
+        """Peg centre, m, ``(3,)``."""
+        return self.body_position("peg")
+
+    @property
+    def goal_position(self) -> np.ndarray:
+        """Peg centre when fully inserted (bottom on the table inside the hole), m, ``(3,)``."""
+        h = self.data.mocap_pos[self._hole_mocap]
+        return np.array([h[0], h[1], PEG_HALF_HEIGHT_M])
+
+    def _state(self) -> np.ndarray:
+        h = self.data.mocap_pos[self._hole_mocap]
+        hole = np.array([h[0], h[1], HOLE_TOP_M])
+        return np.concatenate([self._robot_state(), self.object_position, hole]).astype(np.float32)
+
+    def _is_success(self) -> bool:
+        peg, goal = self.object_position, self.goal_position
+        bottom = peg[2] - PEG_HALF_HEIGHT_M
+        return bool(bottom < INSERTED_BOTTOM_M and np.hypot(*(peg[:2] - goal[:2])) < CENTRED_M)
+
+
+def make_insert_env(**kwargs: Any) -> InsertEnv:
+    """Registry factory for ``insert`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``, ``render_quality``,
+    ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    return InsertEnv(**kwargs)

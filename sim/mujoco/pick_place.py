@@ -1,0 +1,68 @@
+"""``pick_place``: pick a 4 cm cube with the parallel-jaw gripper and place it on a target pad.
+
+State (float32, 10): ee x, y, z (m), gripper opening (1 open), cube x, y, z (m), target x, y, z (m). Action:
+see :mod:`policylink.sim.mujoco.gripper_task`. Success: the cube rests within 0.03 m of the target centre
+(cube centre below 0.025 m) and the gripper is open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from policylink.sim.mujoco.base import sample_separated
+from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv
+
+CUBE_HALF_M = 0.02
+SUCCESS_RADIUS_M = 0.03
+CUBE_LOW, CUBE_HIGH = np.array([-0.15, -0.15]), np.array([0.15, 0.0])
+TARGET_LOW, TARGET_HIGH = np.array([-0.15, 0.05]), np.array([0.15, 0.15])
+
+
+class PickPlaceEnv(GripperTaskEnv):
+    """Pick the cube, place it on the pad: see the module docstring (kwargs: :class:`MujocoTaskEnv`)."""
+
+    name = "pick_place"
+    xml_file = "pick_place.xml"
+    max_episode_steps = 100
+    state_names = ROBOT_STATE_NAMES + ("cube_x", "cube_y", "cube_z", "target_x", "target_y", "target_z")
+    default_cameras = ("front",)
+    randomized_geoms = ("cube", "target")
+    main_object = "cube"
+    instructions = ("pick up the red cube and place it on the blue target",)
+
+    def _setup(self) -> None:
+        super()._setup()
+        self._target_mocap = self.model.body("target").mocapid[0]
+
+    def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
+        cube = rng.uniform(CUBE_LOW, CUBE_HIGH)
+        (target,) = sample_separated(rng, TARGET_LOW, TARGET_HIGH, 1, 0.1, avoid=[cube])
+        self.set_free_body("cube", np.array([cube[0], cube[1], CUBE_HALF_M]), rng.uniform(-0.3, 0.3))
+        self.data.mocap_pos[self._target_mocap] = (target[0], target[1], 0.0005)
+        self._reset_robot(rng)
+
+    @property
+    def object_position(self) -> np.ndarray:
+        """Cube centre, m, ``(3,)``."""
+        return self.body_position("cube")
+
+    @property
+    def goal_position(self) -> np.ndarray:
+        """Where the cube centre should end: the pad centre raised by the cube's half size, m, ``(3,)``."""
+        t = self.data.mocap_pos[self._target_mocap]
+        return np.array([t[0], t[1], CUBE_HALF_M])
+
+    def _state(self) -> np.ndarray:
+        target = self.data.mocap_pos[self._target_mocap]
+        return np.concatenate([self._robot_state(), self.object_position, target]).astype(np.float32)
+
+    def _is_success(self) -> bool:
+        return self.placed("cube", self.goal_position[:2], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)
+
+
+def make_pick_place_env(**kwargs: Any) -> PickPlaceEnv:
+    """Registry factory for ``pick_place`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``,
+    ``render_quality``, ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    return PickPlaceEnv(**kwargs)

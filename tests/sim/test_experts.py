@@ -1,0 +1,75 @@
+"""Scripted experts on the MuJoCo tasks: success-rate bands over 20 seeds, clearly worse degraded qualities,
+and make_expert's dispatch and errors. (100-seed rates: benchmarks/results/expert_success.md.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policylink.adapters import registry
+from policylink.sim.experts import EXPERT_FACTORIES, make_expert
+
+SEEDS = range(20)
+
+
+def _success_rate(name: str, quality: str) -> float:
+    env = registry.make_env(name)
+    expert = make_expert(env, quality=quality)
+    wins = 0
+    for seed in SEEDS:
+        obs, info = env.reset(seed=seed)
+        expert.reset(seed)
+        for _ in range(env.env_spec.max_episode_steps):
+            action = expert.act(obs, env)
+            assert action.dtype == np.float32 and action.shape == (env.env_spec.action.dim,)
+            obs, _, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                break
+        wins += info["is_success"]
+    return wins / len(SEEDS)
+
+
+@pytest.mark.parametrize("name", ["reach", "push", "pick_place", "insert", "multitask"])
+def test_expert_success_band(name):
+    assert _success_rate(name, "expert") >= 0.9
+
+
+@pytest.mark.parametrize(
+    ("name", "quality", "ceiling"),
+    [
+        ("push", "noisy", 0.6),
+        ("push", "poor", 0.2),
+        ("pick_place", "poor", 0.3),
+        ("insert", "noisy", 0.6),
+        ("reach", "poor", 0.7),
+        ("multitask", "poor", 0.3),
+    ],
+)
+def test_degraded_experts_are_clearly_worse(name, quality, ceiling):
+    assert _success_rate(name, quality) <= ceiling
+
+
+def test_degraded_expert_is_reproducible_from_its_seed():
+    env = registry.make_env("pick_place")
+    obs, _ = env.reset(seed=0)
+    a, b = make_expert(env, "noisy", seed=3), make_expert(env, "noisy", seed=4)
+    acts = []
+    for expert in (a, b, a):
+        expert.reset(seed=3)
+        acts.append(expert.act(obs, env))
+    np.testing.assert_array_equal(acts[0], acts[1])
+    np.testing.assert_array_equal(acts[0], acts[2])
+
+
+def test_make_expert_dispatch_and_errors():
+    assert EXPERT_FACTORIES["reacher"] == "policylink.sim.gym_experts:make_reacher_expert"
+    assert EXPERT_FACTORIES["pusher"] == "policylink.sim.gym_experts:make_pusher_expert"
+    env = registry.make_env("reach")
+    with pytest.raises(ValueError, match="quality"):
+        make_expert(env, quality="perfect")
+
+    class Unknown:
+        unwrapped = type("U", (), {"env_spec": type("S", (), {"name": "mystery"})()})()
+
+    with pytest.raises(KeyError, match="mystery"):
+        make_expert(Unknown())
