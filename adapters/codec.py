@@ -85,7 +85,7 @@ def encode(message: Any) -> list[Frame]:
         raise TypeError(type(obj).__name__)
 
     try:
-        if not _str_keys(message):
+        if type(message) in _CONTAINERS and not _str_keys(message):
             raise TypeError("map key")
         header = msgpack.packb(message, default=default, use_bin_type=True, strict_types=False)
     except (TypeError, ValueError, OverflowError) as e:
@@ -218,11 +218,15 @@ def _decode_str_array(data: bytes) -> np.ndarray:
 
 def _str_keys(obj: Any) -> bool:
     """True when every map inside ``obj`` (through maps and lists) has str keys only."""
-    if isinstance(obj, dict):
-        return all(isinstance(k, str) and _str_keys(v) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return all(_str_keys(v) for v in obj)
-    return True
+    if type(obj) is dict:
+        for k, v in obj.items():
+            if type(k) is not str or (type(v) in _CONTAINERS and not _str_keys(v)):
+                return False
+        return True
+    return all(_str_keys(v) for v in obj if type(v) in _CONTAINERS)
+
+
+_CONTAINERS = (dict, list, tuple)
 
 
 def _find_unencodable(obj: Any, path: str) -> tuple[str | None, str]:

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class ServerStats:
     """Thread-safe per-verb request counts, error counts and latency percentiles (last ``window`` requests).
 
-    Latency is measured on the server from receiving a request to sending its reply, in seconds.
+    Latency is measured on the server from receiving a request to handing its reply to the socket, in seconds.
     """
 
     def __init__(self, window: int = 10_000):
@@ -160,6 +160,7 @@ class Server:
         self._ctx = zmq.Context()
         router = self._ctx.socket(zmq.ROUTER)
         router.linger = 0
+        router.rcvtimeo = _POLL_MS
         router.setsockopt(zmq.MAXMSGSIZE, max(2 * self.max_message_bytes, self.max_message_bytes + 2**20))
         if self._keys is not None:
             self._auth = security.secure_server_socket(self._ctx, router, self._keys)
@@ -235,9 +236,9 @@ class Server:
                 self._busy_since = None
                 if self._rescuing:
                     wake_tx.send(b"")
+                self.stats.record(msg.type, time.perf_counter() - t0, error)  # before the client can see it
                 with self._sock_lock:
                     router.send_multipart([identity, *out], copy=False)
-                self.stats.record(msg.type, time.perf_counter() - t0, error)
         finally:
             wake_tx.close(linger=0)
 
@@ -268,9 +269,10 @@ class Server:
 
     def _receive(self, router: zmq.Socket, inline: bool) -> tuple | None:
         """Receive one request (the caller holds the socket); answer hello/ping/errors at once, return others."""
-        if not router.poll(_POLL_MS if inline else 0, zmq.POLLIN):
+        try:  # the serving thread blocks up to RCVTIMEO (_POLL_MS); the standby thread has polled already
+            frames = router.recv_multipart(0 if inline else zmq.NOBLOCK, copy=False)
+        except zmq.Again:
             return None
-        frames = router.recv_multipart(copy=False)
         t0 = time.perf_counter()
         identity, payload = frames[0], frames[1:]
         verb = "(invalid)"
@@ -296,8 +298,8 @@ class Server:
         except Exception as e:  # never let one request kill the server
             log.exception("%s: internal error on a %s request", self.name, verb)
             out, error = error_frames(ProtocolError(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")), "internal"
-        router.send_multipart([identity, *out], copy=False)
         self.stats.record(verb, time.perf_counter() - t0, error)
+        router.send_multipart([identity, *out], copy=False)
         return None
 
     def _hello(self, msg: Message) -> dict[str, Any]:
@@ -352,6 +354,7 @@ class Channel:
         self._keys = security.load_client_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
         self._ctx = zmq.Context.instance()
         self._sock: zmq.Socket | None = None
+        self._rcvtimeo = -1
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -374,14 +377,20 @@ class Channel:
             deadline = time.monotonic() + timeout
             while True:
                 remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
-                if not remaining_ms or not sock.poll(remaining_ms, zmq.POLLIN):
+                try:
+                    if not remaining_ms:
+                        raise zmq.Again
+                    if remaining_ms != self._rcvtimeo:
+                        sock.rcvtimeo = self._rcvtimeo = remaining_ms
+                    frames = sock.recv_multipart(copy=False)
+                except zmq.Again:
                     self._drop_socket()
                     raise TimeoutError(
-                        f"policylink server {self.endpoint}: no reply to {verb!r} within {timeout:g} s "
-                        "(server down or overloaded, or it refused this client's CURVE key); the "
-                        "next call reconnects on a fresh socket"
-                    )
-                reply = parse_message(sock.recv_multipart(copy=False), self._replies, allow_error=True)
+                        f"policylink server {self.endpoint}: no reply to {verb!r} within {timeout:g} s (server down "
+                        "or overloaded, or it refused this client's CURVE key); the next call reconnects on a fresh "
+                        "socket"
+                    ) from None
+                reply = parse_message(frames, self._replies, allow_error=True)
                 if reply.id != rid:
                     continue  # a late reply to an earlier, timed-out request
                 if reply.type == "error":
@@ -436,7 +445,7 @@ class Channel:
             if self._keys is not None:
                 security.secure_client_socket(sock, self._keys)
             sock.connect(self.endpoint)
-            self._sock = sock
+            self._sock, self._rcvtimeo = sock, -1
         return self._sock
 
     def _drop_socket(self) -> None:

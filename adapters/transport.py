@@ -119,7 +119,8 @@ class RemotePolicy:
         endpoint: e.g. ``"tcp://127.0.0.1:5555"``.
         timeout_s: per-request timeout, seconds (``hello`` included).
         curve_keys: key folder or :class:`~policylink.adapters.security.ClientKeys` for a CURVE server.
-        validate: check observations against the spec locally before sending (the server checks again).
+        validate: also check observations against the spec locally before sending (raises ObservationError
+            without a round trip); the server always checks and answers ``invalid_field`` naming the key.
 
     Raises:
         TimeoutError: no ``hello`` reply within ``timeout_s``.
@@ -132,7 +133,7 @@ class RemotePolicy:
         *,
         timeout_s: float = 10.0,
         curve_keys: str | Path | security.ClientKeys | None = None,
-        validate: bool = True,
+        validate: bool = False,
     ):
         self.endpoint = endpoint
         self._channel = Channel(endpoint, POLICY_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys)
@@ -175,7 +176,14 @@ class RemotePolicy:
         """
         updates, self._pending = self._pending, []
         chunk = self._channel.request("infer", {"updates": updates})["actions"]
-        self._spec.action.validate(chunk, batch_dims=2)
+        spec = self._spec
+        if chunk.dtype != np.float32 or chunk.ndim != 3 or chunk.shape[1:] != (spec.chunk_size, spec.action.dim):
+            raise ActionError(
+                [
+                    f"action chunk from {self.endpoint}: expected float32 (B, {spec.chunk_size}, "
+                    f"{spec.action.dim}), received {chunk.dtype} {chunk.shape}"
+                ]
+            )
         return chunk
 
     def ping(self) -> float:

@@ -115,7 +115,7 @@ def test_off_spec_observation_gets_invalid_field_and_server_keeps_serving(server
     remote.update_observation(_obs([1, 1]))
     np.testing.assert_array_equal(remote.predict_action_chunk()[0, 0], [1, 1])
     with pytest.raises(ObservationError, match="observation.state"):  # local check before sending
-        RemotePolicy(server.endpoint, timeout_s=5).update_observation({"task": ["a"]})
+        RemotePolicy(server.endpoint, timeout_s=5, validate=True).update_observation({"task": ["a"]})
     remote.close()
 
 
