@@ -49,7 +49,8 @@ class PolicyServer(Server):
 
     Args:
         policy: the policy to serve.
-        bind, curve_keys, insecure, max_message_bytes, name: see :class:`~policylink.adapters.rpc.Server`.
+        bind, curve_keys, insecure, max_message_bytes, name, rescue_after_s: see
+            :class:`~policylink.adapters.rpc.Server`.
     """
 
     kind = "policy"
@@ -65,12 +66,23 @@ class PolicyServer(Server):
         insecure: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         name: str | None = None,
+        rescue_after_s: float = 0.003,
         lock: threading.Lock | None = None,
     ):
-        super().__init__(bind, curve_keys=curve_keys, insecure=insecure, max_message_bytes=max_message_bytes, name=name)
+        super().__init__(
+            bind,
+            curve_keys=curve_keys,
+            insecure=insecure,
+            max_message_bytes=max_message_bytes,
+            name=name,
+            rescue_after_s=rescue_after_s,
+        )
         self.policy = policy
         self.lock = lock or threading.Lock()
         self._spec_dict = policy.spec.to_dict()
+        feats = policy.spec.observation_features
+        self._array_feats = [(k, np.dtype(f.dtype), f.shape) for k, f in feats.items() if not f.is_string]
+        self._text_feats = [k for k, f in feats.items() if f.is_string]
 
     def spec_dict(self) -> dict[str, Any]:
         """The served policy's ``PolicySpec.to_dict()``."""
@@ -87,7 +99,13 @@ class PolicyServer(Server):
         with self.lock:
             for i, obs in enumerate(body["updates"]):
                 try:
-                    validate_observation(self.policy.spec, obs, batch_dims=1)
+                    if not self._conforms(obs):
+                        validate_observation(self.policy.spec, obs, batch_dims=1)  # raises, naming every problem
+                        sizes = _batch_sizes(obs, self.policy.spec)
+                        if len(set(sizes.values())) > 1:
+                            raise ObservationError(
+                                [f"batch size: expected one leading dim B for every feature, received {sizes}"]
+                            )
                     self.policy.update_observation(obs)
                 except ObservationError as e:
                     key = e.problems[0].split(":", 1)[0] if e.problems else ""
@@ -106,6 +124,28 @@ class PolicyServer(Server):
         except ActionError as e:
             raise ProtocolError(ErrorCode.INFER_FAILED, str(e), "actions") from None
         return {"actions": chunk}
+
+    def _conforms(self, obs: dict[str, Any]) -> bool:
+        """Fast check of one observation batch: every feature present with dtype, shape ``(B, *shape)`` and one
+        ``B`` (``task`` a list of ``B`` str). False sends the batch through the detailed checks."""
+        b = None
+        for key, dtype, shape in self._array_feats:
+            v = obs.get(key)
+            if type(v) is not np.ndarray or v.dtype != dtype or v.shape[1:] != shape or v.ndim == 0:
+                return False
+            if b is None:
+                b = v.shape[0]
+            elif v.shape[0] != b:
+                return False
+        for key in self._text_feats:
+            v = obs.get(key)
+            if type(v) is not list or (b is not None and len(v) != b) or not all(type(t) is str for t in v):
+                return False
+        return True
+
+
+def _batch_sizes(obs: Mapping[str, Any], spec: PolicySpec) -> dict[str, int]:
+    return {k: len(obs[k]) for k in spec.observation_features if k in obs}
 
 
 class RemotePolicy:
@@ -220,7 +260,8 @@ class EnvServer(Server):
 
     Args:
         env: the environment (its ``env_spec`` is sent in ``hello``).
-        bind, curve_keys, insecure, max_message_bytes, name: see :class:`~policylink.adapters.rpc.Server`.
+        bind, curve_keys, insecure, max_message_bytes, name, rescue_after_s: see
+            :class:`~policylink.adapters.rpc.Server`.
     """
 
     kind = "env"
@@ -236,8 +277,16 @@ class EnvServer(Server):
         insecure: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         name: str | None = None,
+        rescue_after_s: float = 0.003,
     ):
-        super().__init__(bind, curve_keys=curve_keys, insecure=insecure, max_message_bytes=max_message_bytes, name=name)
+        super().__init__(
+            bind,
+            curve_keys=curve_keys,
+            insecure=insecure,
+            max_message_bytes=max_message_bytes,
+            name=name,
+            rescue_after_s=rescue_after_s,
+        )
         self.env = env
         self._spec_dict = env.env_spec.to_dict()
         self._last_obs: dict[str, Any] | None = None

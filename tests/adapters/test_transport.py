@@ -112,6 +112,13 @@ def test_off_spec_observation_gets_invalid_field_and_server_keeps_serving(server
     remote.update_observation({"observation.state": np.ones((1, 2), np.float64), "task": ["a"]})
     with pytest.raises(RemoteError, match="expected dtype float32, received float64"):
         remote.predict_action_chunk()
+    remote.update_observation({"observation.state": np.ones((2, 2), np.float32), "task": ["only one"]})
+    with pytest.raises(
+        RemoteError, match=r"batch size: expected one leading dim B .*'observation.state': 2, 'task': 1"
+    ):
+        remote.predict_action_chunk()
+    remote.update_observation({"observation.state": np.ones((1, 2), np.float32), "task": np.array(["numpy str"])})
+    np.testing.assert_array_equal(remote.predict_action_chunk()[0, 0], [1, 1])  # (B,) str arrays are fine too
     remote.update_observation(_obs([1, 1]))
     np.testing.assert_array_equal(remote.predict_action_chunk()[0, 0], [1, 1])
     with pytest.raises(ObservationError, match="observation.state"):  # local check before sending
