@@ -38,7 +38,7 @@ class GenesisTaskEnv(EnvAdapter):
             cache, 5-30 s warm, on a 2-core CPU).
         obs_mode, image_size, cameras, render_quality, render_mode, randomization, render_size: as for
             :class:`~policylink.sim.mujoco.base.MujocoTaskEnv` (images come from MuJoCo's renderer).
-        perturbation: must be None or inactive (MuJoCo's applied forces are not carried over to Genesis).
+        perturbation: must be None or inactive (MuJoCo's perturbations would act on the mirror, not on Genesis).
 
     Raises:
         ValueError: an active ``perturbation``, or a bad argument of the MuJoCo task (``obs_mode``...).
@@ -62,8 +62,8 @@ class GenesisTaskEnv(EnvAdapter):
     ):
         if perturbation is not None and perturbation.active:
             raise ValueError(
-                f"perturbation: expected None for {self.name} (applied forces are not carried over "
-                f"to Genesis), received {perturbation}"
+                f"perturbation: expected None for {self.name} (the MuJoCo perturbations act on MuJoCo's "
+                f"state, which only mirrors Genesis here), received {perturbation}"
             )
         self.mirror = self.mujoco_task(
             obs_mode=obs_mode,
