@@ -135,7 +135,7 @@ def decode(frames: Sequence[Any]) -> Any:
 
 def nbytes(frames: Sequence[Any]) -> int:
     """Total payload size of ``frames`` in bytes (header + array frames)."""
-    return sum(_buffer_of(f).nbytes for f in frames)
+    return sum(len(f) if type(f) is bytes or hasattr(f, "buffer") else _buffer_of(f).nbytes for f in frames)
 
 
 def _buffer_of(frame: Any) -> memoryview:
