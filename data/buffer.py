@@ -158,19 +158,26 @@ class EpisodeStore:
                     self._root.attrs[_ATTRS_KEY] = {"version": 1, "vocab": {f: [] for f in _STRING_FIELDS}}
                 else:
                     self._root = zarr.open_group(store, mode="r+")
-                self._data = self._root.require_group("data")
-                self._meta = self._root.require_group("meta")
-                if "episode_ends" not in self._meta:
-                    self._meta.create_array("episode_ends", shape=(0,), chunks=(4096,), dtype="int64", fill_value=0)
+                meta = self._root.require_group("meta")
+                self._root.require_group("data")
+                if "episode_ends" not in meta:
+                    meta.create_array("episode_ends", shape=(0,), chunks=(4096,), dtype="int64", fill_value=0)
+                self._cache_arrays()
                 self._truncate_to_committed()
             except BaseException:
                 self.close()
                 raise
+        self._cache_arrays()
+        self._ends = self._committed_ends()
+
+    def _cache_arrays(self) -> None:
+        """Array handles by name (zarr group look-ups read metadata from disk on every call)."""
         if "data" not in self._root:
             raise StoreError(f"store {str(self.path)!r}: no 'data' group (not an episode store)")
-        self._data = self._root["data"]
-        self._meta = self._root["meta"] if "meta" in self._root else {}
-        self._ends = self._committed_ends()
+        self._data_group = self._root["data"]
+        self._meta_group = self._root["meta"] if "meta" in self._root else None
+        self._data: dict[str, Any] = dict(self._data_group.arrays())
+        self._meta: dict[str, Any] = dict(self._meta_group.arrays()) if self._meta_group is not None else {}
 
     # ---------------------------------------------------------------- properties
 
@@ -202,7 +209,7 @@ class EpisodeStore:
     @property
     def keys(self) -> list[str]:
         """Feature keys stored under ``data/`` (unescaped), sorted."""
-        return sorted(unescape_key(k) for k in self._data.array_keys())
+        return sorted(unescape_key(k) for k in self._data)
 
     def feature_shape(self, key: str) -> tuple[int, ...]:
         """Per-step shape of ``key`` (without the time dim). Raises KeyError naming the known keys."""
@@ -386,7 +393,8 @@ class EpisodeStore:
     def _meta_array(self, name: str) -> Any:
         if name not in self._meta:
             dtype, fill = _META_ARRAYS[name]
-            arr = self._meta.create_array(name, shape=(0,), chunks=(4096,), dtype=dtype, fill_value=fill)
+            arr = self._meta_group.create_array(name, shape=(0,), chunks=(4096,), dtype=dtype, fill_value=fill)
+            self._meta[name] = arr
             n = self.n_episodes
             if n:  # foreign store gaining metadata: earlier episodes are unknown
                 arr.resize((n,))
@@ -396,13 +404,15 @@ class EpisodeStore:
 
     def _create_array(self, key: str, v: np.ndarray) -> Any:
         steps = chunk_steps_for(v.shape[1:], v.dtype, self.chunk_bytes)
-        return self._data.create_array(
+        arr = self._data_group.create_array(
             escape_key(key),
             shape=(0, *v.shape[1:]),
             chunks=(steps, *v.shape[1:]),
             dtype=v.dtype,
             fill_value=np.zeros((), v.dtype).item(),
         )
+        self._data[escape_key(key)] = arr
+        return arr
 
     def _backfill_step_arrays(self, data: Mapping[str, np.ndarray]) -> None:
         """A foreign store (e.g. diffusion_policy's) gains ``reward`` (0) and ``done`` (episode ends) arrays."""
@@ -459,7 +469,7 @@ class EpisodeStore:
         if "episode_ends" not in self._meta:
             return np.zeros(0, np.int64)
         ends = np.asarray(self._meta["episode_ends"][:], dtype=np.int64)
-        lengths = [self._data[k].shape[0] for k in self._data.array_keys()]
+        lengths = [a.shape[0] for a in self._data.values()]
         limit = min(lengths) if lengths else 0
         ok = (ends > np.concatenate([[0], ends[:-1]])) & (ends <= limit)
         bad = np.flatnonzero(~ok)
@@ -469,8 +479,7 @@ class EpisodeStore:
         """Drop an uncommitted tail left by a killed writer (arrays and metadata) and stray temp files."""
         ends = self._committed_ends()
         n, steps = len(ends), int(ends[-1]) if len(ends) else 0
-        for k in self._data.array_keys():
-            arr = self._data[k]
+        for arr in self._data.values():
             if arr.shape[0] != steps:
                 arr.resize((steps, *arr.shape[1:]))
         for name in ["episode_ends", *_META_ARRAYS]:

@@ -187,8 +187,9 @@ class SequenceDataset:
         for key in [*self.obs_keys, self.action_key]:
             x = s[key]
             x = to_float_chw(x, key) if key.startswith(IMAGE_PREFIX) else x.astype(np.float32, copy=False)
-            t = torch.from_numpy(np.ascontiguousarray(x))
-            out[key] = self.normalizer.normalize_feature(key, t) if self.normalizer is not None else t
+            if self.normalizer is not None:  # numpy path: bit-identical to the tensor path, and single-threaded
+                x = self.normalizer.normalize_feature(key, x)  # (torch's intra-op threads cost ~ms on tiny items)
+            out[key] = torch.from_numpy(np.ascontiguousarray(x))
         out[OBS_PAD_KEY] = torch.from_numpy(s[OBS_PAD_KEY])
         out[ACTION_PAD_KEY] = torch.from_numpy(s[ACTION_PAD_KEY])
         out["episode_index"] = torch.tensor(s["episode_index"], dtype=torch.int64)
