@@ -7,10 +7,10 @@ Usage::
         --out benchmarks/results/sim_throughput.md
 
 For each task: *env* = ``env.step(action)`` with random actions (``obs_mode="state"``, resets at episode
-ends, excluded from the timing); *raw* = bare ``mj_step(model, data, nstep=n_substeps)`` replaying exactly the
-physics of that run (same model, same episode start states, same actuator controls) on a fresh ``MjData``;
-*image* = the same with one 96x96 camera (``obs_mode="image"``, fast rendering). Raw and env runs alternate
-``--repeats`` times and the fastest of each is kept (shared machine).
+ends, excluded from the timing); *raw* = bare ``mj_step(model, data, nstep=n_substeps)`` redoing exactly the
+physics of each env step (same model, state and actuator controls) on a shadow ``MjData``, interleaved step by
+step so both see the same machine load; overhead = median over ``--repeats`` runs of env time / raw time - 1.
+*image* = the env with one 96x96 camera (``obs_mode="image"``, fast rendering).
 Vectorised rows: ``SyncVectorEnv`` and ``AsyncVectorEnv`` (state), total env steps/s.
 """
 
@@ -30,47 +30,35 @@ from policylink.sim.mujoco.base import vector_env
 TASKS = ("reach", "push", "pick_place", "insert", "multitask")
 
 
-def time_env(env, steps: int, seed: int = 0) -> tuple[float, list]:
-    """Seconds spent inside ``env.step`` for ``steps`` random-action steps (resets not timed), and the trace
-    ``[(start_state or None, ctrl), ...]`` of the physics work it did (for :func:`time_raw`)."""
+def time_env(env, steps: int, seed: int = 0) -> tuple[float, float]:
+    """Seconds inside ``env.step`` for ``steps`` random-action steps, and seconds of bare ``mj_step`` doing the
+    same physics, interleaved step by step (both see the same machine load).
+
+    Before each env step the physics state is copied to a shadow ``MjData`` (untimed); after it, the shadow
+    gets the controls the env wrote and runs ``mj_step(nstep=n_substeps)`` (timed). Resets are untimed.
+    """
     rng = np.random.default_rng(seed)
     low, high = env.action_space.low, env.action_space.high
     actions = rng.uniform(low, high, (steps, len(low))).astype(np.float32)
-    env.reset(seed=seed)
-    trace, start, total = [], _state(env), 0.0
-    for a in actions:
-        t0 = time.perf_counter()
-        _, _, terminated, truncated, _ = env.step(a)
-        total += time.perf_counter() - t0
-        trace.append((start, env.data.ctrl.copy()))
-        start = None
-        if terminated or truncated:
-            env.reset()
-            start = _state(env)
-    return total, trace
-
-
-def time_raw(env, trace: list) -> float:
-    """Seconds of bare ``mj_step(nstep=n_substeps)`` replaying ``trace`` (same model, states and controls)."""
-    data = mujoco.MjData(env.model)
-    spec = mujoco.mjtState.mjSTATE_INTEGRATION
-    total = 0.0
-    for start, ctrl in trace:
-        if start is not None:
-            mujoco.mj_setState(env.model, data, start, spec)
-            mujoco.mj_forward(env.model, data)
-        t0 = time.perf_counter()
-        data.ctrl[:] = ctrl
-        mujoco.mj_step(env.model, data, nstep=env.n_substeps)
-        total += time.perf_counter() - t0
-    return total
-
-
-def _state(env) -> np.ndarray:
     spec = mujoco.mjtState.mjSTATE_INTEGRATION
     state = np.empty(mujoco.mj_stateSize(env.model, spec))
-    mujoco.mj_getState(env.model, env.data, state, spec)
-    return state
+    shadow = mujoco.MjData(env.model)
+    env.reset(seed=seed)
+    env_total = raw_total = 0.0
+    for a in actions:
+        mujoco.mj_getState(env.model, env.data, state, spec)
+        mujoco.mj_setState(env.model, shadow, state, spec)
+        t0 = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(a)
+        t1 = time.perf_counter()
+        shadow.ctrl[:] = env.data.ctrl
+        mujoco.mj_step(env.model, shadow, nstep=env.n_substeps)
+        t2 = time.perf_counter()
+        env_total += t1 - t0
+        raw_total += t2 - t1
+        if terminated or truncated:
+            env.reset()
+    return env_total, raw_total
 
 
 def time_vector(name: str, n: int, asynchronous: bool, steps: int) -> float:
@@ -107,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         env = make_env(name)
         raw, wrapped = [], []
         for r in range(args.repeats):
-            seconds, trace = time_env(env, args.steps, seed=r)
-            wrapped.append(seconds)
-            raw.append(time_raw(env, trace))
+            env_s, raw_s = time_env(env, args.steps, seed=r)
+            wrapped.append(env_s)
+            raw.append(raw_s)
         raw_sps, env_sps = args.steps / min(raw), args.steps / min(wrapped)
-        overhead = min(wrapped) / min(raw) - 1.0
+        overhead = float(np.median(np.array(wrapped) / np.array(raw))) - 1.0
         img_env = make_env(name, obs_mode="image")
         img_sps = args.image_steps / time_env(img_env, args.image_steps)[0]
         img_env.close()

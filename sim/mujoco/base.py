@@ -98,6 +98,7 @@ class MujocoTaskEnv(EnvAdapter):
         self.model = mujoco.MjModel.from_xml_path(asset_path(self.xml_file))
         self.data = mujoco.MjData(self.model)
         self.n_substeps = int(round(1.0 / (CONTROL_FREQUENCY_HZ * self.model.opt.timestep)))
+        self._body_views: dict[str, np.ndarray] = {}
         self._setup()
         self.cameras = tuple(cameras) if cameras is not None else self.default_cameras
         known = [self.model.camera(i).name for i in range(self.model.ncam)]
@@ -277,7 +278,10 @@ class MujocoTaskEnv(EnvAdapter):
 
     def body_position(self, body: str) -> np.ndarray:
         """World position of ``body``'s frame, m, ``(3,)`` (a view into ``data.xpos``)."""
-        return self.data.xpos[self.model.body(body).id]
+        view = self._body_views.get(body)
+        if view is None:
+            view = self._body_views[body] = self.data.xpos[self.model.body(body).id]
+        return view
 
 
 def sample_separated(

@@ -8,6 +8,8 @@ open, 0 = closed); each task appends its object and goal positions.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from policylink.adapters.schema import ActionSpec, ControlMode
@@ -53,7 +55,7 @@ class GripperTaskEnv(MujocoTaskEnv):
         """``body`` rests within ``radius`` (m) of ``goal_xy`` below ``max_height`` (m) and the gripper is open."""
         p = self.body_position(body)
         return bool(
-            np.hypot(p[0] - goal_xy[0], p[1] - goal_xy[1]) < radius
+            math.hypot(p[0] - goal_xy[0], p[1] - goal_xy[1]) < radius
             and p[2] < max_height
             and self.robot.opening > RELEASED_OPENING
         )

@@ -8,6 +8,7 @@ least 20 mm inside the hole (below z = 0.02 m) and its axis within 4 mm of the h
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -63,9 +64,9 @@ class InsertEnv(GripperTaskEnv):
         return np.concatenate([self._robot_state(), self.object_position, hole]).astype(np.float32)
 
     def _is_success(self) -> bool:
-        peg, goal = self.object_position, self.goal_position
+        peg, hole = self.object_position, self.data.mocap_pos[self._hole_mocap]
         bottom = peg[2] - PEG_HALF_HEIGHT_M
-        return bool(bottom < INSERTED_BOTTOM_M and np.hypot(*(peg[:2] - goal[:2])) < CENTRED_M)
+        return bool(bottom < INSERTED_BOTTOM_M and math.hypot(peg[0] - hole[0], peg[1] - hole[1]) < CENTRED_M)
 
 
 def make_insert_env(**kwargs: Any) -> InsertEnv:

@@ -40,6 +40,7 @@ class ReachEnv(MujocoTaskEnv):
     def _setup(self) -> None:
         self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)
         self._target_mocap = self.model.body("target").mocapid[0]
+        self._target_view = self.data.mocap_pos[self._target_mocap]
 
     def _action_spec(self) -> ActionSpec:
         return ActionSpec(
@@ -64,7 +65,7 @@ class ReachEnv(MujocoTaskEnv):
     @property
     def target(self) -> np.ndarray:
         """Target position, m, ``(3,)``."""
-        return self.data.mocap_pos[self._target_mocap]
+        return self._target_view
 
     def _state(self) -> np.ndarray:
         return np.concatenate([self.robot.ee_position, self.target]).astype(np.float32)

@@ -39,10 +39,11 @@ class GantryController:
         self.has_gripper = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "finger_left") >= 0
         if self.has_gripper:
             fingers = ("finger_left", "finger_right")
-            self._finger_qadr = np.array([model.joint(n).qposadr[0] for n in fingers])
+            self._finger_qadr = [int(model.joint(n).qposadr[0]) for n in fingers]
             self._finger_dadr = np.array([model.joint(n).dofadr[0] for n in fingers])
             self._finger_act = np.array([model.actuator(n).id for n in fingers])
         self.site_id = model.site("ee").id
+        self._ee_view = data.site_xpos[self.site_id]  # views stay valid: MjData buffers are never reallocated
         self.low = np.asarray(workspace_low, dtype=np.float64)
         self.high = np.asarray(workspace_high, dtype=np.float64)
         # site position at joint zero: ee = offset + q on the actuated axes
@@ -67,7 +68,7 @@ class GantryController:
 
     def command(self, delta: np.ndarray, grip: float | None = None) -> None:
         """Target = measured ee + ``delta`` (m, ``(n_axes,)``) within the workspace; gripper 0 open, 1 closed."""
-        ee = self.data.site_xpos[self.site_id, : self.n_axes]
+        ee = self._ee_view[: self.n_axes]
         self.target = np.minimum(np.maximum(ee + delta, self.low), self.high)
         self.data.ctrl[self._act_slice] = self.target - self._offset
         if grip is not None and self.has_gripper:
@@ -77,11 +78,12 @@ class GantryController:
     @property
     def ee_position(self) -> np.ndarray:
         """Current ``ee`` site position, m, ``(3,)`` (valid after ``mj_kinematics``/``mj_forward``)."""
-        return self.data.site_xpos[self.site_id]
+        return self._ee_view
 
     @property
     def opening(self) -> float:
         """Gripper opening as a fraction: 1 = fully open, 0 = fingers touching (mean of both fingers)."""
         if not self.has_gripper:
             return 0.0
-        return float(self.data.qpos[self._finger_qadr].mean() / GRIPPER_OPEN_M)
+        q = self.data.qpos
+        return (float(q[self._finger_qadr[0]]) + float(q[self._finger_qadr[1]])) / (2.0 * GRIPPER_OPEN_M)
