@@ -375,8 +375,8 @@ class Channel:
             sock = self._socket()
             sock.send_multipart(frames, copy=False)
             deadline = time.monotonic() + timeout
+            remaining_ms = int(timeout * 1e3)  # the first wait: the whole timeout (keeps RCVTIMEO unchanged)
             while True:
-                remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
                 try:
                     if not remaining_ms:
                         raise zmq.Again
@@ -391,8 +391,9 @@ class Channel:
                         "socket"
                     ) from None
                 reply = parse_message(frames, self._replies, allow_error=True)
-                if reply.id != rid:
-                    continue  # a late reply to an earlier, timed-out request
+                if reply.id != rid:  # a late reply to an earlier, timed-out request
+                    remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
+                    continue
                 if reply.type == "error":
                     b = reply.body
                     cls = VersionMismatchError if b["code"] == ErrorCode.VERSION_MISMATCH.value else RemoteError
