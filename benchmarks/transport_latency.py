@@ -1,0 +1,314 @@
+"""Round-trip latency of policylink's ZeroMQ transport vs bare ZeroMQ, openpi's websocket and gRPC + pickle.
+
+Each stack's server runs in its own process (a no-op policy returning a (B, 50, 14) float32 chunk); the client
+runs here. Cases: (a) state (14,) + prompt, (b) two 224x224x3 uint8 images + state, (c) a batch of 8 of (b).
+Stacks are interleaved in blocks (shuffled per round) so load from other processes hits them alike.
+
+    .venv/bin/python benchmarks/transport_latency.py [--rounds 20] [--block 50] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import pickle
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+STACKS = ("bare_zmq", "policylink", "openpi_ws", "grpc_pickle")
+CASES = ("a_state_prompt", "b_two_images", "c_batch8_images")
+CHUNK = (50, 14)
+PROMPT = "pick up the red cube and place it in the bin"
+
+
+# ---------------------------------------------------------------------------------------------- observations
+def make_obs(case: str) -> dict:
+    """One observation batch of ``case`` (batched ``(B, ...)``; ``task`` only in case a)."""
+    rng = np.random.default_rng(0)
+    b = 8 if case.startswith("c") else 1
+    obs = {"observation.state": rng.standard_normal((b, 14)).astype(np.float32)}
+    if case.startswith("a"):
+        obs["task"] = [PROMPT] * b
+    else:
+        for cam in ("cam_high", "cam_wrist"):
+            obs[f"observation.images.{cam}"] = rng.integers(0, 256, (b, 224, 224, 3), dtype=np.uint8)
+    return obs
+
+
+def _spec(case: str):
+    from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
+
+    feats = {"observation.state": FeatureSpec("float32", (14,))}
+    if case.startswith("a"):
+        feats["task"] = FeatureSpec("string", ())
+    else:
+        for cam in ("cam_high", "cam_wrist"):
+            feats[f"observation.images.{cam}"] = FeatureSpec("uint8", (224, 224, 3))
+    names = tuple(f"j{i}" for i in range(14))
+    action = ActionSpec(names, "joint_position", ("rad",) * 14, (-10.0,) * 14, (10.0,) * 14)
+    return PolicySpec(feats, action, n_obs_steps=1, chunk_size=CHUNK[0], n_action_steps=CHUNK[0])
+
+
+class NoopPolicy:
+    """PolicyAdapter that keeps the latest batch by reference and returns zeros ``(B, 50, 14)``."""
+
+    def __init__(self, spec):
+        self.spec, self._b = spec, 1
+
+    def reset(self, env_ids=None):
+        pass
+
+    def update_observation(self, obs):
+        self._b = len(obs["observation.state"])
+
+    def predict_action_chunk(self):
+        return np.zeros((self._b, *CHUNK), np.float32)
+
+
+# ------------------------------------------------------------------------------------------------- servers
+def serve(stack: str, port: int) -> None:
+    """Run ``stack``'s server on 127.0.0.1:``port`` (and ``port + 1`` for policylink's image spec)."""
+    if stack == "policylink":
+        from policylink.adapters.transport import PolicyServer
+
+        servers = [
+            PolicyServer(NoopPolicy(_spec("a")), f"tcp://127.0.0.1:{port}").start(),
+            PolicyServer(NoopPolicy(_spec("b")), f"tcp://127.0.0.1:{port + 1}").start(),
+        ]
+        print("READY", flush=True)
+        servers[0].serve_forever()
+    elif stack == "bare_zmq":
+        import zmq
+
+        sock = zmq.Context().socket(zmq.ROUTER)
+        sock.bind(f"tcp://127.0.0.1:{port}")
+        replies = {b: np.zeros((b, *CHUNK), np.float32) for b in (1, 8)}
+        print("READY", flush=True)
+        while True:
+            frames = sock.recv_multipart(copy=False)
+            state = np.frombuffer(frames[1].buffer, np.float32)
+            sock.send_multipart([frames[0], replies[state.size // 14]], copy=False)
+    elif stack == "openpi_ws":
+        import websockets.asyncio.server
+        from openpi_client import msgpack_numpy
+
+        async def handler(ws):
+            packer = msgpack_numpy.Packer()
+            await ws.send(packer.pack({}))
+            async for message in ws:
+                obs = msgpack_numpy.unpackb(message)
+                b = len(obs["observation.state"])
+                await ws.send(packer.pack({"actions": np.zeros((b, *CHUNK), np.float32)}))
+
+        async def main():
+            async with websockets.asyncio.server.serve(handler, "127.0.0.1", port, compression=None, max_size=None):
+                print("READY", flush=True)
+                await asyncio.Future()
+
+        asyncio.run(main())
+    elif stack == "grpc_pickle":
+        from concurrent import futures
+
+        import grpc
+
+        def infer(request, context):
+            return {"actions": np.zeros((len(request["observation.state"]), *CHUNK), np.float32)}
+
+        handler = grpc.method_handlers_generic_handler(
+            "policy",
+            {
+                "Infer": grpc.unary_unary_rpc_method_handler(
+                    infer, request_deserializer=pickle.loads, response_serializer=pickle.dumps
+                )
+            },
+        )
+        opts = [("grpc.max_receive_message_length", 2**28), ("grpc.max_send_message_length", 2**28)]
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=opts)
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        print("READY", flush=True)
+        server.wait_for_termination()
+
+
+# ------------------------------------------------------------------------------------------------- clients
+def make_client(stack: str, port: int):
+    """``call(case, obs) -> (B, 50, 14) actions`` for ``stack``."""
+    if stack == "policylink":
+        from policylink.adapters.transport import RemotePolicy
+
+        remotes = {
+            "a": RemotePolicy(f"tcp://127.0.0.1:{port}", timeout_s=30),
+            "b": RemotePolicy(f"tcp://127.0.0.1:{port + 1}", timeout_s=30),
+        }
+
+        def call(case, obs):
+            remote = remotes["a" if case.startswith("a") else "b"]
+            remote.update_observation(obs)
+            return remote.predict_action_chunk()
+
+        return call
+    if stack == "bare_zmq":
+        import zmq
+
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+
+        def call(case, obs):
+            frames = [v for k, v in obs.items() if k != "task"]
+            if "task" in obs:
+                frames.append("\n".join(obs["task"]).encode())
+            sock.send_multipart(frames, copy=False)
+            reply = sock.recv_multipart(copy=False)
+            return np.frombuffer(reply[0].buffer, np.float32).reshape(-1, *CHUNK)
+
+        return call
+    if stack == "openpi_ws":
+        from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+        client = WebsocketClientPolicy("127.0.0.1", port)
+        return lambda case, obs: client.infer(obs)["actions"]
+    if stack == "grpc_pickle":
+        import grpc
+
+        opts = [("grpc.max_receive_message_length", 2**28), ("grpc.max_send_message_length", 2**28)]
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=opts)
+        grpc.channel_ready_future(channel).result(timeout=30)
+        stub = channel.unary_unary("/policy/Infer", request_serializer=pickle.dumps, response_deserializer=pickle.loads)
+        return lambda case, obs: stub(obs)["actions"]
+    raise ValueError(f"stack: expected one of {STACKS}, received {stack!r}")
+
+
+def _free_port_pair() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+
+
+def run(rounds: int, block: int, stacks: tuple[str, ...]) -> dict[tuple[str, str], np.ndarray]:
+    """Latencies in seconds per ``(stack, case)``; the first round is warm-up and discarded."""
+    procs, clients = [], {}
+    try:
+        for stack in stacks:
+            port = _free_port_pair()
+            p = subprocess.Popen(
+                [sys.executable, __file__, "--serve", stack, "--port", str(port)], stdout=subprocess.PIPE, text=True
+            )
+            procs.append(p)
+            if p.stdout.readline().strip() != "READY":
+                raise RuntimeError(f"{stack} server did not start")
+            clients[stack] = make_client(stack, port)
+        observations = {case: make_obs(case) for case in CASES}
+        lat = {(s, c): [] for s in stacks for c in CASES}
+        rng = random.Random(0)
+        for r in range(rounds + 1):
+            for case in CASES:
+                order = list(stacks)
+                rng.shuffle(order)
+                for stack in order:
+                    call, obs = clients[stack], observations[case]
+                    for _ in range(block):
+                        t0 = time.perf_counter()
+                        actions = call(case, obs)
+                        dt = time.perf_counter() - t0
+                        if r:
+                            lat[(stack, case)].append(dt)
+                    assert actions.shape == (len(obs["observation.state"]), *CHUNK), (stack, case, actions.shape)
+            print(f"round {r}/{rounds}", file=sys.stderr, flush=True)
+        return {k: np.asarray(v) for k, v in lat.items()}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def python_cpu_us(case: str, n: int = 2000) -> float:
+    """CPU time (process_time, microseconds) of policylink's per-round-trip Python work for ``case``, in one
+    thread and without sockets: client encode, server decode + checks + policy + encode, client decode."""
+    from policylink.adapters.protocol import POLICY_REPLIES, POLICY_REQUESTS, encode_message, parse_message
+    from policylink.adapters.transport import PolicyServer
+
+    server = PolicyServer(NoopPolicy(_spec(case)), "tcp://127.0.0.1:0")  # never started: handle() only
+    obs = make_obs(case)
+
+    def once():
+        request = parse_message(encode_message(1, "infer", {"updates": [dict(obs)]}), POLICY_REQUESTS)
+        reply = encode_message(request.id, "infer", server.handle("infer", request.body))
+        return parse_message(reply, POLICY_REPLIES, allow_error=True)
+
+    for _ in range(200):
+        once()
+    t0 = time.process_time()
+    for _ in range(n):
+        once()
+    return (time.process_time() - t0) / n * 1e6
+
+
+def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float]) -> str:
+    """Markdown table of p50/p99 (ms), ratios vs bare ZeroMQ, openpi websocket and gRPC + pickle, and the CPU
+    time of policylink's Python work per round trip."""
+    ms = {k: (np.percentile(v, 50) * 1e3, np.percentile(v, 99) * 1e3) for k, v in lat.items()}
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"Machine: 2-core CPU, no GPU (shared with other jobs); {platform.python_version()}; "
+        f"date {datetime.date.today()}; {len(next(iter(lat.values())))} round trips per cell.",
+        "",
+        "| case | "
+        + " | ".join(f"{s} p50 / p99 ms" for s in stacks)
+        + " | ours/bare | ours/ws | ours/grpc | ours: Python CPU per round trip |",
+        "|---" * (len(stacks) + 5) + "|",
+    ]
+    for case in CASES:
+        cells = [f"{ms[(s, case)][0]:.3f} / {ms[(s, case)][1]:.3f}" for s in stacks]
+        ours = ms[("policylink", case)][0]
+        ratios = [
+            f"{ours / ms[(s, case)][0]:.2f}" if s in stacks else "-" for s in ("bare_zmq", "openpi_ws", "grpc_pickle")
+        ]
+        lines.append(f"| {case} | " + " | ".join([*cells, *ratios, f"{cpu_us[case]:.0f} us"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments; either serve one stack (child process) or run the whole comparison."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=20, help="interleaved rounds (plus one warm-up)")
+    ap.add_argument("--block", type=int, default=50, help="round trips per stack, case and round")
+    ap.add_argument("--stacks", default=",".join(STACKS), help="comma list of stacks")
+    ap.add_argument("--out", default=None, help="write the markdown table here")
+    ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        serve(args.serve, args.port)
+        return 0
+    stacks = tuple(args.stacks.split(","))
+    lat = run(args.rounds, args.block, stacks)
+    command = "python benchmarks/transport_latency.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cpu_us = {case: python_cpu_us(case) for case in CASES} if "policylink" in stacks else dict.fromkeys(CASES, 0.0)
+    text = report(lat, stacks, command.strip(), cpu_us)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    raise SystemExit(main())
