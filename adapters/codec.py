@@ -139,8 +139,10 @@ def nbytes(frames: Sequence[Any]) -> int:
 
 
 def _buffer_of(frame: Any) -> memoryview:
-    buf = getattr(frame, "buffer", None)  # zmq.Frame
-    view = memoryview(buf if buf is not None else frame)
+    if type(frame) is bytes:
+        return memoryview(frame)
+    buf = getattr(frame, "buffer", None)  # zmq.Frame: a writable 1-D byte view already
+    view = buf if type(buf) is memoryview else memoryview(frame)
     if view.format == "B" and view.ndim == 1:
         return view
     return view.cast("B") if view.nbytes else memoryview(b"")

@@ -155,7 +155,7 @@ def parse_message(
         msg = decode(frames)
     except CodecError as e:
         raise ProtocolError(ErrorCode.INVALID_FRAME, str(e)) from None
-    if not isinstance(msg, dict) or set(msg) != {"id", "type", "body"}:
+    if type(msg) is not dict or len(msg) != 3 or "id" not in msg or "type" not in msg or "body" not in msg:
         got = sorted(msg) if isinstance(msg, dict) else type(msg).__name__
         raise ProtocolError(ErrorCode.INVALID_FRAME, f"envelope: expected keys ['body', 'id', 'type'], received {got}")
     rid = msg["id"]
@@ -232,7 +232,9 @@ def _obs_problem(obs: Any) -> str | None:
     if not isinstance(obs, dict):
         return f"expected an observation map, received {type(obs).__name__}"
     for key, value in obs.items():
+        if type(value) is np.ndarray:
+            continue
         is_text = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
-        if not (is_text or isinstance(value, np.ndarray)):
+        if not is_text:
             return f"{key}: expected an array, a str or a list of str, received {type(value).__name__}"
     return None

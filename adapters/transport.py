@@ -115,14 +115,18 @@ class PolicyServer(Server):
                 return {}
             chunk = self.policy.predict_action_chunk()
         spec = self.policy.spec
-        try:
-            spec.action.validate(chunk, batch_dims=2)
-            if chunk.shape[1] != spec.chunk_size:
-                raise ActionError(
-                    [f"action chunk: expected (B, {spec.chunk_size}, {spec.action.dim}), received {chunk.shape}"]
-                )
-        except ActionError as e:
-            raise ProtocolError(ErrorCode.INFER_FAILED, str(e), "actions") from None
+        expected = (spec.chunk_size, spec.action.dim)
+        if not (
+            type(chunk) is np.ndarray
+            and chunk.dtype == np.float32
+            and chunk.ndim == 3
+            and chunk.shape[1:] == expected
+            and np.isfinite(chunk).all()
+        ):
+            problems = spec.action.check(chunk, batch_dims=2) or [
+                f"action chunk: expected (B, {expected[0]}, {expected[1]}), received {chunk.shape}"
+            ]
+            raise ProtocolError(ErrorCode.INFER_FAILED, str(ActionError(problems)), "actions")
         return {"actions": chunk}
 
     def _conforms(self, obs: dict[str, Any]) -> bool:

@@ -382,3 +382,42 @@ def test_client_side_imports_no_torch():
         "import sys; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+class RawChunkPolicy:
+    """A bare PolicyAdapter returning whatever chunk it is given (no HistoryPolicy checks)."""
+
+    spec = SPEC
+
+    def __init__(self, chunk):
+        self.chunk = chunk
+
+    def reset(self, env_ids=None):
+        pass
+
+    def update_observation(self, obs):
+        pass
+
+    def predict_action_chunk(self):
+        return self.chunk
+
+
+@pytest.mark.parametrize(
+    ("chunk", "reason"),
+    [
+        (np.full((1, 3, 2), np.nan, np.float32), "expected finite values, received NaN or inf"),
+        (np.zeros((1, 3, 2), np.float64), "expected dtype float32, received float64"),
+        (np.zeros((1, 5, 2), np.float32), r"expected \(B, 3, 2\), received \(1, 5, 2\)"),
+    ],
+)
+def test_off_spec_chunks_from_the_policy_are_infer_failed(chunk, reason):
+    srv = PolicyServer(RawChunkPolicy(chunk), "tcp://127.0.0.1:0").start()
+    try:
+        remote = RemotePolicy(srv.endpoint, timeout_s=5)
+        remote.update_observation(_obs([1, 1]))
+        with pytest.raises(RemoteError, match=reason) as err:
+            remote.predict_action_chunk()
+        assert err.value.code == "infer_failed" and err.value.field == "actions"
+        remote.close()
+    finally:
+        srv.stop()
