@@ -1,0 +1,81 @@
+"""Encoders and U-Net: spatial-softmax keypoints, crops, GroupNorm-only ResNet, shapes, config errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from policylink.adapters.schema import FeatureSpec
+from policylink.policies.config import PolicyConfig, UNetConfig
+from policylink.policies.encoders import (
+    EncoderConfig,
+    ObservationEncoder,
+    RandomCrop,
+    SpatialSoftmax,
+    resnet18_groupnorm,
+)
+from policylink.policies.unet1d import ConditionalUnet1D
+
+
+def test_spatial_softmax_finds_a_sharp_peak():
+    ss = SpatialSoftmax(1, 1)
+    with torch.no_grad():
+        ss.keypoints.weight.fill_(1.0)
+        ss.keypoints.bias.zero_()
+    fmap = torch.zeros(1, 1, 5, 9)
+    fmap[0, 0, 4, 0] = 100.0  # bottom-left pixel: x = -1, y = +1
+    torch.testing.assert_close(ss(fmap), torch.tensor([[-1.0, 1.0]]), atol=1e-4, rtol=0)
+
+
+def test_random_crop_train_and_eval():
+    x = torch.arange(2 * 10 * 10, dtype=torch.float32).reshape(2, 1, 10, 10)
+    crop = RandomCrop(0.8)
+    crop.eval()
+    torch.testing.assert_close(crop(x), x[:, :, 1:9, 1:9])  # centre crop 8 x 8
+    crop.train()
+    out = crop(x, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 1, 8, 8)
+    for i in range(2):  # each crop is a contiguous block of its own image
+        top, left = divmod(int(out[i, 0, 0, 0]) - 100 * i, 10)
+        torch.testing.assert_close(out[i], x[i, :, top : top + 8, left : left + 8])
+    with pytest.raises(ValueError, match=r"crop_ratio: expected a value in \(0, 1\], received 1.5"):
+        RandomCrop(1.5)
+
+
+def test_resnet18_has_groupnorm_only():
+    net = resnet18_groupnorm()
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
+    assert sum(isinstance(m, nn.GroupNorm) for m in net.modules()) == 20
+    assert net(torch.zeros(1, 3, 84, 84)).shape == (1, 512, 3, 3)
+
+
+def test_observation_encoder_shapes_and_text_rejected():
+    feats = {
+        "observation.state": FeatureSpec("float32", (5,)),
+        "observation.images.a": FeatureSpec("uint8", (32, 32, 3)),
+        "observation.images.b": FeatureSpec("uint8", (32, 32, 3)),
+    }
+    enc = ObservationEncoder(
+        feats, 2, EncoderConfig(vision_backbone="small_conv", num_keypoints=4, state_hidden_dims=[16], state_out_dim=8)
+    )
+    obs = {
+        "observation.state": torch.zeros(3, 2, 5),
+        "observation.images.a": torch.rand(3, 2, 3, 32, 32),
+        "observation.images.b": torch.rand(3, 2, 3, 32, 32),
+    }
+    assert enc.out_dim == 2 * (8 + 2 * 8) and enc(obs).shape == (3, 48)
+    with pytest.raises(ValueError, match="task: expected an image"):
+        ObservationEncoder({"task": FeatureSpec("string", ())}, 2, EncoderConfig())
+
+
+def test_unet_shape_and_config_errors():
+    net = ConditionalUnet1D(3, 10, (16, 32, 64), kernel_size=3, n_groups=8, time_embed_dim=16)
+    out = net(torch.randn(2, 16, 3), torch.tensor([0, 50]), torch.randn(2, 10))
+    assert out.shape == (2, 16, 3)
+    with pytest.raises(ValueError, match="down_dims: expected multiples of n_groups=8"):
+        ConditionalUnet1D(3, 10, (12, 32))
+    with pytest.raises(ValueError, match=r"policy.chunk_size: expected a multiple of 4 .* received 10"):
+        PolicyConfig(chunk_size=10, unet=UNetConfig(down_dims=[8, 16, 32])).validate()
+    with pytest.raises(ValueError, match="policy.type: expected one of .* received 'gan'"):
+        PolicyConfig(type="gan").validate()
