@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -77,32 +77,38 @@ class Message:
     body: dict[str, Any]
 
 
-# Field types: a python type tuple; "array" = numpy ndarray; "obs" = observation map; "any_map" = str-keyed map.
-_OPT = object()  # marker: field may be absent or None
+class Field(NamedTuple):
+    """Schema of one body field.
+
+    ``kind`` is a tuple of Python types (``(int,)``, ``(str,)``...; bool is not an int, an int is a float) or
+    one of ``"array"`` (numpy array), ``"obs"`` (map of key -> array / str / list of str), ``"obs_list"``
+    (list of those), ``"int_list"`` or ``"any_map"``. ``optional`` fields may be absent or None.
+    """
+
+    kind: Any
+    optional: bool = False
 
 
-def _f(kind: Any, optional: bool = False) -> tuple[Any, bool]:
-    return kind, optional
-
-
+_f = Field
+Schema = Mapping[str, Mapping[str, Field]]
 _INT = (int,)
 _HELLO_REQ = {"protocol": _f(_INT), "client": _f((str,), optional=True)}
 _HELLO_REP = {"protocol": _f(_INT), "kind": _f((str,)), "spec": _f("any_map"), "server": _f((str,))}
 _PING_REP = {"time": _f((float,))}
 
-POLICY_REQUESTS: dict[str, dict[str, tuple[Any, bool]]] = {
+POLICY_REQUESTS: dict[str, dict[str, Field]] = {
     "hello": _HELLO_REQ,
     "ping": {},
     "reset": {"env_ids": _f("int_list", optional=True), "updates": _f("obs_list")},
     "infer": {"updates": _f("obs_list")},
 }
-POLICY_REPLIES: dict[str, dict[str, tuple[Any, bool]]] = {
+POLICY_REPLIES: dict[str, dict[str, Field]] = {
     "hello": _HELLO_REP,
     "ping": _PING_REP,
     "reset": {},
     "infer": {"actions": _f("array")},
 }
-ENV_REQUESTS: dict[str, dict[str, tuple[Any, bool]]] = {
+ENV_REQUESTS: dict[str, dict[str, Field]] = {
     "hello": _HELLO_REQ,
     "ping": {},
     "reset": {"seed": _f(_INT, optional=True), "options": _f("any_map", optional=True)},
@@ -110,7 +116,7 @@ ENV_REQUESTS: dict[str, dict[str, tuple[Any, bool]]] = {
     "get_observation": {},
     "send_action": {"action": _f("array")},
 }
-ENV_REPLIES: dict[str, dict[str, tuple[Any, bool]]] = {
+ENV_REPLIES: dict[str, dict[str, Field]] = {
     "hello": _HELLO_REP,
     "ping": _PING_REP,
     "reset": {"observation": _f("obs"), "info": _f("any_map")},
@@ -137,9 +143,7 @@ def error_frames(err: ProtocolError) -> list:
     return encode_message(err.request_id, ERROR, {"code": err.code.value, "message": err.message, "field": err.field})
 
 
-def parse_message(
-    frames: list, schemas: Mapping[str, Mapping[str, tuple[Any, bool]]], allow_error: bool = False
-) -> Message:
+def parse_message(frames: list, schemas: Schema, allow_error: bool = False) -> Message:
     """Decode and check ``frames`` against ``schemas`` (verb -> body field schema).
 
     Args:
