@@ -234,9 +234,13 @@ class Server:
                 self._busy_since = time.perf_counter()
                 out, error = self._run(msg)
                 self._busy_since = None
+                # The standby thread sets _rescuing before re-reading _busy_since, and we clear _busy_since before
+                # reading _rescuing, so either it sees the call ended or we wake it (no lost wake-up).
                 if self._rescuing:
                     wake_tx.send(b"")
                 self.stats.record(msg.type, time.perf_counter() - t0, error)  # before the client can see it
+                if self._stop.is_set():
+                    return  # stop() may already have closed the socket under a long call
                 with self._sock_lock:
                     router.send_multipart([identity, *out], copy=False)
         finally:
