@@ -53,7 +53,7 @@ _META_ARRAYS = {  # name -> (dtype, fill meaning "unknown")
     "episode_quality": ("int32", -1),
 }
 _ATTRS_KEY = "policylink"
-DEFAULT_CHUNK_BYTES = 1 << 20  # ~1 MiB uncompressed per chunk (see benchmarks/data_throughput.py)
+DEFAULT_CHUNK_BYTES = 1 << 18  # 256 KiB uncompressed per chunk: fastest random windows (benchmarks/data_throughput.md)
 
 
 class StoreError(RuntimeError):

@@ -180,21 +180,45 @@ class SequenceDataset:
         return len(self.sampler)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        s = self.sampler.sample(int(i))
+        out = self._tensors(
+            {k: s[k] for k in [*self.obs_keys, self.action_key, OBS_PAD_KEY, ACTION_PAD_KEY]},
+            np.array(s["episode_index"], np.int64),
+            np.array(s["step"], np.int64),
+        )
+        out["task"] = self.tasks[s["episode_index"]]
+        return out
+
+    def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
+        """Items ``indices`` stacked into a batch: the same keys as an item with a leading ``B`` dim (``task``
+        a list of ``B`` str). Stacking and normalization run in numpy, which is single-threaded and equal to
+        the per-item path; on a busy CPU torch's intra-op threads make ``torch.stack`` of image windows
+        orders of magnitude slower (benchmarks/results/data_throughput.md).
+        """
+        samples = [self.sampler.sample(int(i)) for i in indices]
+        keys = [*self.obs_keys, self.action_key, OBS_PAD_KEY, ACTION_PAD_KEY]
+        out = self._tensors(
+            {k: np.stack([s[k] for s in samples]) for k in keys},
+            np.array([s["episode_index"] for s in samples], np.int64),
+            np.array([s["step"] for s in samples], np.int64),
+        )
+        out["task"] = [self.tasks[s["episode_index"]] for s in samples]
+        return out
+
+    def _tensors(self, arrays: dict[str, np.ndarray], episode: np.ndarray, step: np.ndarray) -> dict[str, Any]:
+        """Raw windows (any leading dims) -> float32 (images CHW in [0, 1]) normalized torch tensors."""
         import torch
 
-        s = self.sampler.sample(int(i))
         out: dict[str, Any] = {}
         for key in [*self.obs_keys, self.action_key]:
-            x = s[key]
+            x = arrays[key]
             x = to_float_chw(x, key) if key.startswith(IMAGE_PREFIX) else x.astype(np.float32, copy=False)
-            if self.normalizer is not None:  # numpy path: bit-identical to the tensor path, and single-threaded
-                x = self.normalizer.normalize_feature(key, x)  # (torch's intra-op threads cost ~ms on tiny items)
+            if self.normalizer is not None:  # numpy path: bit-identical to the tensor path, single-threaded
+                x = self.normalizer.normalize_feature(key, x)
             out[key] = torch.from_numpy(np.ascontiguousarray(x))
-        out[OBS_PAD_KEY] = torch.from_numpy(s[OBS_PAD_KEY])
-        out[ACTION_PAD_KEY] = torch.from_numpy(s[ACTION_PAD_KEY])
-        out["episode_index"] = torch.tensor(s["episode_index"], dtype=torch.int64)
-        out["step"] = torch.tensor(s["step"], dtype=torch.int64)
-        out["task"] = self.tasks[s["episode_index"]]
+        out[OBS_PAD_KEY] = torch.from_numpy(np.ascontiguousarray(arrays[OBS_PAD_KEY]))
+        out[ACTION_PAD_KEY] = torch.from_numpy(np.ascontiguousarray(arrays[ACTION_PAD_KEY]))
+        out["episode_index"], out["step"] = torch.from_numpy(episode), torch.from_numpy(step)
         return out
 
 

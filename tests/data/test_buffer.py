@@ -111,6 +111,19 @@ def test_format2_write_and_diffusion_policy_buffer(tmp_path):
     assert [m.success for m in s.all_meta()] == [None, None, True]
 
 
+def test_zipped_v2_buffer_reads(tmp_path):
+    """diffusion_policy distributes replay buffers as zipped zarr v2 directories (``*.zarr.zip``)."""
+    import shutil
+
+    root = zarr.open_group(str(tmp_path / "buf.zarr"), mode="w", zarr_format=2)
+    root.create_array("data/action", data=np.arange(6, dtype=np.float32).reshape(3, 2))
+    root.create_array("meta/episode_ends", data=np.array([1, 3], np.int64))
+    shutil.make_archive(str(tmp_path / "buf.zarr"), "zip", root_dir=tmp_path / "buf.zarr")
+    s = EpisodeStore(tmp_path / "buf.zarr.zip")
+    assert s.zarr_format == 2 and s.n_episodes == 2
+    np.testing.assert_array_equal(s.get_episode(1)["action"], [[2, 3], [4, 5]])
+
+
 def test_torn_commit_is_invisible(tmp_path):
     """Killed between growing episode_ends and writing it: the fill value 0 entry is not an episode."""
     path = tmp_path / "s.zarr"

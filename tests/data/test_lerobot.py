@@ -15,6 +15,17 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 LENGTHS = (5, 3, 4)
 
 
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    """No hub access even when huggingface_hub was imported (constants read) before this module."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    try:
+        import huggingface_hub.constants as hub_constants
+    except ImportError:
+        return
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+
+
 def _make_store(path):
     with EpisodeStore(path, "a") as s:
         s.update_info(fps=10.0, action={"names": ["dx", "dy"]})

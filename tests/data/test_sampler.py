@@ -93,5 +93,17 @@ def test_sequence_dataset_normalized_tensors(tmp_path):
     batch = next(iter(loader))
     assert batch["action"].shape == (4, 4, 2) and batch["observation.state"].shape == (4, 2, 2)
     assert batch["task"] == ["task 0"] * 4
+    fast = ds.get_batch([0, 1, 2, 3])  # numpy-stacked batch equals the DataLoader's collation
+    assert fast["task"] == batch["task"]
+    for k in (
+        "observation.state",
+        "observation.images.front",
+        "action",
+        "observation_is_pad",
+        "action_is_pad",
+        "episode_index",
+        "step",
+    ):
+        assert torch.equal(fast[k], batch[k]), k
     with pytest.raises(KeyError, match="normalizer: no mode"):
         SequenceDataset(path, n_obs_steps=2, horizon=4, normalizer=Normalizer(stats, {"action": "min_max"}))
