@@ -421,3 +421,26 @@ def test_off_spec_chunks_from_the_policy_are_infer_failed(chunk, reason):
         remote.close()
     finally:
         srv.stop()
+
+
+class InPlaceNormalisingPolicy(RawChunkPolicy):
+    """Normalises the received batch in place (as a processor would) and returns it as the chunk."""
+
+    def update_observation(self, obs):
+        state = obs["observation.state"]
+        state -= 1.0
+        state *= 2.0
+        self.chunk = np.repeat(state[:, None], 3, axis=1)
+
+
+def test_policy_can_normalise_received_arrays_in_place():
+    srv = PolicyServer(InPlaceNormalisingPolicy(None), "tcp://127.0.0.1:0").start()
+    try:
+        remote = RemotePolicy(srv.endpoint, timeout_s=5)
+        sent = np.array([[1.5, 3.0]], np.float32)
+        remote.update_observation({"observation.state": sent, "task": ["t"]})
+        np.testing.assert_array_equal(remote.predict_action_chunk()[0], [[1.0, 4.0]] * 3)
+        np.testing.assert_array_equal(sent, [[1.5, 3.0]])  # the client's array is untouched
+        remote.close()
+    finally:
+        srv.stop()
