@@ -162,7 +162,8 @@ class RemotePolicy:
     Args:
         endpoint: e.g. ``"tcp://127.0.0.1:5555"``.
         timeout_s: per-request timeout, seconds (``hello`` included).
-        curve_keys: key folder or :class:`~policylink.adapters.security.ClientKeys` for a CURVE server.
+        curve_keys: for a CURVE server: a key folder (its ``client.key_secret`` and ``server.key``) or
+            ``security.load_client_keys(folder, "<client name>")``.
         validate: also check observations against the spec locally before sending (raises ObservationError
             without a round trip); the server always checks and answers ``invalid_field`` naming the key.
 
@@ -346,7 +347,8 @@ class RemoteEnv(EnvAdapter):
     Args:
         endpoint: e.g. ``"tcp://127.0.0.1:5556"``.
         timeout_s: per-request timeout, seconds.
-        curve_keys: key folder or :class:`~policylink.adapters.security.ClientKeys` for a CURVE server.
+        curve_keys: for a CURVE server: a key folder (its ``client.key_secret`` and ``server.key``) or
+            ``security.load_client_keys(folder, "<client name>")``.
 
     Raises:
         TimeoutError, VersionMismatchError: at construction, as for :class:`RemotePolicy`.
