@@ -21,8 +21,8 @@ GOAL_POSE = np.array([0.0, 0.06, 0.0])  # x (m), y (m), yaw (rad); fixed, as in 
 SUCCESS_POSITION_M = 0.02
 SUCCESS_YAW_RAD = 0.2
 BLOCK_Z_M = 0.0155
-BLOCK_START_LOW = np.array([-0.14, -0.12, -np.pi / 2])
-BLOCK_START_HIGH = np.array([0.14, 0.0, np.pi / 2])
+BLOCK_START_LOW = np.array([-0.12, -0.1, -np.pi / 4])
+BLOCK_START_HIGH = np.array([0.12, 0.0, np.pi / 4])
 WORKSPACE_LOW = np.array([-0.28, -0.28])
 WORKSPACE_HIGH = np.array([0.28, 0.28])
 # T geometry in the block frame: (centre x, centre y, half x, half y) of the bar and the stem, metres
