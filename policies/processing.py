@@ -78,6 +78,21 @@ def actions_to_normalized(
     return normalizer.normalize_feature(ACTION_KEY, t.float().to(device))
 
 
+def window_horizon(n_obs_steps: int, chunk_size: int) -> int:
+    """Action steps a training window must hold so that its chunk starts at the newest observation.
+
+    Dataset windows start at the oldest observation ``w = t - (n_obs_steps - 1)``; a chunk (index 0 = now,
+    the PolicyAdapter convention) is its last ``chunk_size`` actions: ``chunk_size + n_obs_steps - 1`` in all.
+    """
+    return chunk_size + n_obs_steps - 1
+
+
+def chunk_from_window(actions: torch.Tensor, n_obs_steps: int) -> torch.Tensor:
+    """The chunk ``(..., chunk_size, A)`` (index 0 = the newest observation's step) of window actions
+    ``(..., chunk_size + n_obs_steps - 1, A)``."""
+    return actions[..., n_obs_steps - 1 :, :]
+
+
 def batch_size_of(obs: Mapping[str, Any], keys: Sequence[str]) -> int:
     """Leading dim ``B`` shared by ``obs[key]`` for ``keys``. Raises ValueError when they disagree."""
     sizes = {k: int(np.shape(obs[k])[0]) for k in keys}

@@ -33,7 +33,7 @@ from policylink.policies.config import PolicyConfig
 from policylink.policies.ema import EMA
 from policylink.policies.model import ChunkModel, build_model
 from policylink.policies.policy import ChunkPolicy
-from policylink.policies.processing import normalizer_modes
+from policylink.policies.processing import chunk_from_window, normalizer_modes, window_horizon
 
 METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
@@ -175,7 +175,8 @@ def train(cfg: TrainConfig) -> Path:
         stats, normalizer_modes(spec.observation_features, p.state_norm_mode, p.action_norm_mode, p.image_norm_mode)
     )
     # Default padding: every step of every episode anchors a window (episodes can be shorter than H).
-    window = dict(n_obs_steps=p.n_obs_steps, horizon=p.chunk_size, obs_keys=keys, normalizer=normalizer)
+    horizon = window_horizon(p.n_obs_steps, p.chunk_size)
+    window = dict(n_obs_steps=p.n_obs_steps, horizon=horizon, obs_keys=keys, normalizer=normalizer)
     train_ds = SequenceDataset(store, episodes=train_eps, **window)
     if len(train_ds) == 0:
         raise ValueError(
@@ -212,7 +213,7 @@ def train(cfg: TrainConfig) -> Path:
         model.train()
         idx, noise = _step_draws(cfg, model, len(train_ds), step)
         sl = slice(rank * local_b, (rank + 1) * local_b)
-        batch = collate([train_ds[int(i)] for i in idx[sl]], keys, device)
+        batch = collate([train_ds[int(i)] for i in idx[sl]], keys, p.n_obs_steps, device)
         torch.manual_seed(_mix(cfg.seed, step, rank))  # augmentation (random crops) of this rank's slice
         loss = train_model(batch["obs"], batch["action"], {k: v[sl].to(device) for k, v in noise.items()})
         optimizer.zero_grad(set_to_none=True)
@@ -317,12 +318,11 @@ def cosine_with_warmup(warmup_steps: int, total_steps: int):
     return f
 
 
-def collate(items: list[dict[str, Any]], keys: list[str], device: torch.device) -> dict[str, Any]:
-    """Stack dataset items into ``{"obs": {key: (B, T, ...)}, "action": (B, H, A)}`` on ``device``."""
-    return {
-        "obs": {k: torch.stack([it[k] for it in items]).to(device) for k in keys},
-        "action": torch.stack([it[ACTION_KEY] for it in items]).to(device),
-    }
+def collate(items: list[dict[str, Any]], keys: list[str], n_obs_steps: int, device: torch.device) -> dict[str, Any]:
+    """Stack dataset items into ``{"obs": {key: (B, T, ...)}, "action": (B, H, A)}`` on ``device``; the action
+    chunk starts at the newest observation's step (see :func:`~policylink.policies.processing.window_horizon`)."""
+    actions = chunk_from_window(torch.stack([it[ACTION_KEY] for it in items]), n_obs_steps)
+    return {"obs": {k: torch.stack([it[k] for it in items]).to(device) for k in keys}, "action": actions.to(device)}
 
 
 @torch.no_grad()
@@ -341,7 +341,7 @@ def validation_loss(
     total, n = 0.0, 0
     for start in range(0, len(idx), batch_size):
         chunk = idx[start : start + batch_size]
-        batch = collate([ds[int(i)] for i in chunk], keys, device)
+        batch = collate([ds[int(i)] for i in chunk], keys, cfg.policy.n_obs_steps, device)
         noise = model.draw_noise(len(chunk), g, device)
         total += float(model(batch["obs"], batch["action"], noise)) * len(chunk)
         n += len(chunk)

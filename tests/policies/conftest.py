@@ -84,3 +84,14 @@ def kit():
     return types.SimpleNamespace(
         FEATURES=FEATURES, STATE=STATE, IMAGE=IMAGE, tiny_config=tiny_config, make_spec=make_spec, episode=episode
     )
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """One intra-op thread: the CI machine has 2 shared cores, where OpenMP spinning slows tiny nets a lot."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
