@@ -17,6 +17,7 @@ import numpy as np
 
 from policylink.adapters.env import GymEnvAdapter, ObsMap
 from policylink.adapters.schema import IMAGE_PREFIX, STATE_KEY, ActionSpec, ControlMode, EnvSpec, FeatureSpec
+from policylink.sim.mujoco.rendering import load_llvm_before_gl
 
 REACHER_SUCCESS_TOLERANCE_M = 0.02
 """Reacher succeeds at a step when the fingertip is within this distance (xy plane, metres) of the target."""
@@ -131,6 +132,8 @@ def make_foreign_env(
     size = int(image_size)
     foreign_render = "rgb_array" if want_images else render_mode
     kw.setdefault("default_camera_config", dict(task.top_camera))
+    if foreign_render is not None:
+        load_llvm_before_gl()
     env = gym.make(task.gym_id, render_mode=foreign_render, width=size, height=size, **kw)
     mj = env.unwrapped
     _fast_offscreen(mj.model, size)

@@ -7,10 +7,26 @@ MuJoCo's :class:`mujoco.Renderer` reads the OpenGL buffer bottom-up and flips it
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import mujoco
 import numpy as np
 
 RENDER_QUALITIES = ("fast", "pretty")
+
+
+@functools.cache
+def load_llvm_before_gl() -> None:
+    """Load Triton (if installed) before the first OpenGL context is made in this process.
+
+    Mesa's software renderer (llvmpipe, behind EGL/OSMesa) and Triton (pulled in by torch/torchvision) each
+    bring their own LLVM; when Triton's loads *after* a GL context exists, the process segfaults in
+    ``triton/knobs.py`` the first time torchvision is imported. Loading Triton first (~0.2 s, once) avoids it.
+    Nothing is imported when Triton is absent.
+    """
+    if importlib.util.find_spec("triton") is not None:
+        importlib.import_module("triton")
 
 
 def configure_visual_quality(model: mujoco.MjModel, quality: str, height: int, width: int) -> None:
@@ -67,6 +83,7 @@ class FrameRenderer:
             names = [self.model.camera(i).name for i in range(self.model.ncam)]
             raise KeyError(f"camera: expected one of {names}, received {camera!r}")
         if self._renderer is None:
+            load_llvm_before_gl()
             self._renderer = mujoco.Renderer(self.model, self.height, self.width)
         mujoco.mj_camlight(self.model, data)
         self._renderer.update_scene(data, camera=camera)
