@@ -471,3 +471,9 @@ class _MetricsLogger:
             self.file.close()
         if self.tb is not None:
             self.tb.close()
+
+
+if __name__ == "__main__":  # torchrun --nproc_per_node=N -m policylink.runtime.train --config ...
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
