@@ -15,6 +15,7 @@ import mujoco
 import numpy as np
 
 from policylink.sim.mujoco.base import CONTROL_FREQUENCY_HZ, asset_path
+from policylink.sim.mujoco.rendering import load_llvm_before_gl
 
 GANTRY_JOINTS = ("ee_x", "ee_y", "ee_z", "finger_left", "finger_right")
 """The gantry's slide joints, in the order of every ``(5,)`` robot vector below (m)."""
@@ -26,7 +27,9 @@ _CUBE_TASK_XML = "pick_place.xml"  # the cube's size, mass and friction are read
 def init_genesis() -> ModuleType:
     """Import ``genesis`` and initialise it on the CPU backend (float32) once per process.
 
-    If the caller already initialised Genesis (any backend), that initialisation is kept.
+    If the caller already initialised Genesis (any backend), that initialisation is kept. Triton (when installed)
+    is imported first: once Genesis's kernel compiler (Quadrants, LLVM) has run, importing Triton, as torchvision
+    and MuJoCo's first rendered frame here do, segfaults the process.
 
     Returns:
         the ``genesis`` module.
@@ -35,6 +38,7 @@ def init_genesis() -> ModuleType:
         ImportError: genesis-world is not installed (install the ``genesis`` extra:
             ``pip install -e ".[genesis]"``).
     """
+    load_llvm_before_gl()  # Triton's LLVM must load before Quadrants' JIT runs, else importing it later segfaults
     try:
         import genesis as gs
     except ImportError as err:
