@@ -84,6 +84,8 @@ class PolicyConfig:
         ema_power: EMA warm-up exponent (Diffusion Policy: 0.75).
         state_norm_mode: normaliser mode for state vectors (``min_max`` maps to ``[-1, 1]``).
         action_norm_mode: normaliser mode for actions.
+        mask_padded_actions: leave the padded steps past an episode's end out of the loss (they repeat the
+            last action; wrong for delta actions when episodes end at success).
         image_norm_mode: normaliser mode for camera images (already in ``[0, 1]``; the image encoder maps them
             to ``[-1, 1]``).
     """
@@ -102,6 +104,7 @@ class PolicyConfig:
     state_norm_mode: str = "min_max"
     action_norm_mode: str = "min_max"
     image_norm_mode: str = "identity"
+    mask_padded_actions: bool = True
 
     def validate(self) -> PolicyConfig:
         """Return self if consistent; raise ValueError naming the field, expected and received value."""

@@ -53,14 +53,37 @@ class ChunkModel(nn.Module, ABC):
         return self.encoder(obs)
 
     def forward(
-        self, obs: Mapping[str, torch.Tensor], actions: torch.Tensor, noise: Mapping[str, torch.Tensor]
+        self,
+        obs: Mapping[str, torch.Tensor],
+        actions: torch.Tensor,
+        noise: Mapping[str, torch.Tensor],
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Training loss (scalar, mean over the batch) for normalised ``actions`` ``(B, H, A)``.
+        """Training loss (scalar) for normalised ``actions`` ``(B, H, A)``; see :meth:`loss`.
 
         ``noise`` comes from :meth:`draw_noise` so that the caller controls every random draw (DDP ranks take
         slices of one global draw, which makes 1-process and N-process training identical).
         """
-        return self.loss(self.embed(obs), actions, noise)
+        return self.loss(self.embed(obs), actions, noise, valid)
+
+    def loss(
+        self,
+        cond: torch.Tensor,
+        actions: torch.Tensor,
+        noise: Mapping[str, torch.Tensor],
+        valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Mean squared error of the head's prediction over all ``B * H * A`` entries.
+
+        ``valid`` (bool ``(B, H)``, optional) zeroes the error of padded steps past an episode's end (their
+        actions repeat the last one, which is wrong for delta actions). The denominator stays ``B * H * A`` so
+        that the mean over DDP ranks equals the single-process loss.
+        """
+        pred, target = self.loss_terms(cond, actions, noise)
+        err = (pred - target).square()
+        if valid is not None:
+            err = err * valid[..., None].to(err.dtype)
+        return err.mean()
 
     @torch.no_grad()
     def generate(
@@ -80,8 +103,10 @@ class ChunkModel(nn.Module, ABC):
         """All training-time randomness of one batch: ``{"noise": (B, H, A), "t": (B,)}``."""
 
     @abstractmethod
-    def loss(self, cond: torch.Tensor, actions: torch.Tensor, noise: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Scalar loss from conditioning ``(B, D)``, normalised actions ``(B, H, A)`` and drawn noise."""
+    def loss_terms(
+        self, cond: torch.Tensor, actions: torch.Tensor, noise: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(prediction, target)``, both ``(B, H, A)``, from conditioning ``(B, D)``, normalised actions and noise."""
 
     @abstractmethod
     def _generate(

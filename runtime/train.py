@@ -26,7 +26,7 @@ from policylink.adapters.registry import make_env
 from policylink.adapters.schema import ACTION_KEY, PolicySpec
 from policylink.data.buffer import EpisodeStore
 from policylink.data.normalize import Normalizer
-from policylink.data.sampler import SequenceDataset, split_episodes
+from policylink.data.sampler import ACTION_PAD_KEY, SequenceDataset, split_episodes
 from policylink.data.stats import compute_stats
 from policylink.policies.checkpoint import load_training_state, resolve_device, save_checkpoint
 from policylink.policies.config import PolicyConfig
@@ -215,7 +215,8 @@ def train(cfg: TrainConfig) -> Path:
         sl = slice(rank * local_b, (rank + 1) * local_b)
         batch = collate([train_ds[int(i)] for i in idx[sl]], keys, p.n_obs_steps, device)
         torch.manual_seed(_mix(cfg.seed, step, rank))  # augmentation (random crops) of this rank's slice
-        loss = train_model(batch["obs"], batch["action"], {k: v[sl].to(device) for k, v in noise.items()})
+        valid = batch["valid"] if p.mask_padded_actions else None
+        loss = train_model(batch["obs"], batch["action"], {k: v[sl].to(device) for k, v in noise.items()}, valid)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = _clip(model, cfg.grad_clip)
@@ -319,10 +320,16 @@ def cosine_with_warmup(warmup_steps: int, total_steps: int):
 
 
 def collate(items: list[dict[str, Any]], keys: list[str], n_obs_steps: int, device: torch.device) -> dict[str, Any]:
-    """Stack dataset items into ``{"obs": {key: (B, T, ...)}, "action": (B, H, A)}`` on ``device``; the action
-    chunk starts at the newest observation's step (see :func:`~policylink.policies.processing.window_horizon`)."""
+    """Stack dataset items into ``{"obs": {key: (B, T, ...)}, "action": (B, H, A), "valid": bool (B, H)}`` on
+    ``device``; the action chunk starts at the newest observation's step (see
+    :func:`~policylink.policies.processing.window_horizon`) and ``valid`` is False past the episode's end."""
     actions = chunk_from_window(torch.stack([it[ACTION_KEY] for it in items]), n_obs_steps)
-    return {"obs": {k: torch.stack([it[k] for it in items]).to(device) for k in keys}, "action": actions.to(device)}
+    pad = torch.stack([it[ACTION_PAD_KEY] for it in items])[:, n_obs_steps - 1 :]
+    return {
+        "obs": {k: torch.stack([it[k] for it in items]).to(device) for k in keys},
+        "action": actions.to(device),
+        "valid": (~pad).to(device),
+    }
 
 
 @torch.no_grad()
@@ -343,7 +350,8 @@ def validation_loss(
         chunk = idx[start : start + batch_size]
         batch = collate([ds[int(i)] for i in chunk], keys, cfg.policy.n_obs_steps, device)
         noise = model.draw_noise(len(chunk), g, device)
-        total += float(model(batch["obs"], batch["action"], noise)) * len(chunk)
+        valid = batch["valid"] if cfg.policy.mask_padded_actions else None
+        total += float(model(batch["obs"], batch["action"], noise, valid)) * len(chunk)
         n += len(chunk)
     return total / max(n, 1)
 

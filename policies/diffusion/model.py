@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from policylink.adapters.schema import FeatureSpec
 from policylink.policies.config import PolicyConfig
@@ -53,12 +52,13 @@ class DiffusionModel(ChunkModel):
         t = torch.randint(0, self.cfg.diffusion.num_train_timesteps, (batch_size,), generator=generator)
         return {"noise": noise.to(device), "t": t.to(device)}
 
-    def loss(self, cond: torch.Tensor, actions: torch.Tensor, noise: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def loss_terms(
+        self, cond: torch.Tensor, actions: torch.Tensor, noise: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         eps, t = noise["noise"], noise["t"]
         noisy = self.train_scheduler.add_noise(actions, eps, t)
-        pred = self.net(noisy, t, cond)
         target = eps if self.cfg.diffusion.prediction_type == "epsilon" else actions
-        return F.mse_loss(pred, target)
+        return self.net(noisy, t, cond), target
 
     def _generate(
         self, cond: torch.Tensor, noise: torch.Tensor, num_steps: int | None, guidance: Guidance | None

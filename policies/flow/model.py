@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from policylink.policies.model import ChunkModel, Guidance
 
@@ -42,11 +41,13 @@ class FlowModel(ChunkModel):
         """``a_hat = x_t + (1 - t) v`` (``t`` ``(B,)``): the one-step estimate of the clean chunk."""
         return x_t + (1.0 - t)[:, None, None] * v
 
-    def loss(self, cond: torch.Tensor, actions: torch.Tensor, noise: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def loss_terms(
+        self, cond: torch.Tensor, actions: torch.Tensor, noise: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         eps, t = noise["noise"], noise["t"]
         tt = t[:, None, None]
         x_t = tt * actions + (1.0 - tt) * eps
-        return F.mse_loss(self.velocity(x_t, t, cond), actions - eps)
+        return self.velocity(x_t, t, cond), actions - eps
 
     def _generate(
         self, cond: torch.Tensor, noise: torch.Tensor, num_steps: int | None, guidance: Guidance | None

@@ -134,3 +134,16 @@ def test_ema_warmup_decay_and_average():
         lin.weight.fill_(0.0)
     ema.update(lin)
     assert float(ema.model.weight) == pytest.approx(1 - 2**-0.75)  # 0.4054 * 1.0 + 0.5946 * 0.0
+
+
+def test_padded_steps_are_left_out_of_the_loss(kit):
+    model = build_model(kit.tiny_config("flow"), kit.FEATURES, 2)
+    cond, actions = torch.randn(3, model.encoder.out_dim), torch.randn(3, 8, 2)
+    noise = model.draw_noise(3, torch.Generator().manual_seed(0))
+    pred, target = model.loss_terms(cond, actions, noise)
+    valid = torch.ones(3, 8, dtype=torch.bool)
+    valid[:, 5:] = False  # steps 5..7 are past the episode's end
+    expected = (pred - target)[:, :5].square().sum() / (3 * 8 * 2)  # denominator: every entry
+    torch.testing.assert_close(model.loss(cond, actions, noise, valid), expected)
+    torch.testing.assert_close(model.loss(cond, actions, noise), (pred - target).square().mean())
+    assert float(model.loss(cond, actions, noise, torch.zeros(3, 8, dtype=torch.bool))) == 0.0
