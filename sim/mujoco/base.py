@@ -142,7 +142,9 @@ class MujocoTaskEnv(EnvAdapter):
         self._init_spaces()
         self.task = self.instructions[0]
         self.elapsed_steps = 0
-        self.reset(seed=None)
+        # a valid state right away, but no GL context yet: AsyncVectorEnv builds a dummy env in the parent and
+        # then forks; an EGL context inherited across fork hangs the children
+        self._reset_physics({})
 
     # ----------------------------------------------------------------------------------------- task hooks
     def _setup(self) -> None:
@@ -185,7 +187,11 @@ class MujocoTaskEnv(EnvAdapter):
             ``(observation, info)`` with ``info["is_success"]`` (bool).
         """
         super().reset(seed=seed)
-        options = dict(options or {})
+        self._reset_physics(dict(options or {}))
+        return self._observation(), {"is_success": self._is_success()}
+
+    def _reset_physics(self, options: dict[str, Any]) -> None:
+        """Everything of :meth:`reset` except building the observation (so no frame is rendered)."""
         mujoco.mj_resetData(self.model, self.data)
         self._randomizer.apply(self.np_random)
         self._sample_episode(self.np_random, options)
@@ -193,7 +199,6 @@ class MujocoTaskEnv(EnvAdapter):
             self._perturber.reset(self.np_random)
         self.elapsed_steps = 0
         mujoco.mj_forward(self.model, self.data)
-        return self._observation(), {"is_success": self._is_success()}
 
     def step(self, action: np.ndarray):
         """Advance one control step (``1 / 10`` s = ``n_substeps`` physics steps).
@@ -318,10 +323,11 @@ def sample_separated(
 def vector_env(factory, n: int, asynchronous: bool = False, **kwargs: Any) -> gym.vector.VectorEnv:
     """``n`` copies of ``factory(**kwargs)`` as a gymnasium ``SyncVectorEnv`` or ``AsyncVectorEnv``.
 
-    The async variant uses ``shared_memory=False``: gymnasium's shared-memory buffers garble ``Text``
-    observations (the ``task`` string), pipes carry them intact.
+    The async variant uses ``shared_memory=False`` (gymnasium's shared-memory buffers garble ``Text``
+    observations such as ``task``; pipes carry them intact) and the ``forkserver`` start method (a child forked
+    from a process that already holds an EGL context hangs on its first render).
     """
     fns = [lambda: factory(**kwargs) for _ in range(n)]
     if asynchronous:
-        return gym.vector.AsyncVectorEnv(fns, shared_memory=False)
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="forkserver")
     return gym.vector.SyncVectorEnv(fns)

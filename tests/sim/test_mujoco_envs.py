@@ -169,3 +169,17 @@ def test_gripper_action_spec_is_physical():
     spec = registry.make_env("pick_place").env_spec.action
     assert spec.control_mode.value == "ee_delta" and spec.units == ("m", "m", "m", "1")
     assert spec.gripper_index == 3 and spec.low[3] == 0.0 and spec.high[3] == 1.0
+
+
+def test_async_image_envs_render_after_the_parent_rendered():
+    """A GL context in the parent must not hang the workers; sub-env 0 seeded 0 renders the same first frame."""
+    key = "observation.images.top"
+    local = registry.make_env("push", obs_mode="image", image_size=32)
+    expected = local.reset(seed=0)[0][key]
+    venv = vector_env(registry.env_factory("push"), 2, asynchronous=True, obs_mode="image", image_size=32)
+    try:
+        obs, _ = venv.reset(seed=[0, 5])
+        np.testing.assert_array_equal(obs[key][0], expected)
+        assert not np.array_equal(obs[key][1], expected)
+    finally:
+        venv.close()
