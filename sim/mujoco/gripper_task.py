@@ -28,6 +28,8 @@ RELEASED_OPENING = 0.5  # the object counts as released when the gripper is at l
 class GripperTaskEnv(MujocoTaskEnv):
     """Base of the gripper tasks (kwargs: :class:`~policylink.sim.mujoco.base.MujocoTaskEnv`)."""
 
+    state_unit = "m (positions); 1 (gripper_opening)"
+
     def _setup(self) -> None:
         self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)
 
