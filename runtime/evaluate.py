@@ -10,6 +10,7 @@ back-end or the number of workers.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -151,7 +152,7 @@ def evaluate(
     env_fns = {
         label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_env_kwargs(cfg))) for label, ref in env_items
     }
-    specs = _check_cells(pols, env_fns, cfg.device)
+    specs = _check_cells(pols, env_fns, cfg.device, isolate=cfg.ray_address is None and cfg.workers > 0)
     out = Path(cfg.out)
     settings = _settings(cfg)
     tasks, done_shards = [], {}
@@ -220,6 +221,7 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
     numpy/torch global generators), so a shard's result depends only on the task.
     """
     start = time.perf_counter()
+    _single_thread()
     shard_seed = task.seed + task.first
     policy = load_policy_ref(task.policy_ref, task.device, shard_seed)
     _single_thread()
@@ -312,8 +314,26 @@ def _env_kwargs(cfg: EvalConfig) -> dict[str, Any]:
     return kw
 
 
-def _check_cells(pols, env_fns, device) -> dict[str, Any]:
-    """EnvSpec per env label; raises one IncompatibleSpecError listing every incompatible cell."""
+def _check_cells(pols, env_fns, device, isolate: bool) -> dict[str, Any]:
+    """EnvSpec per env label; raises one IncompatibleSpecError listing every incompatible cell.
+
+    With ``isolate`` the envs and policies are built in a short-lived forked process, so this process never
+    initialises a GL context or torch's thread pools before forking its workers (neither survives a fork).
+    """
+    if isolate:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork")) as pool:
+            specs, problems = pool.submit(_probe_cells, pols, env_fns, device).result()
+    else:
+        specs, problems = _probe_cells(pols, env_fns, device)
+    if problems:
+        raise IncompatibleSpecError(problems)
+    return specs
+
+
+def _probe_cells(pols, env_fns, device) -> tuple[dict[str, Any], list[str]]:
     specs = {}
     for label, fn in env_fns.items():
         env = fn()
@@ -328,9 +348,7 @@ def _check_cells(pols, env_fns, device) -> dict[str, Any]:
             close()
         for e_label, espec in specs.items():
             problems += [f"{p_label} x {e_label}: {p}" for p in compatibility_problems(pspec, espec)]
-    if problems:
-        raise IncompatibleSpecError(problems)
-    return specs
+    return specs, problems
 
 
 def _settings(cfg: EvalConfig) -> dict[str, Any]:
@@ -488,7 +506,9 @@ def _bars(pols, env_fns, episodes, done_shards, enabled):
 
 
 def _single_thread() -> None:
-    """One intra-op thread per worker: parallelism comes from workers, not from oversubscribed BLAS pools."""
+    """One thread per worker for torch and Mesa's llvmpipe renderer: parallelism comes from workers, not from
+    oversubscribed thread pools (set before the worker's first GL context; an explicit setting wins)."""
+    os.environ.setdefault("LP_NUM_THREADS", "1")
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 
