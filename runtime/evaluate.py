@@ -34,6 +34,7 @@ from policylink.runtime.rollout import (
 )
 
 EVAL_INFO = "eval_info.json"
+ENV_PLACEHOLDER = "{env}"  # in a policy reference: one checkpoint per env, e.g. outputs/train/{env}/diffusion
 
 
 @dataclass
@@ -41,7 +42,8 @@ class EvalConfig:
     """``policylink eval``.
 
     Attributes:
-        policies: registry names, checkpoint folders or server addresses (``tcp://host:port``).
+        policies: registry names, checkpoint folders or server addresses (``tcp://host:port``); ``{env}`` in a
+            reference is replaced by each env's name (one checkpoint per env, e.g. ``ckpt/{env}/flow``).
         envs: environment registry names.
         episodes: episodes per (policy, env) cell.
         seed: episode ``i`` resets with ``seed + i`` in every cell.
@@ -169,7 +171,7 @@ def evaluate(
                 tasks.append(
                     ShardTask(
                         cell,
-                        p_ref,
+                        policy_ref_for(p_ref, e_label),
                         env_fns[e_label],
                         first,
                         count,
@@ -195,9 +197,9 @@ def evaluate(
     for p_label, _ in pols:
         for e_label in env_fns:
             cell = cell_name(p_label, e_label)
-            info = _cell_info(p_label, e_label, specs[e_label].tasks, done_shards[cell], out, settings)
+            info = report.cell_info(p_label, e_label, specs[e_label].tasks, done_shards[cell], out, settings)
             (out / "cells" / cell / EVAL_INFO).write_text(json.dumps(info, indent=2))
-            summaries.append(_summary(p_label, e_label, cell, info))
+            summaries.append(report.cell_summary(p_label, e_label, cell, info))
     if bars is not None:
         for bar in bars.values():
             bar.close()
@@ -303,8 +305,15 @@ def _labelled(item: Any) -> tuple[str, Any]:
             f"{type(item).__name__}"
         )
     text = str(item)
+    if ENV_PLACEHOLDER in text:  # one checkpoint per env: label by the path without the placeholder
+        return Path(text.replace(ENV_PLACEHOLDER, "")).name.strip("_-.") or text, text
     label = Path(text).name if Path(text).is_dir() else text
     return label, text
+
+
+def policy_ref_for(ref: Any, env: str) -> Any:
+    """``ref`` with ``{env}`` replaced by the env's label (per-env checkpoints); other refs unchanged."""
+    return ref.replace(ENV_PLACEHOLDER, env) if isinstance(ref, str) else ref
 
 
 def _env_kwargs(cfg: EvalConfig) -> dict[str, Any]:
@@ -341,13 +350,24 @@ def _probe_cells(pols, env_fns, device) -> tuple[dict[str, Any], list[str]]:
         env.close()
     problems = []
     for p_label, ref in pols:
-        policy = load_policy_ref(ref, device)
-        pspec = policy.spec
-        close = getattr(policy, "close", None)
-        if callable(close):
-            close()
+        loaded: dict[Any, Any] = {}
         for e_label, espec in specs.items():
-            problems += [f"{p_label} x {e_label}: {p}" for p in compatibility_problems(pspec, espec)]
+            cell_ref = policy_ref_for(ref, e_label)
+            key = cell_ref if isinstance(cell_ref, str) else id(cell_ref)
+            if key not in loaded:
+                try:
+                    policy = load_policy_ref(cell_ref, device)
+                except (FileNotFoundError, KeyError, OSError) as e:
+                    loaded[key] = f"cannot load policy {cell_ref!r}: {e}"
+                else:
+                    loaded[key] = policy.spec
+                    close = getattr(policy, "close", None)
+                    if callable(close):
+                        close()
+            if isinstance(loaded[key], str):
+                problems.append(f"{p_label} x {e_label}: {loaded[key]}")
+                continue
+            problems += [f"{p_label} x {e_label}: {p}" for p in compatibility_problems(loaded[key], espec)]
     return specs, problems
 
 
@@ -416,81 +436,6 @@ def _run_ray(tasks: list[ShardTask], cfg: EvalConfig):
         ready, _ = ray.wait(list(pending), num_returns=1)
         for ref in ready:
             yield pending.pop(ref), ray.get(ref)
-
-
-def _cell_info(
-    policy: str, env: str, tasks: Sequence[str], shards: dict[int, dict[str, Any]], out: Path, settings: dict[str, Any]
-) -> dict[str, Any]:
-    """LeRobot-shaped eval info: ``per_episode``, ``per_task``, ``per_group``, ``overall``."""
-    eps = sorted((e for s in shards.values() for e in s["episodes"]), key=lambda e: e["index"])
-    videos = {int(k): v for s in shards.values() for k, v in s["video_paths"].items()}
-    rel = {k: str(Path(v).resolve().relative_to(out.resolve())) for k, v in videos.items()}
-    by_task: dict[str, list[dict]] = {}
-    for e in eps:
-        by_task.setdefault(e["task"], []).append(e)
-    per_task = []
-    for name, group in by_task.items():
-        task_id = list(tasks).index(name) if name in tasks else len(per_task)
-        per_task.append(
-            {
-                "task_group": env,
-                "task_id": task_id,
-                "task": name,
-                "metrics": {
-                    "sum_rewards": [e["sum_reward"] for e in group],
-                    "max_rewards": [e["max_reward"] for e in group],
-                    "successes": [e["success"] for e in group],
-                    "video_paths": [rel[e["index"]] for e in group if e["index"] in rel],
-                },
-            }
-        )
-    agg = _aggregate(eps)
-    video_list = [rel[k] for k in sorted(rel)]
-    eval_s = float(sum(s["eval_s"] for s in shards.values()))
-    return {
-        "policy": policy,
-        "env": env,
-        "settings": settings,
-        "per_episode": eps,
-        "per_task": per_task,
-        "per_group": {env: {**agg, "video_paths": video_list}},
-        "overall": {**agg, "eval_s": eval_s, "eval_ep_s": eval_s / max(len(eps), 1), "video_paths": video_list},
-    }
-
-
-def _aggregate(eps: list[dict[str, Any]]) -> dict[str, Any]:
-    n = len(eps)
-    mean = (lambda key: float(np.mean([e[key] for e in eps]))) if n else (lambda key: float("nan"))
-    return {
-        "avg_sum_reward": mean("sum_reward"),
-        "avg_max_reward": mean("max_reward"),
-        "pc_success": 100.0 * mean("success") if n else float("nan"),
-        "n_episodes": n,
-        "avg_steps": mean("n_steps"),
-        "avg_stall_steps": mean("stall_steps"),
-    }
-
-
-def _summary(policy: str, env: str, cell: str, info: dict[str, Any]) -> dict[str, Any]:
-    o = info["overall"]
-    k = sum(e["success"] for e in info["per_episode"])
-    low, high = report.wilson_interval(k, o["n_episodes"])
-    return {
-        "policy": policy,
-        "env": env,
-        "cell": cell,
-        "n_success": int(k),
-        "n_episodes": o["n_episodes"],
-        "pc_success": o["pc_success"],
-        "ci95_low": 100.0 * low,
-        "ci95_high": 100.0 * high,
-        "avg_sum_reward": o["avg_sum_reward"],
-        "avg_max_reward": o["avg_max_reward"],
-        "avg_steps": o["avg_steps"],
-        "avg_stall_steps": o["avg_stall_steps"],
-        "eval_s": o["eval_s"],
-        "video_paths": o["video_paths"],
-    }
 
 
 def _bars(pols, env_fns, episodes, done_shards, enabled):

@@ -1,5 +1,5 @@
-"""Evaluation reports: success-rate tables with 95% Wilson intervals (markdown, CSV, JSON), a heat map and a
-bar plot (PNG), episode videos (mp4) and a static ``report.html`` that shows them all."""
+"""Evaluation reports: per-cell eval info in LeRobot's shape, success-rate tables with 95% Wilson intervals
+(markdown, CSV, JSON), a heat map and a bar plot (PNG), episode videos (mp4) and a static ``report.html``."""
 
 from __future__ import annotations
 
@@ -204,6 +204,92 @@ alt="success bar plot">
     path = out / "report.html"
     path.write_text(page)
     return path
+
+
+def cell_info(
+    policy: str, env: str, tasks: Sequence[str], shards: dict[int, dict[str, Any]], out: Path, settings: dict[str, Any]
+) -> dict[str, Any]:
+    """A cell's eval info in LeRobot's shape (``per_episode``, ``per_task``, ``per_group``, ``overall``).
+
+    Args:
+        policy, env: the cell's labels (``env`` is the task group).
+        tasks: the env's instructions (``task_id`` is an instruction's index there).
+        shards: first episode -> ``{"episodes": [...], "video_paths": {index: path}, "eval_s": s}``.
+        out: the evaluation folder; video paths are stored relative to it.
+        settings: the configuration that produced the results.
+    """
+    eps = sorted((e for s in shards.values() for e in s["episodes"]), key=lambda e: e["index"])
+    videos = {int(k): v for s in shards.values() for k, v in s["video_paths"].items()}
+    rel = {k: str(Path(v).resolve().relative_to(out.resolve())) for k, v in videos.items()}
+    by_task: dict[str, list[dict]] = {}
+    for e in eps:
+        by_task.setdefault(e["task"], []).append(e)
+    per_task = []
+    for name, group in by_task.items():
+        task_id = list(tasks).index(name) if name in tasks else len(per_task)
+        per_task.append(
+            {
+                "task_group": env,
+                "task_id": task_id,
+                "task": name,
+                "metrics": {
+                    "sum_rewards": [e["sum_reward"] for e in group],
+                    "max_rewards": [e["max_reward"] for e in group],
+                    "successes": [e["success"] for e in group],
+                    "video_paths": [rel[e["index"]] for e in group if e["index"] in rel],
+                },
+            }
+        )
+    agg = aggregate_episodes(eps)
+    video_list = [rel[k] for k in sorted(rel)]
+    eval_s = float(sum(s["eval_s"] for s in shards.values()))
+    return {
+        "policy": policy,
+        "env": env,
+        "settings": settings,
+        "per_episode": eps,
+        "per_task": per_task,
+        "per_group": {env: {**agg, "video_paths": video_list}},
+        "overall": {**agg, "eval_s": eval_s, "eval_ep_s": eval_s / max(len(eps), 1), "video_paths": video_list},
+    }
+
+
+def aggregate_episodes(eps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over episode dicts: ``avg_sum_reward``, ``avg_max_reward``, ``pc_success`` (%), ``n_episodes``,
+    ``avg_steps``, ``avg_stall_steps`` (NaN for no episode)."""
+    n = len(eps)
+    mean = (lambda key: float(np.mean([e[key] for e in eps]))) if n else (lambda key: float("nan"))
+    return {
+        "avg_sum_reward": mean("sum_reward"),
+        "avg_max_reward": mean("max_reward"),
+        "pc_success": 100.0 * mean("success") if n else float("nan"),
+        "n_episodes": n,
+        "avg_steps": mean("n_steps"),
+        "avg_stall_steps": mean("stall_steps"),
+    }
+
+
+def cell_summary(policy: str, env: str, cell: str, info: dict[str, Any]) -> dict[str, Any]:
+    """One table row of a cell: success count and rate with its 95% Wilson interval (%), averages, eval_s."""
+    o = info["overall"]
+    k = sum(e["success"] for e in info["per_episode"])
+    low, high = wilson_interval(k, o["n_episodes"])
+    return {
+        "policy": policy,
+        "env": env,
+        "cell": cell,
+        "n_success": int(k),
+        "n_episodes": o["n_episodes"],
+        "pc_success": o["pc_success"],
+        "ci95_low": 100.0 * low,
+        "ci95_high": 100.0 * high,
+        "avg_sum_reward": o["avg_sum_reward"],
+        "avg_max_reward": o["avg_max_reward"],
+        "avg_steps": o["avg_steps"],
+        "avg_stall_steps": o["avg_stall_steps"],
+        "eval_s": o["eval_s"],
+        "video_paths": o["video_paths"],
+    }
 
 
 def _fmt(v: Any) -> str:

@@ -198,6 +198,31 @@ def test_process_pool_matches_inline_and_cli(tmp_path, capsys):
     assert (tmp_path / "cli" / "cells" / "still_cli__line_cli" / "videos" / "episode_0000.mp4").is_file()
 
 
+def test_env_placeholder_picks_one_policy_per_env(tmp_path):
+    register_env("line_a", Line, overwrite=True)
+    register_env("line_b", Line, overwrite=True)
+    register_policy("greedy_line_a", Greedy, overwrite=True)
+    register_policy("still_line_b", Still, overwrite=True)
+    with pytest.raises(IncompatibleSpecError) as err:  # every missing per-env policy, in one error
+        ev.evaluate(["greedy_{env}"], ["line_a", "line_b"], episodes=2, workers=0, progress=False, out=tmp_path)
+    assert "greedy x line_b: cannot load policy 'greedy_line_b'" in str(err.value)
+    register_policy("greedy_line_b", Greedy, overwrite=True)
+    rows = ev.evaluate(
+        ["greedy_{env}"],
+        ["line_a", "line_b"],
+        episodes=3,
+        seed=3,
+        workers=0,
+        videos=0,
+        progress=False,
+        out=tmp_path / "ok",
+    )
+    assert [(r["policy"], r["env"], r["n_episodes"]) for r in rows] == [
+        ("greedy", "line_a", 3),
+        ("greedy", "line_b", 3),
+    ]
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_matches_local_pool(tmp_path):
