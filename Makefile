@@ -46,8 +46,7 @@ lerobot: $(PY)  ## LeRobot 0.4.4 (dataset interop tests) without touching the to
 	print('lerobot', lerobot.__version__, '| torch', torch.__version__, '| numpy', numpy.__version__)"
 
 demo: install  ## the main job: record demos, train policies, evaluate N x M, write a report
-	$(VENV)/bin/policylink --help
-	$(PY) -c "from policylink.adapters import registry; print('environments:', registry.available_envs()); print('policies:', registry.available_policies())"
+	$(VENV)/bin/policylink demo $(DEMO_ARGS)
 
 lint: install  ## ruff lint + format check
 	$(VENV)/bin/ruff check .

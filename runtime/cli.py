@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 # name -> (module implementing main(argv), one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("policylink.runtime.demo", "the main job: record demos, train two policies, evaluate N x M, report"),
     "record": ("policylink.runtime.record", "record episodes (scripted expert or policy) into a zarr store"),
     "train": ("policylink.runtime.train", "train a policy from a dataset (imitation)"),
     "finetune": ("policylink.runtime.finetune", "offline improvement: Q-VGM or advantage-conditioned"),
