@@ -49,7 +49,8 @@ class EvalConfig:
         seed: episode ``i`` resets with ``seed + i`` in every cell.
         workers: parallel tasks (processes, or Ray CPUs for a local Ray cluster); 0 runs inline.
         out: output folder (cells, tables, plots, videos, report.html).
-        ray_address: ``None`` for the local process pool; ``auto``, ``local`` (start one here) or an address.
+        ray_address: ``None`` for the local process pool; ``auto``, ``local`` (start one here) or an address;
+            ``workers`` then caps the Ray tasks in flight (0 = no cap).
         num_envs: vector envs per task.
         shard_episodes: episodes per task.
         videos: the first ``videos`` episodes of each cell are saved as mp4.
@@ -423,6 +424,7 @@ def _run_tasks(tasks: list[ShardTask], cfg: EvalConfig):
 
 
 def _run_ray(tasks: list[ShardTask], cfg: EvalConfig):
+    """Shards as Ray tasks (1 CPU each), at most ``cfg.workers`` in flight (all at once when ``workers <= 0``)."""
     import ray
 
     if not ray.is_initialized():
@@ -431,8 +433,13 @@ def _run_ray(tasks: list[ShardTask], cfg: EvalConfig):
         else:
             ray.init(address=cfg.ray_address, log_to_driver=False)
     remote = ray.remote(num_cpus=1)(run_shard)
-    pending = {remote.remote(t): t for t in tasks}
-    while pending:
+    limit = cfg.workers if cfg.workers > 0 else len(tasks)
+    queue = list(tasks)
+    pending: dict[Any, ShardTask] = {}
+    while queue or pending:
+        while queue and len(pending) < limit:
+            t = queue.pop(0)
+            pending[remote.remote(t)] = t
         ready, _ = ray.wait(list(pending), num_returns=1)
         for ref in ready:
             yield pending.pop(ref), ray.get(ref)
