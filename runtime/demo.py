@@ -61,29 +61,24 @@ def run_demo(cfg: DemoConfig) -> list[dict[str, Any]]:
         raise ValueError(f"demos: expected one count per env ({len(cfg.envs)}), received {len(cfg.demos)}")
     out = Path(cfg.out)
     t0 = time.perf_counter()
-    checkpoints: dict[tuple[str, str], Path] = {}
     for env, n_demos in zip(cfg.envs, cfg.demos):
         store = _record(env, n_demos, out / "data" / f"{env}_state.zarr")
         for policy in cfg.policies:
-            checkpoints[policy, env] = _train(cfg, policy, env, store, out / "runs" / f"{policy}_{env}")
-    summaries: list[dict[str, Any]] = []
+            _train(cfg, policy, env, store, out / "runs" / f"{policy}_{env}")
     eval_dir = out / "eval"
-    for env in cfg.envs:
-        print(f"\n== evaluating {', '.join(cfg.policies)} on {env}: {cfg.eval_episodes} held-out episodes each")
-        summaries += evaluate(
-            [(policy, str(checkpoints[policy, env])) for policy in cfg.policies],
-            [env],
-            episodes=cfg.eval_episodes,
-            seed=cfg.eval_seed,
-            workers=cfg.workers,
-            out=eval_dir,
-            videos=cfg.videos,
-            device="cpu" if cfg.device == "auto" else cfg.device,
-            env_kwargs={"obs_mode": "state"},
-            write_report=False,
-        )
-    report.write_tables(eval_dir, summaries)
-    page = report.write_report(eval_dir, summaries, config={"demo": _plain(cfg)})
+    print(f"\n== evaluating {', '.join(cfg.policies)} on {', '.join(cfg.envs)}: {cfg.eval_episodes} held-out episodes")
+    summaries = evaluate(
+        [(policy, str(out / "runs" / f"{policy}_{{env}}" / "checkpoints" / "last")) for policy in cfg.policies],
+        list(cfg.envs),
+        episodes=cfg.eval_episodes,
+        seed=cfg.eval_seed,
+        workers=cfg.workers,
+        out=eval_dir,
+        videos=cfg.videos,
+        device="cpu" if cfg.device == "auto" else cfg.device,
+        env_kwargs={"obs_mode": "state"},
+    )
+    page = eval_dir / "report.html"
     table = report.markdown_table(summaries)
     print("\n== success rates (policy x env), 95% Wilson intervals\n")
     print(table)
