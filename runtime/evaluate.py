@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``policylink eval --policies A,B --envs X,Y --episodes 50 --seed 0 --workers 2 --out DIR``."""
     from policylink.runtime.cli import parse_config
 
-    args = [_underscore_flag(a) for a in (sys.argv[1:] if argv is None else argv)]
+    args = _quote_lists([_underscore_flag(a) for a in (sys.argv[1:] if argv is None else argv)])
     cfg = parse_config(EvalConfig, args, prog="policylink eval")
     if not cfg.policies or not cfg.envs:
         print("policylink eval: expected --policies and --envs (see --help)", file=sys.stderr)
@@ -295,6 +295,20 @@ def _underscore_flag(arg: str) -> str:
         return arg
     name, eq, value = arg[2:].partition("=")
     return "--" + name.replace("-", "_") + eq + value
+
+
+def _quote_lists(args: list[str]) -> list[str]:
+    """``--policies a,b`` -> ``--policies ["a", "b"]``: quoted, so ``{env}`` placeholders stay plain strings."""
+    out, expect = [], False
+    for a in args:
+        if expect and not a.startswith(("--", "[")):
+            a = json.dumps([x for x in a.split(",") if x])
+        expect = a in ("--policies", "--envs")
+        for flag in ("--policies=", "--envs="):
+            if a.startswith(flag) and not a[len(flag) :].startswith("["):
+                a = flag + json.dumps([x for x in a[len(flag) :].split(",") if x])
+        out.append(a)
+    return out
 
 
 def _labelled(item: Any) -> tuple[str, Any]:

@@ -49,7 +49,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     denom = 1.0 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
+    low = 0.0 if successes == 0 else max(0.0, center - half)  # exact bounds at k = 0 and k = n (no round-off)
+    high = 1.0 if successes == n else min(1.0, center + half)
+    return low, high
 
 
 def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
@@ -140,7 +142,8 @@ def write_plots(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[st
         ys = [cell[p, e]["pc_success"] if (p, e) in cell else 0.0 for e in envs]
         lo = [ys[k] - cell[p, e]["ci95_low"] if (p, e) in cell else 0.0 for k, e in enumerate(envs)]
         hi = [cell[p, e]["ci95_high"] - ys[k] if (p, e) in cell else 0.0 for k, e in enumerate(envs)]
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=p)
+        yerr = np.clip([lo, hi], 0.0, None)  # the interval holds the estimate; clip float round-off at 0 / 100 %
+        ax.bar(xs, ys, width, yerr=yerr, capsize=3, label=p)
     ax.set_xticks(range(len(envs)), envs)
     ax.set_ylim(0, 100)
     ax.set_ylabel("success rate (%), 95% Wilson")

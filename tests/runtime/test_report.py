@@ -18,6 +18,7 @@ def test_wilson_interval_known_values():
     # 81/263: center (0.307985 + 0.007303) / 1.014606 = 0.310749, half 1.96 * 0.028710 / 1.014606 = 0.055462
     assert report.wilson_interval(81, 263) == pytest.approx((0.25529, 0.36621), abs=1e-4)
     assert report.wilson_interval(0, 0) == (0.0, 1.0)
+    assert report.wilson_interval(0, 6)[0] == 0.0 and report.wilson_interval(10, 10)[1] == 1.0  # exact, no round-off
     with pytest.raises(ValueError, match=r"successes: expected an integer in \[0, n=3\], received 4"):
         report.wilson_interval(4, 3)
 
@@ -67,7 +68,7 @@ def test_video_round_trip(tmp_path):
 
 
 def test_report_html_and_plots(tmp_path):
-    rows = [_summary("dp", "push", 5, 10), _summary("flow", "push", 7, 10)]
+    rows = [_summary("dp", "push", 5, 10), _summary("flow", "push", 0, 6)]  # 0 %: exact bound
     rows[0]["video_paths"] = ["cells/dp__push/videos/episode_0000.mp4"]
     page = report.write_report(tmp_path, rows, config={"episodes": 10, "seed": 0})
     text = page.read_text()
