@@ -218,7 +218,7 @@ def rollout(
         if finished.size:
             executor.reset(finished.tolist())
             for j in finished:
-                _begin(j, cur, seeds, recorder, want_video, frames, vec_env, source, next_obs)
+                _begin(j, cur, seeds, recorder, want_video, frames, vec_env, source)
         obs = next_obs
     return [results[i] for i in sorted(results)]
 
@@ -352,7 +352,8 @@ def _new_trace() -> dict[str, Any]:
     return {"reward": [], "done": [], "success": [], "task": ""}
 
 
-def _begin(j, cur, seeds, recorder, want_video, frames, vec_env, source, obs=None) -> None:
+def _begin(j, cur, seeds, recorder, want_video, frames, vec_env, source) -> None:
+    """Open slot ``j``'s new planned episode in the recorder and grab its first frame when filmed."""
     if cur[j] < 0:
         return
     if recorder is not None:

@@ -90,10 +90,11 @@ class AsyncExecutor(ChunkExecutor):
             self.stall_steps[fresh] += delay
             if fresh.all():
                 self._since_trigger = 0
+        self._collect(wait=False)  # a chunk that arrives now frees the slot for the next trigger (d = s)
         if self._request is None and self._since_trigger >= self.n_action_steps:
             self._request = self._submit(self._latency(), target=self._committed())
             self._since_trigger = 0
-        self._collect(wait=False)
+        self._collect(wait=False)  # d = 0: ready at once
         if (self._index >= self.chunk_size).any():  # ran out: wait for the chunk in flight
             waited = self._collect(wait=True)
             if self._request is None and (self._index >= self.chunk_size).any():
@@ -133,8 +134,9 @@ class AsyncExecutor(ChunkExecutor):
         self._index[ids] = 0
         self._has_chunk[ids] = False
 
-    def _committed(self) -> np.ndarray | None:
-        """Remaining actions of each row's current chunk in the new chunk's frame (index 0 = now), or None."""
+    def _committed(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(actions (B, H, A), valid (B, H))``: the remaining actions of each row's current chunk in the new
+        chunk's frame (index 0 = now) and where they exist; None without RTC."""
         if not self._rtc:
             return None
         h = self.chunk_size
@@ -144,7 +146,7 @@ class AsyncExecutor(ChunkExecutor):
         target = self._chunk[rows[:, None], np.minimum(pos, h - 1)]
         return np.where(valid[..., None], target, 0.0).astype(np.float32), valid
 
-    def _submit(self, delay: int, target) -> _Request:
+    def _submit(self, delay: int, target: tuple[np.ndarray, np.ndarray] | None) -> _Request:
         ops, self._ops = self._ops, []
         weights = None
         if target is not None:

@@ -12,6 +12,7 @@ from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.registry import register_env, register_policy
 from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, IncompatibleSpecError, PolicySpec
 from policylink.runtime import evaluate as ev
+from policylink.runtime.executors import ExecutorConfig, LatencyConfig
 
 STATE = "observation.state"
 ACTION = ActionSpec(("dx",), "ee_delta", ("m",), (-0.1,), (0.1,))
@@ -196,6 +197,29 @@ def test_process_pool_matches_inline_and_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| greedy_cli |" in out and "(n=4)" in out
     assert (tmp_path / "cli" / "cells" / "still_cli__line_cli" / "videos" / "episode_0000.mp4").is_file()
+
+
+def test_simulated_latency_stalls_synchronous_but_not_async_execution(tmp_path):
+    lat = LatencyConfig("fixed", 2)
+    common = dict(episodes=3, seed=3, workers=0, videos=0, progress=False)
+    sync = ev.evaluate(
+        [POLICIES[1]],
+        [ENVS[0]],
+        out=tmp_path / "s",
+        **common,
+        executor=ExecutorConfig(kind="receding_horizon", latency=lat),
+    )[0]
+    run = ev.evaluate(
+        [POLICIES[1]], [ENVS[0]], out=tmp_path / "a", **common, executor=ExecutorConfig(kind="async", latency=lat)
+    )[0]
+    # "still" never succeeds from |x0| >= 5 cm, so episodes last 12 steps: the synchronous executor re-plans
+    # every 2 steps (6 inferences x 2 stall steps); async waits only for each episode's first chunk (2 steps)
+    info = json.loads((tmp_path / "s" / "cells" / "still__line" / "eval_info.json").read_text())
+    long = [e for e in info["per_episode"] if e["n_steps"] == 12]
+    assert long and all(e["stall_steps"] == 12 and e["inferences"] == 6 for e in long)
+    info = json.loads((tmp_path / "a" / "cells" / "still__line" / "eval_info.json").read_text())
+    assert all((e["stall_steps"], e["inferences"]) == (2, 5) for e in info["per_episode"])  # triggers at 2, 4, .., 10
+    assert run["avg_stall_steps"] == 2.0 and sync["avg_stall_steps"] > 2.0
 
 
 def test_env_placeholder_picks_one_policy_per_env(tmp_path):
