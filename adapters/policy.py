@@ -123,7 +123,11 @@ class HistoryPolicy(ABC):
         self._pad_mask[self._fresh] = True
         self._pad_mask[self._fresh, -1] = False
         if TASK_KEY in obs_batch:
-            self._tasks = [str(s) for s in obs_batch[TASK_KEY]]
+            tasks = obs_batch[TASK_KEY]
+            if isinstance(tasks, str) or len(tasks) != b:
+                got = "a bare str" if isinstance(tasks, str) else f"{len(tasks)} entries"
+                raise ObservationError([f"{TASK_KEY}: expected a list of {b} str (one per episode), received {got}"])
+            self._tasks = [str(t) for t in tasks]
         self._fresh[:] = False
 
     def predict_action_chunk(self) -> np.ndarray:

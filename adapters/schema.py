@@ -153,6 +153,8 @@ class FeatureSpec:
             problems.append(f"{key}: expected shape {expected}, received {tuple(value.shape)}")
         if value.dtype != np.dtype(self.dtype):
             problems.append(f"{key}: expected dtype {self.dtype}, received {value.dtype}")
+        elif value.dtype.kind == "f" and not np.isfinite(value).all():
+            problems.append(f"{key}: expected finite values, received {int((~np.isfinite(value)).sum())} NaN/inf")
         return problems
 
     def to_dict(self) -> dict[str, Any]:

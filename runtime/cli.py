@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import os
 import sys
 import typing
 from collections.abc import Sequence
@@ -23,10 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("policylink.runtime.demo", "the main job: record demos, train two policies, evaluate N x M, report"),
     "record": ("policylink.runtime.record", "record episodes (scripted expert or policy) into a zarr store"),
     "train": ("policylink.runtime.train", "train a policy from a dataset (imitation)"),
-    "finetune": ("policylink.runtime.finetune", "offline improvement: Q-VGM or advantage-conditioned"),
+    "finetune": ("policylink.runtime.finetune", "[planned] offline improvement: Q-VGM or advantage-conditioned"),
     "eval": ("policylink.runtime.evaluate", "evaluate N policies on M environments; tables, plots, videos"),
     "serve": ("policylink.runtime.serve", "serve a policy over ZeroMQ (and the openpi websocket protocol)"),
-    "robot": ("policylink.runtime.robot", "serve a robot (or a simulator as a robot) over ZeroMQ"),
+    "robot": ("policylink.runtime.robot", "[planned] serve a robot (or a simulator as a robot) over ZeroMQ"),
     "run": ("policylink.runtime.rollout", "run one policy on one environment and print the episode results"),
     "dataset": (
         "policylink.runtime.dataset",
@@ -67,13 +68,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as e:
         if e.name != module_name:
             raise
-        print(f"policylink {name}: not yet available in this version", file=sys.stderr)
+        print(f"policylink {name}: planned; this release has no implementation of it", file=sys.stderr)
         return 2
     try:
         return int(module.main(rest) or 0)
-    except ConfigError as e:
-        print(f"policylink {name}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"policylink {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if not is_user_error(e) or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        print(f"policylink {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         return 2
+
+
+DEBUG_ENV = "POLICYLINK_DEBUG"
+
+
+def is_user_error(e: BaseException) -> bool:
+    """True for errors that describe bad input or a bad environment (printed as one line by the CLI).
+
+    These are ``ValueError`` (including every spec/config error), ``LookupError`` (unknown names), ``OSError``
+    (missing files, ports in use, timeouts), and any exception defined by policylink or pyzmq. Anything else
+    is a bug and keeps its traceback.
+    """
+    if isinstance(e, (ValueError, LookupError, OSError)):
+        return True
+    module = type(e).__module__ or ""
+    return module.startswith(("policylink.", "zmq"))
 
 
 def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:

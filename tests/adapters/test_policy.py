@@ -91,3 +91,19 @@ def test_invalid_observation_and_output_are_reported():
         b.predict_action_chunk()
     with pytest.raises(RuntimeError, match="no observation yet"):
         EchoPolicy(SPEC).predict_action_chunk()
+
+
+def test_nan_observation_and_bad_task_list_are_observation_errors():
+    p = EchoPolicy(SPEC)
+    bad = obs([1.0, 2.0])
+    bad["observation.state"][1, 0] = np.nan
+    with pytest.raises(ObservationError, match="observation.state: expected finite values, received 1 NaN/inf"):
+        p.update_observation(bad)
+    with pytest.raises(ObservationError, match="same leading dim for every feature.*'task': 3"):
+        p.update_observation(obs([1.0, 2.0], tasks=["a", "b", "c"]))
+    # a policy that does not read the task still refuses a mis-sized task list instead of mis-assigning it
+    no_task = EchoPolicy(PolicySpec({"observation.state": FeatureSpec("float32", (2,))}, SPEC.action, 3, 4, 2))
+    with pytest.raises(ObservationError, match="task: expected a list of 2 str .*received a bare str"):
+        no_task.update_observation({"observation.state": obs([1.0, 2.0])["observation.state"], "task": "ab"})
+    with pytest.raises(ObservationError, match="task: expected a list of str"):
+        p.update_observation({"observation.state": obs([1.0])["observation.state"], "task": "push it"})

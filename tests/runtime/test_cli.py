@@ -54,3 +54,25 @@ def test_parse_config_yaml_then_overrides(tmp_path):
 def test_parse_config_bad_value_names_field():
     with pytest.raises(cli.ConfigError, match="`episodes`: Couldn't parse 'many' into an int"):
         cli.parse_config(Cfg, ["--episodes", "many"])
+
+
+def test_user_errors_are_one_line_and_bugs_keep_tracebacks(monkeypatch, capsys):
+    import types
+
+    mod = types.ModuleType("policylink_fake_cmd")
+
+    def fail(argv):
+        raise {"value": ValueError("episodes: expected >= 1, received -3"), "bug": ZeroDivisionError("oops")}[argv[0]]
+
+    mod.main = fail
+    monkeypatch.setitem(sys.modules, "policylink_fake_cmd", mod)
+    monkeypatch.setitem(cli.COMMANDS, "fake", ("policylink_fake_cmd", "a test command"))
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    assert cli.main(["fake", "value"]) == 2
+    err = capsys.readouterr().err
+    assert "policylink fake: error: ValueError: episodes: expected >= 1, received -3" in err
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["fake", "bug"])
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    with pytest.raises(ValueError):
+        cli.main(["fake", "value"])
