@@ -33,10 +33,11 @@ $(STAMP): $(PY) pyproject.toml setup.py
 	$(MAKE) --no-print-directory apt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e ".[dev,ray,genesis]"
-	$(PIP) install -q --no-deps "openpi-client==0.1.2"  # declares numpy<2, works with numpy 2 (DESIGN.md 5)
+	$(PIP) install -q --no-deps "openpi-client==0.1.2"  # declares numpy<2 but works with numpy 2
+	$(MAKE) --no-print-directory lerobot
 	touch $(STAMP)
 
-install: $(STAMP)  ## venv + apt libs + package (editable) with dev tools
+install: $(STAMP)  ## venv + apt libs + package (editable) with dev, ray, genesis extras, openpi-client, lerobot
 
 lerobot: $(PY)  ## LeRobot 0.4.4 (dataset interop tests) without touching the torch/numpy pins
 	$(PIP) install -q --no-deps $(LEROBOT_NODEPS)

@@ -1,7 +1,7 @@
 """Maps each top-level source folder to a subpackage of the ``policylink`` namespace.
 
 ``adapters/`` is ``policylink.adapters``, ``policies/diffusion/`` is ``policylink.policies.diffusion``,
-and so on (DESIGN.md section 1). Everything else lives in pyproject.toml.
+and so on. Everything else lives in pyproject.toml.
 """
 
 from setuptools import find_packages, setup

@@ -1,4 +1,4 @@
-"""Package layout and dependency arrows (DESIGN.md section 1)."""
+"""Package layout and dependency arrows: adapters imports nothing of ours; sim, real, data only adapters; ..."""
 
 import ast
 import subprocess
