@@ -25,11 +25,16 @@ metadata, and (3) last, growing ``meta/episode_ends`` -- the commit. zarr's Loca
 atomically (temp file + rename), so a killed writer leaves whole files only. Readers trust only the longest
 prefix of ``episode_ends`` that is strictly increasing and within the data arrays, so a kill between
 resizing and writing ``episode_ends`` (fill value 0) hides the episode too. Reopening for append truncates
-every array to that committed prefix. One writer at a time: ``<path>.lock`` is held with ``filelock``.
+every array to that committed prefix. One writer at a time: ``<path>.lock`` (:class:`policylink.data.lock.WriteLock`).
+
+A path that is not an episode store (an empty folder, a file, a zarr group without ``data/`` and
+``meta/episode_ends``) raises :class:`StoreError` on open; so does a corrupted chunk on read (the message names
+the array and the store), and writing never replaces or fills a folder that is not an episode store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -61,7 +66,8 @@ class StoreError(RuntimeError):
 
 
 class StoreLockedError(StoreError):
-    """Another process holds the store's write lock; only one writer at a time is allowed."""
+    """Another process holds the store's write lock; only one writer at a time is allowed. The message names the
+    holder (pid, host, command) and the lock file."""
 
 
 class EpisodeDataError(StoreError, ValueError):
@@ -118,6 +124,8 @@ class EpisodeStore:
     Raises:
         StoreLockedError: ``mode`` is ``"a"``/``"w"`` and another process holds the write lock.
         FileNotFoundError: ``mode="r"`` and there is no store at ``path``.
+        StoreError: ``path`` exists but is not an episode store (``<path>: not an episode store (expected data/
+            and meta/episode_ends)``), or its metadata cannot be read.
         ValueError: bad ``mode`` or ``zarr_format``.
     """
 
@@ -147,17 +155,23 @@ class EpisodeStore:
                 store = zarr.storage.ZipStore(self.path, mode="r")
             else:
                 store = zarr.storage.LocalStore(self.path, read_only=True)
-            self._root = zarr.open_group(store, mode="r")
+            with self._open_errors():
+                self._root = zarr.open_group(store, mode="r")
+                self._check_layout(writing=False)
         else:
             self._acquire_lock(lock_timeout)
             try:
                 exists = (self.path / "zarr.json").exists() or (self.path / ".zgroup").exists()
+                if self.path.exists() and not exists and (not self.path.is_dir() or any(self.path.iterdir())):
+                    raise StoreError(self._not_a_store())  # never write into / replace a foreign folder or file
                 store = zarr.storage.LocalStore(self.path)
+                if exists:
+                    with self._open_errors():
+                        self._root = zarr.open_group(store, mode="r+")
+                        self._check_layout(writing=True)
                 if mode == "w" or not exists:
                     self._root = zarr.open_group(store, mode="w", zarr_format=zarr_format)
                     self._root.attrs[_ATTRS_KEY] = {"version": 1, "vocab": {f: [] for f in _STRING_FIELDS}}
-                else:
-                    self._root = zarr.open_group(store, mode="r+")
                 meta = self._root.require_group("meta")
                 self._root.require_group("data")
                 if "episode_ends" not in meta:
@@ -167,13 +181,52 @@ class EpisodeStore:
             except BaseException:
                 self.close()
                 raise
-        self._cache_arrays()
+        with self._open_errors():
+            self._cache_arrays()
         self._ends = self._committed_ends()
+
+    def _not_a_store(self, detail: str = "") -> str:
+        return f"{self.path}: not an episode store (expected data/ and meta/episode_ends{detail})"
+
+    @contextlib.contextmanager
+    def _open_errors(self) -> Iterator[None]:
+        """Turn zarr's errors on opening (no group, unreadable metadata) into :class:`StoreError`."""
+        import zarr
+
+        try:
+            yield
+        except StoreError:
+            raise
+        except (zarr.errors.NodeNotFoundError, FileNotFoundError, NotADirectoryError) as e:
+            raise StoreError(self._not_a_store()) from e
+        except Exception as e:
+            raise StoreError(f"{self.path}: cannot open the episode store ({type(e).__name__}: {e})") from e
+
+    def _check_layout(self, writing: bool) -> None:
+        """An existing group must hold ``data/`` and ``meta/episode_ends``; a writer may repair a store that was
+        interrupted while being created (``data/`` still without arrays)."""
+        data = self._root["data"] if "data" in self._root else None
+        if data is None and not (writing and not list(self._root.keys())):
+            raise StoreError(self._not_a_store("; no data/ group"))
+        if "meta" in self._root and "episode_ends" in self._root["meta"]:
+            return
+        if not writing or (data is not None and list(data.array_keys())):
+            raise StoreError(self._not_a_store("; no meta/episode_ends: the episode boundaries are lost"))
+
+    def _read(self, arr: Any, where: str, sel: slice) -> np.ndarray:
+        """``arr[sel]`` as numpy; a corrupted chunk raises StoreError naming ``where`` and the store."""
+        try:
+            return np.asarray(arr[sel])
+        except Exception as e:
+            raise StoreError(
+                f"{self.path}: cannot read {where} rows {sel.start}:{sel.stop} (corrupted chunk?): "
+                f"{type(e).__name__}: {e}"
+            ) from e
 
     def _cache_arrays(self) -> None:
         """Array handles by name (zarr group look-ups read metadata from disk on every call)."""
         if "data" not in self._root:
-            raise StoreError(f"store {str(self.path)!r}: no 'data' group (not an episode store)")
+            raise StoreError(self._not_a_store("; no data/ group"))
         self._data_group = self._root["data"]
         self._meta_group = self._root["meta"] if "meta" in self._root else None
         self._data: dict[str, Any] = dict(self._data_group.arrays())
@@ -251,12 +304,12 @@ class EpisodeStore:
     def get_episode(self, i: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Arrays of episode ``i``: key -> ``(T_i, *shape)`` numpy array (all keys by default)."""
         s = self.episode_slice(i)
-        return {k: np.asarray(self._array(k)[s]) for k in (keys if keys is not None else self.keys)}
+        return {k: self._read(self._array(k), f"data/{k}", s) for k in (keys if keys is not None else self.keys)}
 
     def load(self, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Every committed step of ``keys`` in memory: key -> ``(n_steps, *shape)`` numpy array."""
-        n = self.n_steps
-        return {k: np.asarray(self._array(k)[:n]) for k in (keys if keys is not None else self.keys)}
+        s = slice(0, self.n_steps)
+        return {k: self._read(self._array(k), f"data/{k}", s) for k in (keys if keys is not None else self.keys)}
 
     def episode_meta(self, i: int) -> EpisodeMeta:
         """Metadata of episode ``i`` (fields missing in a foreign store read as unknown)."""
@@ -264,7 +317,8 @@ class EpisodeStore:
         i %= self.n_episodes
         vals = {}
         for name in _META_ARRAYS:
-            vals[name] = int(self._meta[name][i]) if name in self._meta and self._meta[name].shape[0] > i else -1
+            have = name in self._meta and self._meta[name].shape[0] > i
+            vals[name] = int(self._read(self._meta[name], f"meta/{name}", slice(i, i + 1))[0]) if have else -1
         vocab = self._vocab()
 
         def word(field: str, default: str) -> str:
@@ -370,17 +424,16 @@ class EpisodeStore:
     # ---------------------------------------------------------------- helpers
 
     def _acquire_lock(self, timeout: float) -> None:
-        import filelock
+        from policylink.data.lock import WriteLock
 
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(str(lock_path))
+        lock = WriteLock(self.path)
         try:
             lock.acquire(timeout=timeout)
-        except filelock.Timeout:
+        except TimeoutError as e:
             raise StoreLockedError(
-                f"store {str(self.path)!r}: another process is writing it (lock {str(lock_path)!r} held); "
-                f"only one writer at a time is allowed (waited {timeout} s)"
+                f"{self.path}: being written by {e} -- it holds the lock {lock.lock_path} (waited {timeout} s); "
+                "only one writer at a time is allowed. Wait for it to finish (or stop it), pass a lock_timeout "
+                "(--lock_timeout SECONDS) to wait for it, or write to another path"
             ) from None
         self._lock = lock
 
@@ -468,7 +521,8 @@ class EpisodeStore:
         """Longest valid prefix of ``meta/episode_ends`` (strictly increasing, within every data array)."""
         if "episode_ends" not in self._meta:
             return np.zeros(0, np.int64)
-        ends = np.asarray(self._meta["episode_ends"][:], dtype=np.int64)
+        arr = self._meta["episode_ends"]
+        ends = self._read(arr, "meta/episode_ends", slice(0, arr.shape[0])).astype(np.int64)
         lengths = [a.shape[0] for a in self._data.values()]
         limit = min(lengths) if lengths else 0
         ok = (ends > np.concatenate([[0], ends[:-1]])) & (ends <= limit)

@@ -238,3 +238,61 @@ def test_four_concurrent_writers_serialize(tmp_path):
     assert all(writers[i] == writers[i - i % 3] for i in range(12))
     assert sorted(set(writers)) == [1, 2, 3, 4]
     assert all(s.episode_meta(i).quality == f"writer{writers[i]}" for i in range(12))
+
+
+def test_non_store_paths_are_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.jpg").write_bytes(b"x")
+    for p in ("empty", "notes.txt"):
+        with pytest.raises(StoreError) as e:
+            EpisodeStore(tmp_path / p)
+        assert str(e.value) == f"{tmp_path / p}: not an episode store (expected data/ and meta/episode_ends)"
+    for mode in ("a", "w"):  # never writes into (or wipes) a folder or file that is not a store
+        with pytest.raises(StoreError, match="not an episode store"):
+            EpisodeStore(tmp_path / "photos", mode)
+        with pytest.raises(StoreError, match="not an episode store"):
+            EpisodeStore(tmp_path / "notes.txt", mode)
+    assert (tmp_path / "photos" / "a.jpg").read_bytes() == b"x" and (tmp_path / "notes.txt").read_text() == "hello"
+
+
+def test_missing_meta_is_an_error_not_empty(tmp_path):
+    import shutil
+
+    path = tmp_path / "s.zarr"
+    with EpisodeStore(path, "a") as s:
+        s.add_episode(_episode(0))
+    shutil.rmtree(path / "meta")
+    for mode in ("r", "a"):  # appending would truncate the data to 0 episodes: refused too
+        with pytest.raises(StoreError, match=r"not an episode store .*no meta/episode_ends"):
+            EpisodeStore(path, mode)
+    assert zarr.open_group(str(path), mode="r")["data/action"].shape == (5, 2)
+
+
+def test_corrupted_chunk_names_array_and_store(tmp_path):
+    path = tmp_path / "s.zarr"
+    with EpisodeStore(path, "a") as s:
+        s.add_episode(_episode(0))
+    (path / "data" / "observation.state" / "c" / "0" / "0").write_bytes(b"garbage")
+    s = EpisodeStore(path)
+    np.testing.assert_array_equal(s.get_episode(0, ["reward"])["reward"], np.zeros(5))  # other arrays still read
+    with pytest.raises(StoreError, match=rf"^{path}: cannot read data/observation.state rows 0:5 \(corrupted chunk"):
+        s.get_episode(0)
+    with pytest.raises(StoreError, match="cannot read data/observation.state"):
+        s.load(["observation.state"])
+    (path / "meta" / "episode_ends" / "zarr.json").write_text("{")
+    with pytest.raises(StoreError, match=rf"^{path}: cannot open the episode store \(JSONDecodeError"):
+        EpisodeStore(path)
+
+
+def test_locked_error_names_holder_and_remedy(tmp_path):
+    path = tmp_path / "s.zarr"
+    with EpisodeStore(path, "a"):
+        with pytest.raises(StoreLockedError) as e:
+            EpisodeStore(path, "a")
+        assert (tmp_path / "s.zarr.lock.owner").exists()
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: being written by pid {os.getpid()} on ")
+    assert f"it holds the lock {path}.lock" in msg and "--lock_timeout SECONDS" in msg
+    assert not (tmp_path / "s.zarr.lock.owner").exists()  # released: the holder's note is gone
