@@ -6,16 +6,19 @@ Examples::
     policylink dataset stats outputs/data/push.zarr --out outputs/data/push_stats.json
     policylink dataset export-lerobot outputs/data/push.zarr --out outputs/lerobot/push [--video true]
     policylink dataset import-lerobot outputs/lerobot/push --out outputs/data/push_back.zarr
-    policylink dataset merge --inputs a.zarr,b.zarr --out all.zarr [--only_success true]
+    policylink dataset merge --inputs a.zarr,b.zarr --out all.zarr [--only_success true] [--overwrite true]
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -24,7 +27,7 @@ SUBCOMMANDS = {
     "stats": "per-feature mean/std/min/max/q01/q99 (optionally written to JSON)",
     "export-lerobot": "write a LeRobot v3.0 dataset folder (parquet + images or mp4 videos)",
     "import-lerobot": "read a LeRobot v3.0 dataset folder into an episode store",
-    "merge": "concatenate episode stores (same features) into a new store",
+    "merge": "concatenate episode stores (same features) into a new store (--overwrite true to replace one)",
 }
 
 
@@ -65,12 +68,14 @@ class ImportConfig:
 
 @dataclass
 class MergeConfig:
-    """``policylink dataset merge --inputs A,B --out C``: concatenate stores with identical features."""
+    """``policylink dataset merge --inputs A,B --out C``: concatenate stores with identical features into a new
+    store (written next to ``out`` and renamed into place only when complete; inputs are never modified)."""
 
-    inputs: list[str] = field(default_factory=list)
-    out: str = ""
+    inputs: list[str] = field(default_factory=list)  # stores to concatenate, in order; none may be --out
+    out: str = ""  # the merged store; must not exist unless --overwrite true
     zarr_format: int = 3
     only_success: bool = False  # keep only episodes whose success flag is True
+    overwrite: bool = False  # replace an existing episode store at --out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -180,30 +185,88 @@ def import_(cfg: ImportConfig) -> int:
 def merge(cfg: MergeConfig) -> int:
     """Concatenate ``cfg.inputs`` (episodes and metadata, in order) into a new store ``cfg.out``.
 
+    The output is written to ``.<out>.merging-<pid>`` beside ``out`` and renamed into place at the end, so a
+    failed merge leaves no partial output (and an overwritten store stays intact until then).
+
     Raises:
-        ValueError: fewer than one input or no ``out``. EpisodeDataError: the inputs' features differ.
+        ValueError: no input, no ``out``, ``out`` is one of the inputs, or ``out`` exists without
+            ``overwrite``. EpisodeDataError: an input's features differ from the first's (names the feature).
+        StoreError / FileNotFoundError: an input (or the store to overwrite) is not an episode store.
     """
     from tqdm import tqdm
 
-    from policylink.data.buffer import EpisodeStore
+    from policylink.data.buffer import EpisodeStore, StoreLockedError
+    from policylink.data.lock import WriteLock
 
     if not cfg.inputs:
         raise ValueError("inputs: expected at least one store path, received none")
+    out = Path(_required(cfg.out, "out"))
+    for p in cfg.inputs:
+        if Path(p).resolve() == out.resolve():
+            raise ValueError(
+                f"out: expected a path that is not one of the inputs, received {cfg.out!r} (also an input)"
+            )
+    if out.exists():
+        if not cfg.overwrite:
+            raise ValueError(f"out: {cfg.out!r} already exists; pass --overwrite true to replace it")
+        EpisodeStore(out).close()  # only ever replace an episode store (StoreError otherwise)
     sources = [EpisodeStore(p) for p in cfg.inputs]
+    _check_same_features(sources)
+    lock = WriteLock(out)  # no other writer may touch out meanwhile
+    try:
+        lock.acquire(timeout=0)
+    except TimeoutError as e:
+        raise StoreLockedError(f"{out}: being written by {e}; cannot merge into it now") from None
+    tmp, old = (out.with_name(f".{out.name}.{tag}-{os.getpid()}") for tag in ("merging", "replaced"))
     kept = 0
-    with EpisodeStore(_required(cfg.out, "out"), "w", zarr_format=cfg.zarr_format) as out:
-        if sources[0].info:
-            out.update_info(**sources[0].info)
-        for src in sources:
-            for i in tqdm(range(src.n_episodes), desc=f"merge {src.path.name}", unit="ep"):
-                meta = src.episode_meta(i)
-                if cfg.only_success and meta.success is not True:
-                    continue
-                out.add_episode(src.get_episode(i), meta)
-                kept += 1
-        total = out.n_steps
+    try:
+        with EpisodeStore(tmp, "w", zarr_format=cfg.zarr_format) as dst:
+            if sources[0].info:
+                dst.update_info(**sources[0].info)
+            for src in sources:
+                for i in tqdm(range(src.n_episodes), desc=f"merge {src.path.name}", unit="ep"):
+                    meta = src.episode_meta(i)
+                    if cfg.only_success and meta.success is not True:
+                        continue
+                    dst.add_episode(src.get_episode(i), meta)
+                    kept += 1
+            total = dst.n_steps
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    finally:
+        lock.release()
+        for p in (tmp, old):
+            shutil.rmtree(p, ignore_errors=True)
+        for p in (tmp.with_name(tmp.name + ".lock"), tmp.with_name(tmp.name + ".lock.owner")):
+            p.unlink(missing_ok=True)
     print(f"merged {kept} episodes ({total} steps) from {len(sources)} stores -> {cfg.out}")
     return 0
+
+
+def _check_same_features(stores: Sequence) -> None:
+    """Raise one EpisodeDataError naming the first feature (key, per-step shape or dtype) where a store differs
+    from the first store (``reward``/``done`` may be absent: they default per episode)."""
+    from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeDataError
+
+    ref = stores[0]
+    for s in stores[1:]:
+        if not s.n_episodes or not ref.n_episodes:
+            continue
+        a, b = set(ref.keys) - {REWARD_KEY, DONE_KEY}, set(s.keys) - {REWARD_KEY, DONE_KEY}
+        for k in sorted(a ^ b):
+            have, lacks = (ref, s) if k in a else (s, ref)
+            raise EpisodeDataError(
+                f"inputs: feature {k!r} is in {have.path} but not in {lacks.path}; merge needs identical features"
+            )
+        for k in sorted(set(ref.keys) & set(s.keys)):
+            want = (ref.feature_shape(k), ref.feature_dtype(k))
+            got = (s.feature_shape(k), s.feature_dtype(k))
+            if want != got:
+                raise EpisodeDataError(
+                    f"inputs: feature {k!r} is (per-step shape {want[0]}, dtype {want[1]}) in {ref.path} but "
+                    f"(per-step shape {got[0]}, dtype {got[1]}) in {s.path}; merge needs identical features"
+                )
 
 
 def _required(value: str, name: str) -> str:

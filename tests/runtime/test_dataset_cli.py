@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from policylink.data.buffer import EpisodeDataError, EpisodeMeta, EpisodeStore
+from policylink.data.buffer import EpisodeDataError, EpisodeMeta, EpisodeStore, StoreError
 from policylink.runtime import dataset as cli
 
 
@@ -52,8 +52,82 @@ def test_merge_only_success_and_mismatch(tmp_path, capsys):
     assert "merged 2 episodes (8 steps) from 2 stores" in capsys.readouterr().out
     with EpisodeStore(tmp_path / "c.zarr", "a") as c:
         c.add_episode({"action": np.zeros((2, 1), np.float32)})
-    with pytest.raises(EpisodeDataError, match="keys: expected"):
-        cli.main(["merge", "--inputs", f"{a},{tmp_path / 'c.zarr'}", "--out", str(tmp_path / "bad.zarr")])
+    c = tmp_path / "c.zarr"
+    with pytest.raises(EpisodeDataError) as e:
+        cli.main(["merge", "--inputs", f"{a},{c}", "--out", str(tmp_path / "bad.zarr")])
+    assert str(e.value) == (
+        f"inputs: feature 'observation.images.cam' is in {a} but not in {c}; merge needs identical features"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "a.zarr",
+        "a.zarr.lock",
+        "b.zarr",
+        "b.zarr.lock",
+        "c.zarr",
+        "c.zarr.lock",
+        "m.zarr",
+        "m.zarr.lock",
+    ]  # nothing half-written
+
+
+def test_merge_shape_mismatch_names_feature(tmp_path):
+    a = _store(tmp_path / "a.zarr", [1.0], [True])
+    with EpisodeStore(tmp_path / "d.zarr", "a") as d:
+        d.add_episode(
+            {
+                "observation.state": np.zeros((4, 3), np.float32),
+                "observation.images.cam": np.zeros((4, 4, 4, 3), np.uint8),
+                "action": np.zeros((4, 1), np.float32),
+            }
+        )
+    with pytest.raises(EpisodeDataError) as e:
+        cli.main(["merge", "--inputs", f"{a},{tmp_path / 'd.zarr'}", "--out", str(tmp_path / "m.zarr")])
+    assert str(e.value) == (
+        f"inputs: feature 'observation.state' is (per-step shape (2,), dtype float32) in {a} but (per-step shape "
+        f"(3,), dtype float32) in {tmp_path / 'd.zarr'}; merge needs identical features"
+    )
+    assert not (tmp_path / "m.zarr").exists()
+
+
+def test_merge_refuses_output_among_inputs(tmp_path):
+    a = _store(tmp_path / "a.zarr", [1.0, 2.0], [True, False])
+    b = _store(tmp_path / "b.zarr", [5.0], [True])
+    for out in (str(a), f"{tmp_path}/./a.zarr"):  # same store, spelt differently
+        with pytest.raises(ValueError) as e:
+            cli.main(["merge", "--inputs", f"{a},{b}", "--out", out, "--overwrite", "true"])
+        assert str(e.value) == f"out: expected a path that is not one of the inputs, received {out!r} (also an input)"
+    s = EpisodeStore(a)  # untouched: data and metadata
+    assert s.n_episodes == 2 and [m.success for m in s.all_meta()] == [True, False] and s.info["fps"] == 20.0
+
+
+def test_merge_overwrite_flag(tmp_path, capsys):
+    a = _store(tmp_path / "a.zarr", [1.0, 2.0], [True, False])
+    b = _store(tmp_path / "b.zarr", [5.0], [True])
+    m = tmp_path / "m.zarr"
+    assert cli.main(["merge", "--inputs", str(a), "--out", str(m)]) == 0
+    with pytest.raises(ValueError) as e:
+        cli.main(["merge", "--inputs", str(b), "--out", str(m)])
+    assert str(e.value) == f"out: {str(m)!r} already exists; pass --overwrite true to replace it"
+    assert EpisodeStore(m).n_episodes == 2  # untouched
+    assert cli.main(["merge", "--inputs", str(b), "--out", str(m), "--overwrite", "true"]) == 0
+    s = EpisodeStore(m)
+    assert s.n_episodes == 1 and float(s.get_episode(0)["observation.state"][0, 0]) == 5.0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp/backup left
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "x.txt").write_text("keep")
+    with pytest.raises(StoreError, match="not an episode store"):  # --overwrite only ever replaces a store
+        cli.main(["merge", "--inputs", str(b), "--out", str(tmp_path / "notes"), "--overwrite", "true"])
+    assert (tmp_path / "notes" / "x.txt").read_text() == "keep"
+    with pytest.raises(SystemExit):
+        cli.main(["merge", "--help"])
+    assert "--overwrite" in capsys.readouterr().out
+
+
+def test_non_store_path_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreError) as e:
+        cli.main(["info", str(tmp_path / "empty")])
+    assert str(e.value) == f"{tmp_path / 'empty'}: not an episode store (expected data/ and meta/episode_ends)"
 
 
 def test_export_import_lerobot_cli(tmp_path, capsys):
