@@ -38,6 +38,16 @@ _server_ids = itertools.count()
 log = logging.getLogger(__name__)
 
 
+class BindError(OSError):
+    """A server could not listen on its endpoint (port in use, address not on this machine); one-line message
+    ``"bind tcp://127.0.0.1:5555: address already in use"``; ``errno`` is ZeroMQ's."""
+
+    def __init__(self, endpoint: str, error: zmq.ZMQError):
+        reason = zmq.strerror(error.errno)  # error.strerror also repeats the address
+        super().__init__(f"bind {endpoint}: {reason[:1].lower()}{reason[1:]}")
+        self.errno, self.endpoint = error.errno, endpoint
+
+
 class ServerStats:
     """Thread-safe per-verb request counts, error counts and latency percentiles (last ``window`` requests).
 
@@ -104,8 +114,9 @@ class Server:
             served by the standby thread, seconds.
 
     Raises:
+        EndpointError: ``bind`` is malformed (no ``tcp://``, port outside 1..65535...); a ``ValueError``.
         InsecureBindError: non-loopback ``bind`` without keys or ``insecure``.
-        zmq.ZMQError: the endpoint cannot be bound (port in use).
+        BindError: (from :meth:`start`) the endpoint cannot be bound (port in use); an ``OSError``.
     """
 
     kind: str = ""
@@ -122,7 +133,7 @@ class Server:
         name: str | None = None,
         rescue_after_s: float = 0.003,
     ):
-        if bind.endswith(":0"):
+        if bind.startswith("tcp://") and bind.endswith(":0"):
             bind = bind[:-1] + "*"
         keys = security.load_server_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
         security.check_bind(bind, keys, insecure)
@@ -153,7 +164,11 @@ class Server:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> Server:
-        """Bind and start the serving and standby threads; returns ``self`` (``endpoint`` = the bound address)."""
+        """Bind and start the serving and standby threads; returns ``self`` (``endpoint`` = the bound address).
+
+        Raises:
+            BindError: the endpoint cannot be bound, e.g. ``"bind tcp://127.0.0.1:5555: address already in use"``.
+        """
         if self._threads:
             return self
         self._stop.clear()
@@ -166,10 +181,10 @@ class Server:
             self._auth = security.secure_server_socket(self._ctx, router, self._keys)
         try:
             router.bind(self.bind)
-        except zmq.ZMQError:
+        except zmq.ZMQError as e:
             router.close()
             self._close_context()
-            raise
+            raise BindError(self.bind, e) from None
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._router = router
         wake_rx, wake_tx = self._ctx.socket(zmq.PAIR), self._ctx.socket(zmq.PAIR)
@@ -344,6 +359,9 @@ class Channel:
         replies: verb -> reply body schema (:data:`~policylink.adapters.protocol.POLICY_REPLIES`...).
         timeout_s: default per-request timeout, seconds.
         curve_keys: a key folder or :class:`~policylink.adapters.security.ClientKeys` when the server uses CURVE.
+
+    Raises:
+        EndpointError: ``endpoint`` is malformed, e.g. ``"127.0.0.1:5599"`` (names ``tcp://127.0.0.1:5599``).
     """
 
     def __init__(
@@ -354,6 +372,7 @@ class Channel:
         timeout_s: float = 10.0,
         curve_keys: str | Path | security.ClientKeys | None = None,
     ):
+        security.check_endpoint(endpoint, "connect")
         self.endpoint, self.timeout_s, self._replies = endpoint, float(timeout_s), replies
         self._keys = security.load_client_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
         self._ctx = zmq.Context.instance()

@@ -11,6 +11,7 @@ Key folder layout written by :func:`generate_keys` (``policylink keys generate -
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,60 @@ class InsecureBindError(ValueError):
 
 class KeyFileError(FileNotFoundError):
     """A CURVE key file is missing or unreadable; the message names the path expected."""
+
+
+class EndpointError(ValueError):
+    """A ZeroMQ endpoint is malformed (no scheme, unknown scheme, no host, port outside 1..65535)."""
+
+
+class KeysExistError(FileExistsError):
+    """:func:`generate_keys` would overwrite existing key files (which breaks every deployed client)."""
+
+
+ENDPOINT_SCHEMES = ("tcp", "ipc", "inproc")
+
+
+def check_endpoint(endpoint: str, role: str = "bind") -> str:
+    """Check that ``endpoint`` is a ZeroMQ address this package can use; return it unchanged.
+
+    Accepted: ``tcp://HOST:PORT`` with PORT in 1..65535 (HOST a name, an IPv4 address or ``[IPv6]``; for
+    ``role="bind"`` also ``*`` for every interface and PORT ``0`` or ``*`` for a free port), ``ipc://PATH``
+    and ``inproc://NAME``.
+
+    Args:
+        endpoint: the address, e.g. ``"tcp://127.0.0.1:5555"``.
+        role: ``"bind"`` (servers) or ``"connect"`` (clients); named in the message.
+
+    Raises:
+        EndpointError: naming the role, the expected form and the address received, e.g.
+            ``127.0.0.1:5593`` -> "... did you mean 'tcp://127.0.0.1:5593'?".
+    """
+    if not isinstance(endpoint, str):
+        raise EndpointError(f"{role}: expected an address string such as 'tcp://127.0.0.1:5555', received {endpoint!r}")
+    expected = "tcp://HOST:PORT (PORT in 1..65535), ipc://PATH or inproc://NAME"
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        hint = f"; did you mean 'tcp://{endpoint}'?" if ":" in endpoint else ""
+        raise EndpointError(f"{role}: expected {expected}, received {endpoint!r} (no scheme){hint}")
+    if scheme not in ENDPOINT_SCHEMES:
+        raise EndpointError(f"{role}: expected {expected}, received {endpoint!r} (unknown scheme {scheme!r})")
+    if scheme != "tcp":
+        if not rest:
+            raise EndpointError(f"{role}: expected {expected}, received {endpoint!r} (empty {scheme} address)")
+        return endpoint
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or host == "[]":
+        raise EndpointError(f"{role}: expected {expected}, received {endpoint!r} (expected HOST:PORT after tcp://)")
+    if role == "bind" and port in ("*", "0"):
+        return endpoint
+    if role != "bind" and host == "*":
+        raise EndpointError(f"{role}: expected a server host name or address, received {endpoint!r} (host '*')")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        any_port = "; 0 or * picks a free port" if role == "bind" else ""
+        raise EndpointError(
+            f"{role}: expected {expected}, received {endpoint!r} (port {port!r} is not in 1..65535{any_port})"
+        )
+    return endpoint
 
 
 @dataclass(frozen=True)
@@ -65,8 +120,10 @@ def check_bind(endpoint: str, keys: ServerKeys | None, insecure: bool) -> None:
     """Refuse to listen on a non-loopback ``endpoint`` without CURVE ``keys`` unless ``insecure``.
 
     Raises:
+        EndpointError: ``endpoint`` is malformed (see :func:`check_endpoint`).
         InsecureBindError: naming the endpoint and both ways out (``--curve-keys DIR`` or ``--insecure``).
     """
+    check_endpoint(endpoint, "bind")
     if keys is not None or is_loopback(endpoint):
         return
     if not insecure:
@@ -81,18 +138,53 @@ def check_bind(endpoint: str, keys: ServerKeys | None, insecure: bool) -> None:
     )
 
 
-def generate_keys(out_dir: str | Path, clients: tuple[str, ...] = ("client",)) -> Path:
+def generate_keys(out_dir: str | Path, clients: tuple[str, ...] = ("client",), force: bool = False) -> Path:
     """Write a server key pair and one key pair per client name into ``out_dir``; authorize every client.
 
+    Secret files (``*.key_secret``) are created with mode 0600 before any key byte is written; ``out_dir`` and
+    ``out_dir/authorized_clients`` get mode 0700 when this call creates them.
+    Nothing is written when a key file of the same name exists, unless ``force``: a new server key breaks every
+    client deployed with the old ``server.key``.
+
+    Args:
+        out_dir: the key folder (created with its parents when missing).
+        clients: one key pair per client name (a file-name stem: no ``/``, not ``server``).
+        force: overwrite existing key files.
+
     Returns:
-        ``out_dir`` as a Path. Existing key files of the same names are overwritten.
+        ``out_dir`` as a Path.
+
+    Raises:
+        ValueError: a client name is empty, contains a path separator or is ``"server"``.
+        KeysExistError: key files exist and ``force`` is False (the message lists them).
     """
     out = Path(out_dir)
-    (out / AUTHORIZED_DIR).mkdir(parents=True, exist_ok=True)
-    zmq.auth.create_certificates(out, SERVER_NAME)
     for name in clients:
-        public_file, _ = zmq.auth.create_certificates(out, name)
-        shutil.copy(public_file, out / AUTHORIZED_DIR / Path(public_file).name)
+        if not name or "/" in name or os.sep in name or name == SERVER_NAME or name.startswith("."):
+            raise ValueError(
+                f"clients: expected names usable as file stems other than {SERVER_NAME!r}, received {name!r}"
+            )
+    names = (SERVER_NAME, *clients)
+    targets = [out / f"{n}{ext}" for n in names for ext in (".key", ".key_secret")]
+    targets += [out / AUTHORIZED_DIR / f"{n}.key" for n in clients]
+    existing = [str(p) for p in targets if p.exists()]
+    if existing and not force:
+        raise KeysExistError(
+            f"keys: expected no existing key files in {out} (overwriting them breaks deployed clients), received "
+            f"{', '.join(existing)}; pass --force to overwrite or choose another --out"
+        )
+    for folder in (out, out / AUTHORIZED_DIR):
+        if not folder.is_dir():
+            folder.mkdir(mode=0o700, parents=True)
+            folder.chmod(0o700)  # mkdir's mode is masked by the umask
+    for name in names:
+        secret_file = out / f"{name}.key_secret"
+        secret_file.unlink(missing_ok=True)  # a re-created file takes the mode below, an old one keeps its own
+        os.close(os.open(secret_file, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600))  # 0600 before any byte
+        secret_file.chmod(0o600)  # exactly 0600 whatever the umask (a 0o2xx umask would leave it unwritable)
+        public_file, _ = zmq.auth.create_certificates(out, name)  # opens the files "w": the mode stays
+        if name != SERVER_NAME:
+            shutil.copy(public_file, out / AUTHORIZED_DIR / Path(public_file).name)
     return out
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from policylink.adapters.security import AUTHORIZED_DIR, generate_keys
 from policylink.runtime.cli import parse_config
 
-USAGE = "usage: policylink keys generate --out DIR [--clients client,robot2]"
+USAGE = "usage: policylink keys generate --out DIR [--clients client,robot2] [--force]"
 
 
 @dataclass
@@ -22,16 +22,24 @@ class KeysConfig:
     """Options of ``policylink keys generate``.
 
     Attributes:
-        out: folder to write the keys into (created; existing key files of the same names are overwritten).
+        out: folder to write the keys into (created with mode 0700; secret files are written 0600).
         clients: one key pair per client name; all are authorized.
+        force: overwrite existing key files of the same names (breaks clients deployed with the old keys);
+            without it an existing key file is an error and nothing is written.
     """
 
     out: str = "keys"
     clients: list[str] = field(default_factory=lambda: ["client"])
+    force: bool = False
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run ``policylink keys <action>``; the only action is ``generate``. Returns the exit code."""
+    """Run ``policylink keys <action>``; the only action is ``generate``. Returns the exit code.
+
+    Raises:
+        KeysExistError: key files exist in ``--out`` and ``--force`` was not given (nothing is written).
+        ValueError: a bad client name.
+    """
     args = list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(f"{USAGE}\n\n{__doc__}")
@@ -39,8 +47,13 @@ def main(argv: Sequence[str]) -> int:
     if args[0] != "generate":
         print(f"policylink keys: unknown action {args[0]!r}; expected 'generate'\n{USAGE}", file=sys.stderr)
         return 2
-    cfg = parse_config(KeysConfig, args[1:], prog="policylink keys generate")
-    out = generate_keys(cfg.out, tuple(cfg.clients))
+    rest = args[1:]
+    argv_cfg = [  # a bare --force (last, or followed by another flag) means --force=true
+        a + "=true" if a == "--force" and (i + 1 == len(rest) or rest[i + 1].startswith("--")) else a
+        for i, a in enumerate(rest)
+    ]
+    cfg = parse_config(KeysConfig, argv_cfg, prog="policylink keys generate")
+    out = generate_keys(cfg.out, tuple(cfg.clients), force=cfg.force)
     print(
         f"wrote CURVE keys to {out}: server.key(+_secret), "
         + ", ".join(f"{c}.key(+_secret)" for c in cfg.clients)

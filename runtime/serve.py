@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policylink.adapters import security
+from policylink.adapters.rpc import BindError
 from policylink.adapters.transport import PolicyServer
 from policylink.runtime.cli import parse_config
 
@@ -36,7 +37,8 @@ class ServeConfig:
         policy: registry name built with ``policylink.adapters.registry.make_policy`` (exclusive with
             ``checkpoint``).
         device: torch device for ``checkpoint`` (``"auto"``, ``"cpu"``, ``"cuda"``).
-        bind: ZeroMQ endpoint; anything but loopback needs ``curve_keys`` or ``insecure``.
+        bind: ZeroMQ endpoint ``tcp://HOST:PORT`` (PORT in 1..65535, or 0 for a free one) or ``ipc://PATH``;
+            anything but loopback needs ``curve_keys`` or ``insecure``.
         openpi_port: also serve openpi clients on this websocket port (None = off).
         openpi_host: websocket host (loopback by default; other hosts need ``insecure``).
         stats: print per-verb count / errors / p50 / p99 latency every ``stats_interval_s`` and on exit.
@@ -62,7 +64,8 @@ class ServeConfig:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run ``policylink serve``; returns the exit code (2 for a bad configuration)."""
+    """Run ``policylink serve``; returns the exit code (2 for a bad configuration: a malformed ``--bind``, an
+    unsafe bind, missing keys, a port already in use; the reason is printed as one line on stderr)."""
     cfg = parse_config(ServeConfig, normalise_flags(argv), prog="policylink serve")
     if (cfg.checkpoint is None) == (cfg.policy is None):
         print(
@@ -76,23 +79,34 @@ def main(argv: Sequence[str]) -> int:
         security.check_bind(cfg.bind, keys, cfg.insecure)
         if cfg.openpi_port is not None:
             security.check_bind(f"tcp://{cfg.openpi_host}:{cfg.openpi_port}", None, cfg.insecure)
-    except (security.InsecureBindError, security.KeyFileError) as e:
+    except (security.EndpointError, security.InsecureBindError, security.KeyFileError) as e:
         print(f"policylink serve: {e}", file=sys.stderr)
         return 2
     policy = _load(cfg)
-    server = PolicyServer(
-        policy,
-        cfg.bind,
-        curve_keys=keys,
-        insecure=cfg.insecure,
-        max_message_bytes=int(cfg.max_message_mb * 2**20),
-        name=f"policylink-serve:{cfg.checkpoint or cfg.policy}",
-    ).start()
+    try:
+        server = PolicyServer(
+            policy,
+            cfg.bind,
+            curve_keys=keys,
+            insecure=cfg.insecure,
+            max_message_bytes=int(cfg.max_message_mb * 2**20),
+            name=f"policylink-serve:{cfg.checkpoint or cfg.policy}",
+        ).start()
+    except BindError as e:
+        print(f"policylink serve: {e}", file=sys.stderr)
+        return 2
     openpi = None
     if cfg.openpi_port is not None:
         from policylink.adapters.openpi import OpenPIServer
 
-        openpi = OpenPIServer(policy, cfg.openpi_host, cfg.openpi_port, lock=server.lock, insecure=cfg.insecure).start()
+        try:
+            openpi = OpenPIServer(
+                policy, cfg.openpi_host, cfg.openpi_port, lock=server.lock, insecure=cfg.insecure
+            ).start()
+        except OSError as e:
+            server.stop()
+            print(f"policylink serve: openpi bind ws://{cfg.openpi_host}:{cfg.openpi_port}: {e}", file=sys.stderr)
+            return 2
     print(
         f"serving {cfg.checkpoint or cfg.policy} on {server.endpoint}"
         + (f" (CURVE, keys {cfg.curve_keys})" if keys else "")

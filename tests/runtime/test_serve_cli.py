@@ -135,11 +135,27 @@ def test_serve_checkpoint_goes_through_load_policy(monkeypatch, tmp_path):
         (["--policy", "a", "--bind", "tcp://0.0.0.0:5555"], "--insecure"),
         (["--policy", "a", "--openpi-port", "8000", "--openpi_host", "0.0.0.0"], "--insecure"),
         (["--policy", "a", "--bind", "tcp://0.0.0.0:5555", "--curve-keys", "/nonexistent"], "server.key_secret"),
+        (["--policy", "a", "--bind", "tcp://127.0.0.1:99999"], "(port '99999' is not in 1..65535"),
+        (["--policy", "a", "--bind", "127.0.0.1:5593"], "(no scheme); did you mean 'tcp://127.0.0.1:5593'?"),
+        (["--policy", "a", "--openpi-port", "70000"], "(port '70000' is not in 1..65535"),
     ],
 )
 def test_bad_configurations_exit_2_with_a_reason(argv, message, capsys):
     assert serve.main(argv) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    if "99999" in message or "no scheme" in message:
+        assert "reachable from other machines" not in err  # a malformed address is not an unsafe one
+
+
+def test_serve_on_a_port_in_use_exits_2_with_one_line(capsys):
+    registry.register_policy("serve-cli-double", DoublePolicy, overwrite=True)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve.main(["--policy", "serve-cli-double", "--bind", f"tcp://127.0.0.1:{port}"]) == 2
+    assert capsys.readouterr().err == f"policylink serve: bind tcp://127.0.0.1:{port}: address already in use\n"
 
 
 def test_keys_generate_writes_server_and_client_pairs(tmp_path, capsys):
@@ -157,3 +173,17 @@ def test_keys_generate_writes_server_and_client_pairs(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "k" / "authorized_clients").iterdir()) == ["robot1.key", "robot2.key"]
     assert keys.main(["rotate"]) == 2
     assert "expected 'generate'" in capsys.readouterr().err
+
+
+def test_keys_generate_refuses_to_overwrite_without_force(tmp_path):
+    out = tmp_path / "k"
+    assert keys.main(["generate", "--out", str(out)]) == 0
+    assert oct(out.stat().st_mode & 0o777) == "0o700"
+    assert oct((out / "client.key_secret").stat().st_mode & 0o777) == "0o600"
+    secret = (out / "server.key_secret").read_bytes()
+    with pytest.raises(FileExistsError, match=r"pass --force to overwrite or choose another --out$"):
+        keys.main(["generate", "--out", str(out)])
+    assert (out / "server.key_secret").read_bytes() == secret
+    assert keys.main(["generate", "--out", str(out), "--force"]) == 0
+    assert (out / "server.key_secret").read_bytes() != secret
+    assert oct((out / "server.key_secret").stat().st_mode & 0o777) == "0o600"
