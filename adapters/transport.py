@@ -31,13 +31,51 @@ from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES, Channel, Server
 from policylink.adapters.schema import (
     TASK_KEY,
     ActionError,
+    ActionSpec,
     EnvSpec,
     ObservationError,
     PolicySpec,
     validate_observation,
 )
 
-__all__ = ["PolicyServer", "RemotePolicy", "EnvServer", "RemoteEnv", "LiveEnv"]
+__all__ = ["PolicyServer", "RemotePolicy", "EnvServer", "RemoteEnv", "LiveEnv", "coerce_action"]
+
+STEP_BEFORE_RESET = "step() before reset(): call reset() first"
+
+
+def coerce_action(spec: ActionSpec, action: Any) -> np.ndarray:
+    """The env ``step`` contract for one action, shared by :class:`RemoteEnv` and the simulators.
+
+    Array-likes (lists, float64 arrays...) are converted with ``np.asarray(action, dtype=np.float32)``, checked
+    to have shape ``(A,)`` and finite values, then clipped to the spec's ``[low, high]`` limits (actions outside
+    the limits are clipped, not refused).
+
+    Args:
+        spec: the env's ActionSpec (``A = spec.dim``).
+        action: an array-like of ``A`` numbers in the spec's units.
+
+    Returns:
+        float32 ``(A,)``, a new array within the limits.
+
+    Raises:
+        ActionError: ``action`` is None or not numeric, has another shape, or holds NaN/inf (the message names
+            the dimension, the expected and the received value).
+    """
+    expected = f"an array-like of {spec.dim} floats {tuple(spec.names)}"
+    if action is None:
+        raise ActionError([f"action: expected {expected}, received None"])
+    try:
+        a = np.asarray(action, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ActionError([f"action: expected {expected}, received {type(action).__name__} ({e})"]) from None
+    if a.shape != (spec.dim,):
+        raise ActionError([f"action: expected shape ({spec.dim},) {tuple(spec.names)}, received shape {a.shape}"])
+    bad = np.flatnonzero(~np.isfinite(a))
+    if bad.size:
+        raise ActionError(
+            [f"action[{i}] ({spec.names[i]}): expected a finite value, received {float(a[i])}" for i in bad]
+        )
+    return np.clip(a, spec.low_array, spec.high_array)
 
 
 class PolicyServer(Server):
@@ -168,6 +206,7 @@ class RemotePolicy:
             without a round trip); the server always checks and answers ``invalid_field`` naming the key.
 
     Raises:
+        EndpointError: ``endpoint`` is malformed (``"127.0.0.1:5599"`` -> "did you mean 'tcp://127.0.0.1:5599'?").
         TimeoutError: no ``hello`` reply within ``timeout_s``.
         VersionMismatchError: the server speaks another protocol version.
     """
@@ -260,8 +299,8 @@ class EnvServer(Server):
     ``send_action``); env calls are serialised on the worker thread.
 
     ``get_observation`` returns ``env.get_observation()`` for a :class:`LiveEnv`, else the latest observation
-    of ``reset``/``step``; ``send_action`` needs a :class:`LiveEnv` (else ``unsupported``). Actions are checked
-    against the EnvSpec (float32 ``(A,)``) before the env sees them.
+    of ``reset``/``step``; ``send_action`` needs a :class:`LiveEnv` (else ``unsupported``). Actions go through
+    :func:`coerce_action` (float32 ``(A,)``, finite, clipped to the limits) before the env sees them.
 
     Args:
         env: the environment (its ``env_spec`` is sent in ``hello``).
@@ -308,11 +347,12 @@ class EnvServer(Server):
             self._last_obs = obs
             return {"observation": obs, "info": dict(info)}
         if verb in ("step", "send_action"):
-            problems = self.env.env_spec.action.check(body["action"])
-            if problems:
-                raise ProtocolError(ErrorCode.INVALID_FIELD, "; ".join(problems), "body.action")
+            try:
+                action = coerce_action(self.env.env_spec.action, body["action"])
+            except ActionError as e:
+                raise ProtocolError(ErrorCode.INVALID_FIELD, "; ".join(e.problems), "body.action") from None
         if verb == "step":
-            obs, reward, terminated, truncated, info = self.env.step(body["action"])
+            obs, reward, terminated, truncated, info = self.env.step(action)
             self._last_obs = obs
             return {
                 "observation": obs,
@@ -329,7 +369,7 @@ class EnvServer(Server):
                     f"send_action: {type(self.env).__name__} is not a live "
                     "env (no get_observation/send_action); use step",
                 )
-            self.env.send_action(body["action"])
+            self.env.send_action(action)
             return {}
         if live:
             return {"observation": self.env.get_observation()}
@@ -342,7 +382,9 @@ class RemoteEnv(EnvAdapter):
     """An :class:`EnvAdapter` (``gymnasium.Env``) served by an :class:`EnvServer` at ``endpoint``.
 
     Observations are dicts of arrays without batch dim (+ ``task`` str); ``info["is_success"]`` comes from
-    the served env. ``env_spec`` comes from ``hello``.
+    the served env. ``env_spec`` comes from ``hello``. ``step`` follows the same contract as a local env
+    (:func:`coerce_action`, applied before sending): array-likes of any float dtype are accepted, actions outside
+    the limits are clipped, and ``step`` before ``reset`` raises ``RuntimeError``.
 
     Args:
         endpoint: e.g. ``"tcp://127.0.0.1:5556"``.
@@ -364,21 +406,27 @@ class RemoteEnv(EnvAdapter):
         self.server_info = self._channel.hello("env")
         self.env_spec = EnvSpec.from_dict(self.server_info["spec"])
         self._init_spaces()
+        self._needs_reset = True
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict]:
         """Reset the remote env; returns ``(observation, info)``."""
         super().reset(seed=seed)
         reply = self._channel.request("reset", {"seed": seed, "options": options})
+        self._needs_reset = False
         return reply["observation"], reply["info"]
 
-    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict]:
-        """Step with float32 ``(A,)``; returns gymnasium's ``(obs, reward, terminated, truncated, info)``.
+    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict]:
+        """Step with an array-like ``(A,)`` (converted to float32 and clipped to the limits before sending);
+        returns gymnasium's ``(obs, reward, terminated, truncated, info)``.
 
         Raises:
-            ActionError: ``action`` is not float32 ``(A,)`` (checked before sending).
+            RuntimeError: ``step`` before the first :meth:`reset`.
+            ActionError: ``action`` is None, not numeric, not shape ``(A,)`` or not finite (nothing is sent).
             RemoteError: the env failed (``env_failed``).
         """
-        action = self.env_spec.action.validate(np.asarray(action))
+        if self._needs_reset:
+            raise RuntimeError(STEP_BEFORE_RESET)
+        action = coerce_action(self.env_spec.action, action)
         r = self._channel.request("step", {"action": action})
         return r["observation"], r["reward"], r["terminated"], r["truncated"], r["info"]
 
@@ -386,9 +434,10 @@ class RemoteEnv(EnvAdapter):
         """The env's current observation (a live read for robots, else the latest one)."""
         return self._channel.request("get_observation", {})["observation"]
 
-    def send_action(self, action: np.ndarray) -> None:
-        """Send float32 ``(A,)`` without waiting for an observation (live envs only; else ``unsupported``)."""
-        action = self.env_spec.action.validate(np.asarray(action))
+    def send_action(self, action: Any) -> None:
+        """Send an array-like ``(A,)`` (as for :meth:`step`) without waiting for an observation (live envs only;
+        else ``unsupported``). Raises ActionError as :meth:`step`."""
+        action = coerce_action(self.env_spec.action, action)
         self._channel.request("send_action", {"action": action})
 
     def ping(self) -> float:

@@ -20,11 +20,11 @@ from policylink.adapters.schema import (
     IMAGE_PREFIX,
     STATE_KEY,
     TASK_KEY,
-    ActionError,
     ActionSpec,
     EnvSpec,
     FeatureSpec,
 )
+from policylink.adapters.transport import STEP_BEFORE_RESET, coerce_action
 from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
 from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_quality
@@ -46,6 +46,11 @@ def yaw_of(quat_wxyz: np.ndarray) -> float:
 
 class MujocoTaskEnv(EnvAdapter):
     """Base class of the MuJoCo tasks (an :class:`~policylink.adapters.env.EnvAdapter`).
+
+    Step contract (the same for a :class:`~policylink.adapters.transport.RemoteEnv` serving this env):
+    :meth:`reset` first, then :meth:`step` with any array-like of ``A`` numbers, converted with
+    ``np.asarray(action, dtype=np.float32)`` and checked for shape ``(A,)`` and finite values; actions outside
+    the limits are clipped to the ActionSpec's ``[low, high]``.
 
     Args:
         obs_mode: ``"state"`` (``observation.state`` only), ``"image"`` (camera frames only) or
@@ -142,6 +147,7 @@ class MujocoTaskEnv(EnvAdapter):
         self._init_spaces()
         self.task = self.instructions[0]
         self.elapsed_steps = 0
+        self._needs_reset = True
         # a valid state right away, but no GL context yet: AsyncVectorEnv builds a dummy env in the parent and
         # then forks; an EGL context inherited across fork hangs the children
         self._reset_physics({})
@@ -188,6 +194,7 @@ class MujocoTaskEnv(EnvAdapter):
         """
         super().reset(seed=seed)
         self._reset_physics(dict(options or {}))
+        self._needs_reset = False
         return self._observation(), {"is_success": self._is_success()}
 
     def _reset_physics(self, options: dict[str, Any]) -> None:
@@ -204,24 +211,21 @@ class MujocoTaskEnv(EnvAdapter):
         """Advance one control step (``1 / 10`` s = ``n_substeps`` physics steps).
 
         Args:
-            action: float32-convertible ``(A,)`` in the ActionSpec's units; clipped to its limits.
+            action: an array-like ``(A,)`` in the ActionSpec's units (any float dtype; converted to float32);
+                actions outside the limits are clipped to them.
 
         Returns:
             ``(obs, reward, terminated, truncated, info)``: reward 1.0 on success else 0.0, terminated on
             success, truncated at ``max_episode_steps``, ``info["is_success"]``.
 
         Raises:
-            ActionError: wrong shape or non-finite values.
+            RuntimeError: ``step`` before the first :meth:`reset` (``"step() before reset(): call reset() first"``).
+            ActionError: ``action`` is None or not numeric, not shape ``(A,)``, or holds NaN/inf (names the
+                dimension).
         """
-        a = np.asarray(action, dtype=np.float32)
-        if a.shape != self._low.shape or not math.isfinite(a.sum()):
-            raise ActionError(
-                [
-                    f"action: expected finite float32 of shape {self._low.shape}, "
-                    f"received shape {a.shape} {'with NaN/inf' if a.shape == self._low.shape else ''}"
-                ]
-            )
-        a = np.minimum(np.maximum(a, self._low), self._high)
+        if self._needs_reset:
+            raise RuntimeError(STEP_BEFORE_RESET)
+        a = coerce_action(self.env_spec.action, action)
         if self._perturber is not None:
             a = self._perturb(a)
         self._apply_action(a)

@@ -106,11 +106,12 @@ def test_bad_actions_and_env_failures_are_structured(served):
     with pytest.raises(RemoteError, match="env_failed: get_observation: no observation yet"):
         env.get_observation()
     env.reset(seed=0)
-    with pytest.raises(ActionError, match=r"expected shape \(..., 2\)"):
+    with pytest.raises(ActionError, match=r"action: expected shape \(2,\) \('dx', 'dy'\), received shape \(3,\)"):
         env.step(np.zeros(3, np.float32))  # checked before sending
     with pytest.raises(RemoteError) as err:
-        env._channel.request("step", {"action": np.zeros(2, np.float64)})  # bypassing the local check
+        env._channel.request("step", {"action": np.zeros(3, np.float64)})  # bypassing the local check
     assert err.value.code == "invalid_field" and err.value.field == "body.action"
+    assert "expected shape (2,)" in err.value.message and "received shape (3,)" in err.value.message
     with pytest.raises(RemoteError) as err:
         env.step(np.array([1.0, 0.0], np.float32))
     assert err.value.code == "env_failed" and "RuntimeError: simulated joint limit" in err.value.message
@@ -140,3 +141,28 @@ def test_policy_client_refuses_an_env_server(served):
     srv, _ = served
     with pytest.raises(ProtocolError, match="kind: expected a policy server"):
         RemotePolicy(srv.endpoint, timeout_s=5)
+
+
+def test_step_contract_before_reset_none_nan_and_float64_lists(served):
+    srv, env = served
+    with pytest.raises(RuntimeError, match=r"^step\(\) before reset\(\): call reset\(\) first$"):
+        env.step([0.0, 0.0])
+    assert "step" not in srv.stats.snapshot()  # refused client-side, nothing sent
+    env.reset(seed=2)
+    with pytest.raises(ActionError, match=r"action: expected an array-like of 2 floats \('dx', 'dy'\), received None"):
+        env.step(None)
+    with pytest.raises(ActionError, match=r"action: expected an array-like of 2 floats .*received str"):
+        env.step("left")
+    with pytest.raises(ActionError, match=r"action\[1\] \(dy\): expected a finite value, received nan"):
+        env.step([0.0, float("nan")])
+    obs, *_ = env.step([-0.5, 0.25])  # a float64 list, converted to float32 before sending
+    np.testing.assert_array_equal(obs["observation.state"], [1.5, 0.25])
+    obs, *_ = env.step(np.array([-5.0, -3.0]))  # outside [-1, 1]: clipped to (-1, -1)
+    np.testing.assert_array_equal(obs["observation.state"], [0.5, -0.75])
+
+
+def test_server_converts_and_clips_actions_from_any_client(served):
+    _, env = served
+    env.reset(seed=0)
+    reply = env._channel.request("step", {"action": np.array([-7.0, 0.5], np.float64)})  # raw, bypassing the client
+    np.testing.assert_array_equal(reply["observation"]["observation.state"], [-1.0, 0.5])

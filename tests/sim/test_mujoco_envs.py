@@ -183,3 +183,35 @@ def test_async_image_envs_render_after_the_parent_rendered():
         assert not np.array_equal(obs[key][1], expected)
     finally:
         venv.close()
+
+
+def test_step_contract_is_the_same_locally_and_remotely():
+    from policylink.adapters.transport import EnvServer, RemoteEnv
+
+    local, served = registry.make_env("reach"), registry.make_env("reach")
+    srv = EnvServer(served, "tcp://127.0.0.1:0").start()
+    remote = RemoteEnv(srv.endpoint, timeout_s=10)
+    try:
+        for env in (local, remote):
+            with pytest.raises(RuntimeError, match=r"^step\(\) before reset\(\): call reset\(\) first$"):
+                env.step([0.0, 0.0, 0.0])
+            env.reset(seed=4)
+            with pytest.raises(ActionError, match=r"action: expected an array-like of 3 floats .* received None"):
+                env.step(None)
+            with pytest.raises(ActionError, match=r"action: expected shape \(3,\) .* received shape \(2,\)"):
+                env.step([0.0, 0.0])
+            with pytest.raises(ActionError, match=r"action\[2\] \(dz\): expected a finite value, received inf"):
+                env.step([0.0, 0.0, np.inf])
+        low, high = local.env_spec.action.low_array, local.env_spec.action.high_array
+        steps = [[0.01, -0.02, 0.0], np.array([1.0, -1.0, 0.5]), 10 * high]  # float64 list, float64, far outside
+        for action in steps:
+            a, b = local.step(action)[0][STATE_KEY], remote.step(action)[0][STATE_KEY]
+            np.testing.assert_array_equal(a, b)
+        clipped = registry.make_env("reach")
+        clipped.reset(seed=4)
+        for action in steps[:-1] + [high]:  # the same episode with the last action at the limit
+            expected = clipped.step(np.clip(np.asarray(action, np.float32), low, high))[0][STATE_KEY]
+        np.testing.assert_array_equal(a, expected)
+    finally:
+        remote.close()
+        srv.stop()
