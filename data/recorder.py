@@ -172,15 +172,20 @@ def record_episode(
         recorder: where the episode goes.
         seed: env reset seed (recorded in the metadata).
         meta: source / quality / task tags (its ``seed`` is replaced by ``seed``).
-        max_steps: step cap (default: ``env.env_spec.max_episode_steps``).
+        max_steps: step cap, >= 1 (default None: ``env.env_spec.max_episode_steps``).
 
     Returns:
         ``(episode_index, success, n_steps)``; success is True if ``info["is_success"]`` was ever True.
         An exception inside the loop aborts the episode (nothing is stored) and propagates.
+
+    Raises:
+        ValueError: ``max_steps`` < 1.
     """
+    if max_steps is not None and int(max_steps) < 1:
+        raise ValueError(f"max_steps: expected an int >= 1 or None (the env's limit), received {max_steps}")
     meta = meta or EpisodeMeta()
     meta = EpisodeMeta(task=meta.task, success=None, seed=seed, source=meta.source, quality=meta.quality)
-    max_steps = max_steps or int(env.env_spec.max_episode_steps)
+    max_steps = int(env.env_spec.max_episode_steps) if max_steps is None else int(max_steps)
     recorder.start_episode(meta)
     try:
         obs, info = env.reset(seed=seed)

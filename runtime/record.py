@@ -18,6 +18,18 @@ from policylink.data.buffer import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder, record_episode
 
 OBS_MODES = ("state", "image", "state+image")
+EXPERTS = ("expert", "noisy", "poor")
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+class RecordInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`record`; ``summary`` counts the complete episodes kept in the store (the episode in
+    progress is discarded)."""
+
+    def __init__(self, summary: RecordSummary, path: str):
+        super().__init__(f"interrupted: kept {summary.episodes} complete episodes in {path}")
+        self.summary = summary
+        self.path = path
 
 
 @dataclass
@@ -27,12 +39,14 @@ class RecordConfig:
     Attributes:
         env: registered environment name (``reach``, ``push``, ``pick_place``, ``insert``, ``multitask``...).
         expert: scripted expert quality: ``expert``, ``noisy`` or ``poor``.
-        episodes: number of episodes to record.
+        episodes: number of episodes to record (>= 1).
         out: episode store path (``.zarr``); appended to when it exists.
-        seed: seed of episode 0; episode ``i`` resets the env and the expert with ``seed + i``.
+        seed: seed of the first episode; episode ``i`` resets the env and the expert with ``seed + i``. Default
+            (None): 0 for a new store, and one past the highest recorded seed when appending, so a re-run adds
+            new episodes instead of repeating seeds. An explicit seed that repeats recorded ones is warned about.
         obs_mode: observations to record: ``state``, ``image`` or ``state+image``.
         image_size: camera image side, pixels.
-        max_steps: step cap per episode (default: the env's ``max_episode_steps``).
+        max_steps: step cap per episode, >= 1 (default None: the env's ``max_episode_steps``).
         zarr_format: 3 (default) or 2 for a new store.
         lock_timeout: seconds to wait when another process is writing the store (0 = fail at once).
     """
@@ -41,7 +55,7 @@ class RecordConfig:
     expert: str = "expert"
     episodes: int = 10
     out: str = "outputs/data/episodes.zarr"
-    seed: int = 0
+    seed: int | None = None
     obs_mode: str = "state"
     image_size: int = 96
     max_steps: int | None = None
@@ -78,49 +92,89 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
         cfg: the options.
         env: an already built EnvAdapter (default: ``make_env(cfg.env, obs_mode=..., image_size=...)``).
         expert: an object with ``reset(seed)`` and ``act(obs, env) -> float32 (A,)`` (default:
-            ``policylink.sim.experts.make_expert(env, cfg.expert, seed=cfg.seed)``).
+            ``policylink.sim.experts.make_expert(env, cfg.expert, seed=<first seed>)``).
         progress: show a tqdm bar.
 
     Raises:
-        ValueError: bad ``obs_mode`` or ``episodes``. StoreLockedError: the store is being written.
+        ValueError: bad ``obs_mode``, ``expert``, ``episodes``, ``max_steps`` or ``seed``.
+        StoreLockedError: the store is being written. RecordInterrupted: Ctrl-C (complete episodes are kept).
     """
     from tqdm import tqdm
 
-    if cfg.obs_mode not in OBS_MODES:
-        raise ValueError(f"obs_mode: expected one of {OBS_MODES}, received {cfg.obs_mode!r}")
-    if cfg.episodes < 1:
-        raise ValueError(f"episodes: expected >= 1, received {cfg.episodes}")
+    _validate(cfg)
     if env is None:
         from policylink.adapters.registry import make_env
 
         env = make_env(cfg.env, obs_mode=cfg.obs_mode, image_size=cfg.image_size)
-    if expert is None:
-        from policylink.sim.experts import make_expert
-
-        expert = make_expert(env, quality=cfg.expert, seed=cfg.seed)
     from policylink.data.buffer import EpisodeStore
 
     store = EpisodeStore(cfg.out, "a", zarr_format=cfg.zarr_format, lock_timeout=cfg.lock_timeout)
-    frames = successes = 0
+    done = frames = successes = 0
     t0 = time.perf_counter()
-    with EpisodeRecorder(store, env_spec=env.env_spec) as rec:
-        bar = tqdm(range(cfg.episodes), desc=f"record {cfg.env}", unit="ep", disable=not progress)
-        for i in bar:
-            seed = cfg.seed + i
-            expert.reset(seed)
-            _, success, n = record_episode(
-                env,
-                lambda obs: expert.act(obs, env),
-                rec,
-                seed=seed,
-                meta=EpisodeMeta(source="expert", quality=cfg.expert),
-                max_steps=cfg.max_steps,
-            )
-            frames += n
-            successes += int(success)
-            bar.set_postfix(success=f"{successes / (i + 1):.2f}", frames=frames)
-    store.close()
+    try:
+        first = _first_seed(store, cfg.seed, cfg.episodes)
+        if expert is None:
+            from policylink.sim.experts import make_expert
+
+            expert = make_expert(env, quality=cfg.expert, seed=first)
+        with EpisodeRecorder(store, env_spec=env.env_spec) as rec:
+            bar = tqdm(range(cfg.episodes), desc=f"record {cfg.env}", unit="ep", disable=not progress)
+            for i in bar:
+                seed = first + i
+                expert.reset(seed)
+                _, success, n = record_episode(
+                    env,
+                    lambda obs: expert.act(obs, env),
+                    rec,
+                    seed=seed,
+                    meta=EpisodeMeta(source="expert", quality=cfg.expert),
+                    max_steps=cfg.max_steps,
+                )
+                done, frames, successes = done + 1, frames + n, successes + int(success)
+                bar.set_postfix(success=f"{successes / done:.2f}", frames=frames)
+    except KeyboardInterrupt:
+        summary = RecordSummary(done, frames, successes, time.perf_counter() - t0)
+        raise RecordInterrupted(summary, cfg.out) from None
+    finally:
+        store.close()
     return RecordSummary(cfg.episodes, frames, successes, time.perf_counter() - t0)
+
+
+def _validate(cfg: RecordConfig) -> None:
+    """Raise ValueError naming the first bad field of ``cfg`` (expected vs received)."""
+    if cfg.obs_mode not in OBS_MODES:
+        raise ValueError(f"obs_mode: expected one of {', '.join(OBS_MODES)}, received {cfg.obs_mode!r}")
+    if cfg.expert not in EXPERTS:
+        raise ValueError(f"expert: expected one of {', '.join(EXPERTS)}, received {cfg.expert!r}")
+    if cfg.episodes < 1:
+        raise ValueError(f"episodes: expected an int >= 1, received {cfg.episodes}")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ValueError(f"max_steps: expected an int >= 1 (or omit it for the env's limit), received {cfg.max_steps}")
+    if cfg.seed is not None and cfg.seed < 0:
+        raise ValueError(f"seed: expected an int >= 0 (or omit it to continue the store), received {cfg.seed}")
+
+
+def _first_seed(store: Any, seed: int | None, episodes: int) -> int:
+    """Seed of the first new episode: ``seed``, or one past the highest seed recorded in ``store`` (0 when none).
+    Warns on stderr when an explicit ``seed`` repeats seeds that the store already holds."""
+    recorded = {m.seed for m in store.all_meta() if m.seed is not None}
+    if seed is None:
+        first = max(recorded) + 1 if recorded else 0
+        if recorded:
+            print(
+                f"record: {store.path} already holds seeds up to {first - 1}; continuing from seed {first}",
+                file=sys.stderr,
+            )
+        return first
+    repeats = sorted(recorded & set(range(seed, seed + episodes)))
+    if repeats:
+        print(
+            f"WARNING: record: {store.path} already holds {len(repeats)} of seeds {seed}..{seed + episodes - 1} "
+            f"(first {repeats[0]}); those episodes will be recorded again. Omit --seed to continue after the "
+            f"highest recorded seed ({max(recorded)}).",
+            file=sys.stderr,
+        )
+    return seed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,7 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_config(RecordConfig, _underscore_flags(argv), prog="policylink record")
-    summary = record(cfg)
+    try:
+        summary = record(cfg)
+    except RecordInterrupted as e:
+        print(f"\n{e}", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     print(f"{summary} -> {cfg.out}")
     return 0
 

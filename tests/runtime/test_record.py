@@ -144,6 +144,65 @@ def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
     assert EpisodeStore(out).n_episodes == 6
 
 
-def test_cli_rejects_bad_obs_mode(tmp_path, point_env):
-    with pytest.raises(ValueError, match="obs_mode: expected one of"):
-        record_cli.main(["--env", "point_test", "--out", str(tmp_path / "x.zarr"), "--obs-mode", "depth"])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--episodes", "0", "episodes: expected an int >= 1, received 0"),
+        ("--max_steps", "0", "max_steps: expected an int >= 1 (or omit it for the env's limit), received 0"),
+        ("--max-steps", "-1", "max_steps: expected an int >= 1 (or omit it for the env's limit), received -1"),
+        ("--expert", "great", "expert: expected one of expert, noisy, poor, received 'great'"),
+        ("--obs-mode", "depth", "obs_mode: expected one of state, image, state+image, received 'depth'"),
+    ],
+)
+def test_cli_rejects_bad_values(tmp_path, point_env, flag, value, message):
+    out = tmp_path / "x.zarr"
+    with pytest.raises(ValueError) as e:
+        record_cli.main(["--env", "point_test", "--out", str(out), flag, value])
+    assert str(e.value) == message
+    assert not out.exists()  # nothing created
+
+
+def test_record_episode_rejects_zero_max_steps(tmp_path):
+    with EpisodeRecorder(tmp_path / "p.zarr") as rec:
+        with pytest.raises(ValueError, match="max_steps: expected an int >= 1 or None"):
+            record_episode(PointEnv(), lambda o: np.zeros(1, np.float32), rec, seed=0, max_steps=0)
+        idx, _, n = record_episode(PointEnv(), lambda o: np.zeros(1, np.float32), rec, seed=0, max_steps=3)
+    assert n == 3 and EpisodeStore(tmp_path / "p.zarr").episode_lengths.tolist() == [3]
+
+
+def test_rerun_continues_seeds(tmp_path, point_env, capsys):
+    out = str(tmp_path / "r.zarr")
+    args = ["--env", "point_test", "--episodes", "3", "--out", out]
+    assert record_cli.main(args) == 0
+    assert record_cli.main(args) == 0
+    assert [m.seed for m in EpisodeStore(out).all_meta()] == [0, 1, 2, 3, 4, 5]
+    err = capsys.readouterr().err
+    assert f"record: {out} already holds seeds up to 2; continuing from seed 3" in err
+    assert record_cli.main([*args, "--seed", "4"]) == 0  # explicit repeats are kept, loudly
+    assert [m.seed for m in EpisodeStore(out).all_meta()] == [0, 1, 2, 3, 4, 5, 4, 5, 6]
+    err = capsys.readouterr().err
+    assert f"WARNING: record: {out} already holds 2 of seeds 4..6 (first 4)" in err
+
+
+def test_ctrl_c_keeps_complete_episodes(tmp_path, point_env, capsys, monkeypatch):
+    seeds = []
+    act = PointExpert.act
+
+    def act_then_interrupt(self, obs, env):
+        if len(seeds) == 3:  # Ctrl-C inside the third episode (seed 2)
+            raise KeyboardInterrupt
+        return act(self, obs, env)
+
+    def reset(self, seed=None):
+        seeds.append(seed)
+
+    monkeypatch.setattr(PointExpert, "act", act_then_interrupt)
+    monkeypatch.setattr(PointExpert, "reset", reset)
+    out = tmp_path / "c.zarr"
+    rc = record_cli.main(["--env", "point_test", "--episodes", "5", "--out", str(out)])
+    assert rc == 130
+    assert capsys.readouterr().err.strip().endswith(f"interrupted: kept 2 complete episodes in {out}")
+    s = EpisodeStore(out)
+    assert s.n_episodes == 2 and [m.seed for m in s.all_meta()] == [0, 1]
+    with EpisodeStore(out, "a"):  # the lock was released
+        pass
