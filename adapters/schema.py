@@ -430,6 +430,44 @@ class EnvSpec:
         )
 
 
+STEP_BEFORE_RESET = "step() before reset(): call reset() first"
+
+
+def coerce_action(spec: ActionSpec, action: Any) -> np.ndarray:
+    """The env ``step`` contract for one action, shared by :class:`RemoteEnv` and the simulators.
+
+    Array-likes (lists, float64 arrays...) are converted with ``np.asarray(action, dtype=np.float32)``, checked
+    to have shape ``(A,)`` and finite values, then clipped to the spec's ``[low, high]`` limits (actions outside
+    the limits are clipped, not refused).
+
+    Args:
+        spec: the env's ActionSpec (``A = spec.dim``).
+        action: an array-like of ``A`` numbers in the spec's units.
+
+    Returns:
+        float32 ``(A,)``, a new array within the limits.
+
+    Raises:
+        ActionError: ``action`` is None or not numeric, has another shape, or holds NaN/inf (the message names
+            the dimension, the expected and the received value).
+    """
+    expected = f"an array-like of {spec.dim} floats {tuple(spec.names)}"
+    if action is None:
+        raise ActionError([f"action: expected {expected}, received None"])
+    try:
+        a = np.asarray(action, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ActionError([f"action: expected {expected}, received {type(action).__name__} ({e})"]) from None
+    if a.shape != (spec.dim,):
+        raise ActionError([f"action: expected shape ({spec.dim},) {tuple(spec.names)}, received shape {a.shape}"])
+    bad = np.flatnonzero(~np.isfinite(a))
+    if bad.size:
+        raise ActionError(
+            [f"action[{i}] ({spec.names[i]}): expected a finite value, received {float(a[i])}" for i in bad]
+        )
+    return np.clip(a, spec.low_array, spec.high_array)
+
+
 def validate_observation(
     features: Mapping[str, FeatureSpec] | PolicySpec | EnvSpec, obs: Mapping[str, Any], batch_dims: int = 0
 ) -> Mapping[str, Any]:

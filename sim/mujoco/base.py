@@ -19,12 +19,13 @@ from policylink.adapters.env import EnvAdapter
 from policylink.adapters.schema import (
     IMAGE_PREFIX,
     STATE_KEY,
+    STEP_BEFORE_RESET,
     TASK_KEY,
     ActionSpec,
     EnvSpec,
     FeatureSpec,
+    coerce_action,
 )
-from policylink.adapters.transport import STEP_BEFORE_RESET, coerce_action
 from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
 from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_quality
