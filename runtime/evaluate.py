@@ -10,7 +10,6 @@ back-end or the number of workers.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -21,15 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from policylink.adapters.schema import IncompatibleSpecError, compatibility_problems
+from policylink.adapters.schema import IncompatibleSpecError
 from policylink.runtime import report
 from policylink.runtime.executors import ExecutorConfig, make_executor
 from policylink.runtime.rollout import (
     RegistryEnvFn,
+    cell_problems,
     env_spec_of,
+    limit_threads,
     load_policy_ref,
     make_vector_env,
+    parse_command_config,
     plan_episodes,
+    require_counts,
     rollout,
 )
 
@@ -44,6 +47,8 @@ class EvalConfig:
     Attributes:
         policies: registry names, checkpoint folders or server addresses (``tcp://host:port``); ``{env}`` in a
             reference is replaced by each env's name (one checkpoint per env, e.g. ``ckpt/{env}/flow``).
+            ``label=ref`` names a policy; otherwise a checkpoint ``<run>/checkpoints/last`` is labelled
+            ``<run>`` (``<run>/checkpoints/<step>``: ``<run>_<step>``), other references by themselves.
         envs: environment registry names.
         episodes: episodes per (policy, env) cell.
         seed: episode ``i`` resets with ``seed + i`` in every cell.
@@ -58,6 +63,9 @@ class EvalConfig:
         resume: skip cells (and shards) already written in ``out``.
         env_kwargs: keyword arguments of every env factory (``obs_mode``...).
         executor: chunk execution (:class:`ExecutorConfig`), including simulated latency.
+
+    Raises:
+        ValueError: ``episodes``, ``num_envs`` or ``shard_episodes`` < 1, ``workers`` or ``videos`` < 0.
     """
 
     policies: list[str] = field(default_factory=list)
@@ -74,6 +82,9 @@ class EvalConfig:
     resume: bool = True
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+    def __post_init__(self) -> None:
+        require_counts(self, episodes=1, workers=0, num_envs=1, shard_episodes=1, videos=0)
 
 
 @dataclass
@@ -128,8 +139,10 @@ def evaluate(
         ``avg_max_reward``, ``avg_steps``, ``avg_stall_steps``, ``n_episodes``, ``eval_s``), policies-major.
 
     Raises:
-        IncompatibleSpecError: one error listing every incompatible (policy, env) cell, before anything runs.
-        ValueError: bad counts, or ``out`` holds results of a different configuration (with ``resume``).
+        IncompatibleSpecError: one error listing every incompatible (policy, env) cell (contract, executor
+            settings, or a policy that cannot be loaded), before anything runs.
+        ValueError: bad counts, two policies (or envs) with the same label, or ``out`` holds results of a
+            different configuration (with ``resume``).
     """
     cfg = EvalConfig(
         policies=[],
@@ -147,15 +160,12 @@ def evaluate(
         env_kwargs=dict(env_kwargs or {}),
         executor=executor or ExecutorConfig(),
     )
-    for name in ("episodes", "num_envs", "shard_episodes"):
-        if int(getattr(cfg, name)) < 1:
-            raise ValueError(f"{name}: expected >= 1, received {getattr(cfg, name)}")
-    pols = [_labelled(p) for p in policies]
-    env_items = [_labelled(e) for e in envs]
+    pols = _unique("policies", [_labelled(p) for p in policies])
+    env_items = _unique("envs", [_labelled(e) for e in envs])
     env_fns = {
         label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_env_kwargs(cfg))) for label, ref in env_items
     }
-    specs = _check_cells(pols, env_fns, cfg.device, isolate=cfg.ray_address is None and cfg.workers > 0)
+    specs = _check_cells(pols, env_fns, cfg.device, cfg.executor, isolate=cfg.ray_address is None and cfg.workers > 0)
     out = Path(cfg.out)
     settings = _settings(cfg)
     tasks, done_shards = [], {}
@@ -224,10 +234,10 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
     numpy/torch global generators), so a shard's result depends only on the task.
     """
     start = time.perf_counter()
-    _single_thread()
+    limit_threads(1)  # parallelism comes from workers, not from oversubscribed thread pools
     shard_seed = task.seed + task.first
     policy = load_policy_ref(task.policy_ref, task.device, shard_seed)
-    _single_thread()
+    limit_threads(1)
     np.random.seed(shard_seed % 2**32)
     if "torch" in sys.modules:
         sys.modules["torch"].manual_seed(shard_seed)
@@ -256,34 +266,35 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``policylink eval --policies A,B --envs X,Y --episodes 50 --seed 0 --workers 2 --out DIR``."""
-    from policylink.runtime.cli import parse_config
+    """``policylink eval --policies A,B --envs X,Y --episodes 50 --seed 0 --workers 2 --out DIR``.
 
+    Raises:
+        ValueError: missing ``--policies``/``--envs``, bad counts, duplicate labels or executor settings.
+        IncompatibleSpecError: every (policy, env) cell that cannot run, before anything runs.
+    """
     args = _quote_lists([_underscore_flag(a) for a in (sys.argv[1:] if argv is None else argv)])
-    cfg = parse_config(EvalConfig, args, prog="policylink eval")
+    cfg = parse_command_config(EvalConfig, args, prog="policylink eval")
     if not cfg.policies or not cfg.envs:
-        print("policylink eval: expected --policies and --envs (see --help)", file=sys.stderr)
-        return 2
-    try:
-        summaries = evaluate(
-            cfg.policies,
-            cfg.envs,
-            episodes=cfg.episodes,
-            seed=cfg.seed,
-            workers=cfg.workers,
-            out=cfg.out,
-            ray_address=cfg.ray_address,
-            num_envs=cfg.num_envs,
-            shard_episodes=cfg.shard_episodes,
-            videos=cfg.videos,
-            device=cfg.device,
-            resume=cfg.resume,
-            env_kwargs=cfg.env_kwargs,
-            executor=cfg.executor,
+        raise ValueError(
+            f"--policies and --envs: expected at least one of each (see policylink eval --help), received "
+            f"policies={cfg.policies} envs={cfg.envs}"
         )
-    except IncompatibleSpecError as e:
-        print(f"policylink eval: {e}", file=sys.stderr)
-        return 2
+    summaries = evaluate(
+        cfg.policies,
+        cfg.envs,
+        episodes=cfg.episodes,
+        seed=cfg.seed,
+        workers=cfg.workers,
+        out=cfg.out,
+        ray_address=cfg.ray_address,
+        num_envs=cfg.num_envs,
+        shard_episodes=cfg.shard_episodes,
+        videos=cfg.videos,
+        device=cfg.device,
+        resume=cfg.resume,
+        env_kwargs=cfg.env_kwargs,
+        executor=cfg.executor,
+    )
     print(report.markdown_table(summaries))
     print(f"wrote {Path(cfg.out) / 'report.html'}")
     return 0
@@ -312,6 +323,8 @@ def _quote_lists(args: list[str]) -> list[str]:
 
 
 def _labelled(item: Any) -> tuple[str, Any]:
+    """``(label, ref)`` of a policy/env reference: a ``(label, ref)`` pair, ``label=ref``, or a plain ref
+    labelled by :func:`reference_label`."""
     if isinstance(item, tuple) and len(item) == 2:
         return str(item[0]), item[1]
     if callable(item):
@@ -320,10 +333,41 @@ def _labelled(item: Any) -> tuple[str, Any]:
             f"{type(item).__name__}"
         )
     text = str(item)
-    if ENV_PLACEHOLDER in text:  # one checkpoint per env: label by the path without the placeholder
-        return Path(text.replace(ENV_PLACEHOLDER, "")).name.strip("_-.") or text, text
-    label = Path(text).name if Path(text).is_dir() else text
-    return label, text
+    label, eq, ref = text.partition("=")
+    if eq and label and ref and not any(c in label for c in "/:\\{"):
+        return label, ref
+    return reference_label(text), text
+
+
+def reference_label(ref: str) -> str:
+    """A short, meaningful label for a reference: ``<run>`` for ``.../<run>/checkpoints/last``,
+    ``<run>_<step>`` for ``.../<run>/checkpoints/<step>``, the folder name for another path (``{env}``
+    removed: ``ckpt/{env}/flow`` -> ``flow``), the reference itself for names and addresses."""
+    text = ref.replace(ENV_PLACEHOLDER, "") if ENV_PLACEHOLDER in ref else ref
+    if text.startswith(("tcp://", "ipc://")) or ("/" not in text and not Path(text).is_dir()):
+        return (text.strip("_-.") or ref) if text != ref else ref
+    path = Path(text.rstrip("/"))
+    if path.parent.name == "checkpoints":
+        run = path.parent.parent.name.strip("_-.") or path.parent.parent.name
+        return run if path.name == "last" else f"{run}_{path.name}"
+    return path.name.strip("_-.") or ref
+
+
+def _unique(what: str, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``items`` unchanged when their labels are unique.
+
+    Raises:
+        ValueError: two items share a label (their cells would overwrite each other).
+    """
+    seen: dict[str, Any] = {}
+    for label, ref in items:
+        if label in seen:
+            raise ValueError(
+                f"{what}: expected unique labels, received label {label!r} for both {seen[label]!r} and {ref!r}; "
+                f"name them with label=reference (e.g. --{what} a={seen[label]},b={ref})"
+            )
+        seen[label] = ref
+    return items
 
 
 def policy_ref_for(ref: Any, env: str) -> Any:
@@ -338,7 +382,7 @@ def _env_kwargs(cfg: EvalConfig) -> dict[str, Any]:
     return kw
 
 
-def _check_cells(pols, env_fns, device, isolate: bool) -> dict[str, Any]:
+def _check_cells(pols, env_fns, device, executor, isolate: bool) -> dict[str, Any]:
     """EnvSpec per env label; raises one IncompatibleSpecError listing every incompatible cell.
 
     With ``isolate`` the envs and policies are built in a short-lived forked process, so this process never
@@ -349,15 +393,15 @@ def _check_cells(pols, env_fns, device, isolate: bool) -> dict[str, Any]:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork")) as pool:
-            specs, problems = pool.submit(_probe_cells, pols, env_fns, device).result()
+            specs, problems = pool.submit(_probe_cells, pols, env_fns, device, executor).result()
     else:
-        specs, problems = _probe_cells(pols, env_fns, device)
+        specs, problems = _probe_cells(pols, env_fns, device, executor)
     if problems:
         raise IncompatibleSpecError(problems)
     return specs
 
 
-def _probe_cells(pols, env_fns, device) -> tuple[dict[str, Any], list[str]]:
+def _probe_cells(pols, env_fns, device, executor) -> tuple[dict[str, Any], list[str]]:
     specs = {}
     for label, fn in env_fns.items():
         env = fn()
@@ -372,7 +416,7 @@ def _probe_cells(pols, env_fns, device) -> tuple[dict[str, Any], list[str]]:
             if key not in loaded:
                 try:
                     policy = load_policy_ref(cell_ref, device)
-                except (FileNotFoundError, KeyError, OSError) as e:
+                except (KeyError, OSError, ValueError) as e:
                     loaded[key] = f"cannot load policy {cell_ref!r}: {e}"
                 else:
                     loaded[key] = policy.spec
@@ -382,7 +426,7 @@ def _probe_cells(pols, env_fns, device) -> tuple[dict[str, Any], list[str]]:
             if isinstance(loaded[key], str):
                 problems.append(f"{p_label} x {e_label}: {loaded[key]}")
                 continue
-            problems += [f"{p_label} x {e_label}: {p}" for p in compatibility_problems(loaded[key], espec)]
+            problems += cell_problems(p_label, loaded[key], e_label, espec, executor)
     return specs, problems
 
 
@@ -469,14 +513,6 @@ def _bars(pols, env_fns, episodes, done_shards, enabled):
         already = sum(len(s["episodes"]) for s in done_shards[cell].values())
         bars[cell] = tqdm(total=episodes, initial=already, desc=cell, position=i, unit="ep", leave=True)
     return bars
-
-
-def _single_thread() -> None:
-    """One thread per worker for torch and Mesa's llvmpipe renderer: parallelism comes from workers, not from
-    oversubscribed thread pools (set before the worker's first GL context; an explicit setting wins)."""
-    os.environ.setdefault("LP_NUM_THREADS", "1")
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
 
 
 def _safe(name: str) -> str:

@@ -11,6 +11,7 @@ from policylink.runtime.executors.base import (
     ExecutorConfigError,
     ExecutorKind,
     batch_size_of,
+    executor_problems,
 )
 from policylink.runtime.executors.ensemble import TemporalEnsembleExecutor
 from policylink.runtime.executors.latency import LatencyConfig, LatencyMode
@@ -28,6 +29,7 @@ __all__ = [
     "RecedingHorizonExecutor",
     "TemporalEnsembleExecutor",
     "batch_size_of",
+    "executor_problems",
     "make_executor",
     "rtc_weights",
 ]

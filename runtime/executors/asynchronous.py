@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.policy import PolicyAdapter
-from policylink.runtime.executors.base import ChunkExecutor, ExecutorConfig, ExecutorConfigError
+from policylink.runtime.executors.base import ChunkExecutor, ExecutorConfig
 from policylink.runtime.executors.guided import sample_with_rtc, supports_rtc
 from policylink.runtime.executors.rtc import rtc_weights
 
@@ -54,17 +54,6 @@ class AsyncExecutor(ChunkExecutor):
 
     def __init__(self, policy: PolicyAdapter, config: ExecutorConfig):
         super().__init__(policy, config)
-        lat = config.latency
-        if lat.simulated and lat.max_steps > self.n_action_steps:
-            raise ExecutorConfigError(
-                f"executor.latency: expected a delay <= n_action_steps "
-                f"({self.n_action_steps}) steps, received up to {lat.max_steps}"
-            )
-        if lat.simulated and self.n_action_steps + lat.max_steps > self.chunk_size:
-            raise ExecutorConfigError(
-                f"executor.n_action_steps + latency: expected <= chunk_size "
-                f"({self.chunk_size}), received {self.n_action_steps} + {lat.max_steps}"
-            )
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policylink-infer")
         self._rtc = bool(config.rtc) and supports_rtc(policy)
         self._hz = float(policy.spec.control_frequency)

@@ -98,11 +98,9 @@ class ChunkExecutor(ABC):
         self.config = config
         self.chunk_size = int(policy.spec.chunk_size)
         self.n_action_steps = int(config.n_action_steps or policy.spec.n_action_steps)
-        if self.n_action_steps > self.chunk_size:
-            raise ExecutorConfigError(
-                f"executor.n_action_steps: expected <= the policy's chunk_size "
-                f"({self.chunk_size}), received {self.n_action_steps}"
-            )
+        problems = executor_problems(policy.spec, config)
+        if problems:
+            raise ExecutorConfigError("; ".join(problems))
         self._latency = config.latency.sampler()
         self.batch_size: int | None = None
         self.inferences = np.zeros(0, dtype=np.int64)
@@ -178,3 +176,28 @@ def batch_size_of(obs_batch: Mapping[str, Any]) -> int:
     if TASK_KEY in obs_batch:
         return len(obs_batch[TASK_KEY])
     raise ValueError("observation batch: expected at least one feature, received none")
+
+
+def executor_problems(spec: Any, config: ExecutorConfig) -> list[str]:
+    """Every reason ``config`` cannot run a policy with PolicySpec ``spec`` (empty when it can), so callers can
+    reject a (policy, executor) pair before loading envs or starting episodes.
+
+    Checks ``n_action_steps <= chunk_size`` (every kind) and, for ``async`` with simulated latency, RTC's
+    ``d <= s`` and ``s + d <= H`` (``d`` the largest delay, ``s`` the inference period, ``H`` the chunk size).
+
+    Args:
+        spec: the policy's :class:`~policylink.adapters.schema.PolicySpec` (``chunk_size``, ``n_action_steps``).
+        config: the :class:`ExecutorConfig`.
+    """
+    h = int(spec.chunk_size)
+    s = int(config.n_action_steps or spec.n_action_steps)
+    if s > h:
+        return [f"executor.n_action_steps: expected <= the policy's chunk_size ({h}), received {s}"]
+    lat = config.latency
+    if config.kind != ExecutorKind.ASYNC.value or not lat.simulated:
+        return []
+    if lat.max_steps > s:
+        return [f"executor.latency: expected a delay <= n_action_steps ({s}) steps, received up to {lat.max_steps}"]
+    if s + lat.max_steps > h:
+        return [f"executor.n_action_steps + latency: expected <= chunk_size ({h}), received {s} + {lat.max_steps}"]
+    return []

@@ -263,3 +263,51 @@ def test_ray_matches_local_pool(tmp_path):
     cell = ("out", "cells", "greedy__line", "eval_info.json")
     a, b = (json.loads(tmp_path.joinpath(where, *cell).read_text())["per_episode"] for where in ("local", "ray"))
     assert a == b
+
+
+def test_labels_name_the_run_and_must_be_unique(tmp_path):
+    assert ev.reference_label("/a/push_dp/checkpoints/last") == "push_dp"
+    assert ev.reference_label("/a/push_dp/checkpoints/005000") == "push_dp_005000"
+    assert ev.reference_label("outputs/ckpt/{env}/flow") == "flow"
+    assert ev.reference_label("diffusion") == "diffusion"
+    assert ev.reference_label("tcp://host:5555") == "tcp://host:5555"
+    assert ev._labelled("mine=/a/run/checkpoints/last") == ("mine", "/a/run/checkpoints/last")
+    with pytest.raises(ValueError) as err:  # both would be cell "run__line": one would never be evaluated
+        ev.evaluate(["/x/run/checkpoints/last", "/y/run/checkpoints/last"], ENVS, progress=False, out=tmp_path)
+    assert str(err.value) == (
+        "policies: expected unique labels, received label 'run' for both '/x/run/checkpoints/last' and "
+        "'/y/run/checkpoints/last'; name them with label=reference (e.g. --policies "
+        "a=/x/run/checkpoints/last,b=/y/run/checkpoints/last)"
+    )
+    assert not (tmp_path / "cells").exists()
+
+
+def test_cli_label_syntax_evaluates_every_policy(tmp_path, capsys):
+    register_env("line_lbl", Line, overwrite=True)
+    register_policy("greedy_lbl", Greedy, overwrite=True)
+    register_policy("still_lbl", Still, overwrite=True)
+    args = ["--envs", "line_lbl", "--episodes", "4", "--seed", "3", "--workers", "0", "--videos", "0"]
+    assert ev.main(["--policies", "g=greedy_lbl,s=still_lbl", *args, "--out", str(tmp_path)]) == 0
+    cells = sorted(p.name for p in (tmp_path / "cells").iterdir())
+    assert cells == ["g__line_lbl", "s__line_lbl"]
+    table = capsys.readouterr().out
+    assert "| g |" in table and "| s |" in table
+
+
+def test_cli_rejects_bad_counts_and_executor_settings(tmp_path):
+    register_env("line_lbl", Line, overwrite=True)
+    register_policy("greedy_lbl", Greedy, overwrite=True)
+    base = ["--policies", "greedy_lbl", "--envs", "line_lbl", "--out", str(tmp_path)]
+    with pytest.raises(ValueError, match=r"^workers: expected an integer >= 0, received -2$"):
+        ev.main([*base, "--workers", "-2"])
+    for flag in ("episodes", "num_envs", "shard_episodes"):
+        with pytest.raises(ValueError, match=rf"^{flag}: expected an integer >= 1, received 0$"):
+            ev.main([*base, f"--{flag}", "0"])
+    with pytest.raises(ValueError, match=r"^executor.kind: expected one of .*received 'fastest'$"):
+        ev.main([*base, "--executor.kind", "fastest"])
+    with pytest.raises(IncompatibleSpecError) as err:  # listed with the cells, before anything runs
+        ev.main([*base, "--workers", "0", "--executor.n_action_steps", "99"])
+    assert "greedy_lbl x line_lbl: executor.n_action_steps: expected <= the policy's chunk_size (4), received 99" in (
+        str(err.value)
+    )
+    assert not (tmp_path / "cells").exists()

@@ -1,17 +1,19 @@
 """The reference rollout loop: terminal-step metrics, planned seeds with SAME_STEP autoreset, videos that start
 at their own episode's first frame, recording through the data recorder, and ``policylink run``."""
 
+import re
+
 import numpy as np
 import pytest
 
 from policylink.adapters.env import EnvAdapter
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.registry import register_env, register_policy
-from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, PolicySpec
+from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, IncompatibleSpecError, PolicySpec
 from policylink.data.buffer import EpisodeStore
 from policylink.data.recorder import EpisodeRecorder
 from policylink.runtime import rollout as ro
-from policylink.runtime.executors import ExecutorConfig, make_executor
+from policylink.runtime.executors import ExecutorConfig, ExecutorConfigError, make_executor
 
 STATE = "observation.state"
 ACTION = ActionSpec(("u",), "ee_delta", ("m",), (-1.0,), (1.0,))
@@ -118,3 +120,78 @@ def test_run_command(capsys):
     assert ro.main(["--policy", "zero_run", "--env", "countdown_run", "--episodes", "3", "--num_envs", "2"]) == 0
     out = capsys.readouterr().out
     assert "episode 2 seed 2: success=True steps=5" in out and "success: 2/3 (66.7%)" in out
+
+
+class TwoD(Zero):
+    """Zero chunks of a 2-D action (incompatible with Countdown's 1-D action)."""
+
+    def __init__(self):
+        HistoryPolicy.__init__(
+            self,
+            PolicySpec(
+                {STATE: FeatureSpec("float32", (2,))},
+                ActionSpec(("a", "b"), "ee_delta", ("m", "m"), (-1, -1), (1, 1)),
+                chunk_size=4,
+                n_action_steps=2,
+            ),
+        )
+
+
+RUN = ["--policy", "zero_run", "--env", "countdown_run"]
+
+
+def test_run_rejects_bad_counts_and_executor_settings_by_field():
+    register_env("countdown_run", Countdown, overwrite=True)
+    register_policy("zero_run", Zero, overwrite=True)
+    with pytest.raises(ValueError, match=r"^episodes: expected an integer >= 1, received -1$"):
+        ro.main([*RUN, "--episodes", "-1"])
+    with pytest.raises(ValueError, match=r"^num_envs: expected an integer >= 1, received 0$"):
+        ro.main([*RUN, "--num_envs", "0"])
+    with pytest.raises(
+        ExecutorConfigError,
+        match=r"^executor.kind: expected one of \['receding_horizon', 'temporal_ensemble', 'async'\], "
+        r"received 'fastest'$",
+    ):
+        ro.main([*RUN, "--executor.kind", "fastest"])
+    with pytest.raises(ExecutorConfigError, match=r"^executor.n_action_steps: expected >= 1 \(or None\), received 0$"):
+        ro.main([*RUN, "--executor.n_action_steps", "0"])
+
+
+def test_run_checks_the_pair_and_the_executor_before_running(monkeypatch):
+    register_env("countdown_run", Countdown, overwrite=True)
+    register_policy("zero_run", Zero, overwrite=True)
+    register_policy("twod_run", TwoD, overwrite=True)
+
+    def never(*a, **k):
+        raise AssertionError("episodes started before the check")
+
+    monkeypatch.setattr(ro, "make_vector_env", never)
+    with pytest.raises(IncompatibleSpecError) as err:
+        ro.main([*RUN, "--executor.n_action_steps", "99"])
+    assert str(err.value).endswith(
+        "- zero_run x countdown_run: executor.n_action_steps: expected <= the policy's chunk_size (4), received 99"
+    )
+    with pytest.raises(IncompatibleSpecError, match=r"twod_run x countdown_run: action dimension: expected 2"):
+        ro.main(["--policy", "twod_run", "--env", "countdown_run"])
+
+
+def test_policy_references_that_cannot_load_say_why(tmp_path):
+    missing = str(tmp_path / "nonexistent" / "checkpoints" / "last")
+    with pytest.raises(FileNotFoundError, match=f"^checkpoint folder not found: {re.escape(missing)} "):
+        ro.load_policy_ref(missing)
+    with pytest.raises(ValueError, match=r"^policy 'diffusion' needs a checkpoint: pass the checkpoint folder"):
+        ro.load_policy_ref("diffusion")
+    with pytest.raises(KeyError, match="no_such_policy"):
+        ro.load_policy_ref("no_such_policy")
+
+
+def test_limit_threads_caps_torch():
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    try:
+        ro.limit_threads(1)
+        assert torch.get_num_threads() == 1
+        ro.limit_threads(0)  # 0 leaves torch's setting alone
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
