@@ -19,7 +19,7 @@ import mujoco
 import numpy as np
 
 from policylink.adapters.env import EnvAdapter
-from policylink.adapters.schema import ActionError
+from policylink.adapters.schema import coerce_action
 from policylink.sim.genesis.scene import GANTRY_JOINTS, GantryScene
 from policylink.sim.mujoco.base import MujocoTaskEnv
 from policylink.sim.mujoco.perturbations import PerturbationConfig
@@ -116,15 +116,8 @@ class GenesisTaskEnv(EnvAdapter):
         Raises:
             ActionError: wrong shape or non-finite values.
         """
-        a = np.asarray(action, dtype=np.float32)
-        if a.shape != self._low.shape or not np.isfinite(a).all():
-            raise ActionError(
-                [
-                    f"action: expected finite float32 of shape {self._low.shape}, received shape "
-                    f"{a.shape}{' with NaN/inf' if a.shape == self._low.shape else ''}"
-                ]
-            )
-        self.mirror._apply_action(np.clip(a, self._low, self._high))  # the MuJoCo task's controller -> ctrl
+        a = coerce_action(self.env_spec.action, action)
+        self.mirror._apply_action(a)  # the MuJoCo task's controller -> ctrl
         self.scene.control(self.mirror.data.ctrl[self._act])
         self.scene.step()
         self._pull_state()

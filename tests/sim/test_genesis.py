@@ -81,9 +81,9 @@ def test_reset_and_step_shapes(envs, name):
     assert obs[STATE_KEY].dtype == np.float32
     assert isinstance(info["is_success"], bool) and reward in (0.0, 1.0)
     assert terminated is False and truncated is False
-    with pytest.raises(ActionError, match="action: expected finite float32"):
+    with pytest.raises(ActionError, match=rf"action: expected shape \({spec.action.dim},\) .*received shape"):
         env.step(np.zeros(spec.action.dim + 1, np.float32))
-    with pytest.raises(ActionError, match="NaN/inf"):
+    with pytest.raises(ActionError, match=r"action\[0\] \(dx\): expected a finite value, received nan"):
         env.step(np.full(spec.action.dim, np.nan, np.float32))
 
 
