@@ -9,7 +9,7 @@ STAMP := $(VENV)/.policylink-installed
 # LeRobot 0.4.4 caps torch<2.11, hub<0.36, av<16, draccus==0.10: install it --no-deps, plus the packages its
 # dataset code imports (from its METADATA; versions checked here with torch 2.14.1 / numpy 2.4 / hub 2.x)
 LEROBOT_NODEPS := lerobot==0.4.4 datasets==4.8.5 multiprocess==0.70.19 xxhash==4.1.0 jsonlines==4.0.0 \
-	einops==0.8.2 deepdiff==8.6.2 orderly-set==5.5.0 termcolor==3.3.0
+	einops==0.8.2 deepdiff==8.6.2 orderly-set==5.5.0 termcolor==3.3.0 pyserial==3.5
 LEROBOT_DEPS := accelerate==1.15.0 httpx==0.28.1
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
