@@ -129,7 +129,20 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
     try:
         return draccus.parse(cls, config_path=config_path, args=args)
     except draccus.utils.DraccusException as e:
-        raise ConfigError(f"invalid {cls.__name__}: {e}") from e
+        own = _own_validation_error(e)
+        raise ConfigError(str(own) if own is not None else f"invalid {cls.__name__}: {e}") from e
+
+
+def _own_validation_error(e: BaseException) -> BaseException | None:
+    """The config's own ``__post_init__`` ValueError that draccus wrapped as "Couldn't instantiate class", if any."""
+    if "Couldn't instantiate class" not in str(e):
+        return None
+    cause = e.__cause__ or e.__context__
+    while cause is not None:
+        if isinstance(cause, ValueError) and not type(cause).__module__.startswith("draccus"):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _bracket_lists(cls: type, args: list[str]) -> list[str]:

@@ -30,7 +30,6 @@ from policylink.runtime.rollout import (
     limit_threads,
     load_policy_ref,
     make_vector_env,
-    parse_command_config,
     plan_episodes,
     require_counts,
     rollout,
@@ -273,7 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         IncompatibleSpecError: every (policy, env) cell that cannot run, before anything runs.
     """
     args = _quote_lists([_underscore_flag(a) for a in (sys.argv[1:] if argv is None else argv)])
-    cfg = parse_command_config(EvalConfig, args, prog="policylink eval")
+    from policylink.runtime.cli import parse_config
+
+    cfg = parse_config(EvalConfig, args, prog="policylink eval")
     if not cfg.policies or not cfg.envs:
         raise ValueError(
             f"--policies and --envs: expected at least one of each (see policylink eval --help), received "

@@ -280,29 +280,6 @@ def require_counts(config: Any, **minimums: int) -> None:
             raise ValueError(f"{name}: expected an integer >= {low}, received {value!r}")
 
 
-def parse_command_config(cls: type, argv: Sequence[str], prog: str) -> Any:
-    """:func:`policylink.runtime.cli.parse_config`, but a config's own validation error (raised by a dataclass'
-    ``__post_init__``, e.g. ``executor.kind: expected one of [...]``) is re-raised as it is, instead of draccus'
-    ``Couldn't instantiate class ...`` which hides it.
-
-    Raises:
-        ValueError: the config's own validation error; ConfigError for anything else draccus rejects.
-    """
-    from policylink.runtime.cli import ConfigError, parse_config
-
-    try:
-        return parse_config(cls, list(argv), prog=prog)
-    except ConfigError as e:
-        cause: BaseException | None = e
-        while cause is not None:
-            inner = cause.__cause__
-            if type(cause).__module__.startswith("draccus") and isinstance(inner, ValueError):
-                if not type(inner).__module__.startswith("draccus"):
-                    raise inner from None
-            cause = inner
-        raise
-
-
 def limit_threads(n: int = 1) -> None:
     """Cap torch's CPU threads at ``n`` (0 = leave torch's default) and Mesa's llvmpipe renderer at ``n``
     (``LP_NUM_THREADS``, before the first GL context; an explicit setting wins).
@@ -399,7 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         IncompatibleSpecError: the policy, env and executor do not fit (checked before any episode runs).
         FileNotFoundError, UnknownNameError: the policy or env reference cannot be resolved.
     """
-    cfg = parse_command_config(RunConfig, list(sys.argv[1:] if argv is None else argv), prog="policylink run")
+    from policylink.runtime.cli import parse_config
+
+    cfg = parse_config(RunConfig, list(sys.argv[1:] if argv is None else argv), prog="policylink run")
     if not cfg.policy or not cfg.env:
         raise ValueError(
             f"--policy and --env: expected both (see policylink run --help), received policy={cfg.policy!r} "
