@@ -18,20 +18,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SUPPORTED_DTYPES: tuple[str, ...] = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-)
+from policylink.adapters.schema import NUMERIC_DTYPES
+
+SUPPORTED_DTYPES: tuple[str, ...] = NUMERIC_DTYPES
 _WIRE_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in SUPPORTED_DTYPES}
 _DTYPE_CODE = {np.dtype(name): code for code, name in enumerate(SUPPORTED_DTYPES)}
 _DTYPE_CODE.update({dt: code for code, dt in enumerate(_WIRE_DTYPES.values())})

@@ -22,22 +22,22 @@ IMAGE_PREFIX = "observation.images."
 TASK_KEY = "task"
 ACTION_KEY = "action"
 
-_NUMERIC_DTYPES = frozenset(
-    {
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    }
+# Numeric dtypes of the contract, in a fixed order (the wire codec numbers them by this order).
+NUMERIC_DTYPES: tuple[str, ...] = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
 )
+_NUMERIC_DTYPES = frozenset(NUMERIC_DTYPES)
 _STRING_DTYPE = "string"
 
 
