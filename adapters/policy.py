@@ -33,13 +33,25 @@ class PolicyAdapter(Protocol):
     """
 
     @property
-    def spec(self) -> PolicySpec: ...
+    def spec(self) -> PolicySpec:
+        """The :class:`PolicySpec`: required features, ActionSpec, horizons, control frequency (Hz)."""
+        ...
 
-    def reset(self, env_ids: Sequence[int] | None = None) -> None: ...
+    def reset(self, env_ids: Sequence[int] | None = None) -> None:
+        """Start new episodes for ``env_ids`` (indices into the batch; ``None`` = all); others keep their state."""
+        ...
 
-    def update_observation(self, obs_batch: Mapping[str, Any]) -> None: ...
+    def update_observation(self, obs_batch: Mapping[str, Any]) -> None:
+        """Append one step: arrays ``(B, *feature.shape)`` keyed by feature, ``task`` a list of ``B`` str.
 
-    def predict_action_chunk(self) -> np.ndarray: ...
+        Raises:
+            ObservationError: a required feature is missing, or has the wrong dtype/shape, or non-finite values.
+        """
+        ...
+
+    def predict_action_chunk(self) -> np.ndarray:
+        """float32 ``(B, chunk_size, A)`` in the ActionSpec's units; index 0 is the action for the newest step."""
+        ...
 
 
 class HistoryPolicy(ABC):
