@@ -163,6 +163,7 @@ def record_episode(
     seed: int | None = None,
     meta: EpisodeMeta | None = None,
     max_steps: int | None = None,
+    execute: Any = None,
 ) -> tuple[int, bool, int]:
     """Run one episode of ``env`` with ``act(obs) -> action (A,)`` and commit it.
 
@@ -173,6 +174,10 @@ def record_episode(
         seed: env reset seed (recorded in the metadata).
         meta: source / quality / task tags (its ``seed`` is replaced by ``seed``).
         max_steps: step cap, >= 1 (default None: ``env.env_spec.max_episode_steps``).
+        execute: optional ``execute(action) -> action (A,)``: the action sent to the env, while ``act``'s
+            action is the one recorded (DART noise injection, Laskey et al. 2017, "DART: Noise Injection for
+            Robust Imitation Learning": the demonstrator's clean action is the label of a state reached by
+            perturbed execution). Default None: the recorded action is executed.
 
     Returns:
         ``(episode_index, success, n_steps)``; success is True if ``info["is_success"]`` was ever True.
@@ -192,7 +197,8 @@ def record_episode(
         success = bool(info.get("is_success", False))
         for _ in range(max_steps):
             action = np.asarray(act(obs), dtype=np.float32)
-            next_obs, reward, terminated, truncated, info = env.step(action)
+            sent = action if execute is None else np.asarray(execute(action), dtype=np.float32)
+            next_obs, reward, terminated, truncated, info = env.step(sent)
             success = success or bool(info.get("is_success", False))
             recorder.add_step(obs, action, reward, terminated)
             obs = next_obs

@@ -17,7 +17,7 @@ from typing import Any
 from policylink.data.buffer import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder, record_episode
 
-OBS_MODES = ("state", "image", "state+image")
+OBS_MODES = ("state", "image", "state+image", "image+proprio")
 EXPERTS = ("expert", "noisy", "poor")
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
@@ -44,8 +44,13 @@ class RecordConfig:
         seed: seed of the first episode; episode ``i`` resets the env and the expert with ``seed + i``. Default
             (None): 0 for a new store, and one past the highest recorded seed when appending, so a re-run adds
             new episodes instead of repeating seeds. An explicit seed that repeats recorded ones is warned about.
-        obs_mode: observations to record: ``state``, ``image`` or ``state+image``.
+        obs_mode: observations to record: ``state``, ``image``, ``state+image`` or ``image+proprio`` (frames
+            plus the robot's own state only). The expert always acts on the full state.
         image_size: camera image side, pixels.
+        dart_noise: DART noise injection (Laskey et al. 2017): when > 0, each executed action is the expert's
+            action plus Gaussian noise with this std, as a fraction of each dimension's half range (clipped to
+            the limits), while the recorded action is the expert's clean one: demos that show how to recover
+            from small deviations. 0 (default) executes the recorded action. Must be in [0, 1].
         max_steps: step cap per episode, >= 1 (default None: the env's ``max_episode_steps``).
         zarr_format: 3 (default) or 2 for a new store.
         lock_timeout: seconds to wait when another process is writing the store (0 = fail at once).
@@ -58,6 +63,7 @@ class RecordConfig:
     seed: int | None = None
     obs_mode: str = "state"
     image_size: int = 96
+    dart_noise: float = 0.0
     max_steps: int | None = None
     zarr_format: int = 3
     lock_timeout: float = 0.0
@@ -113,10 +119,12 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     t0 = time.perf_counter()
     try:
         first = _first_seed(store, cfg.seed, cfg.episodes)
+        quality = cfg.expert + (f"+dart{cfg.dart_noise:g}" if cfg.dart_noise > 0 else "")
         if expert is None:
             from policylink.sim.experts import make_expert
 
             expert = make_expert(env, quality=cfg.expert, seed=first)
+        execute = _dart_execute(env, cfg.dart_noise, first) if cfg.dart_noise > 0 else None
         with EpisodeRecorder(store, env_spec=env.env_spec) as rec:
             bar = tqdm(range(cfg.episodes), desc=f"record {cfg.env}", unit="ep", disable=not progress)
             for i in bar:
@@ -124,11 +132,12 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
                 expert.reset(seed)
                 _, success, n = record_episode(
                     env,
-                    lambda obs: expert.act(obs, env),
+                    lambda obs: expert.act(_expert_observation(env, obs), env),
                     rec,
                     seed=seed,
-                    meta=EpisodeMeta(source="expert", quality=cfg.expert),
+                    meta=EpisodeMeta(source="expert", quality=quality),
                     max_steps=cfg.max_steps,
+                    execute=execute,
                 )
                 done, frames, successes = done + 1, frames + n, successes + int(success)
                 bar.set_postfix(success=f"{successes / done:.2f}", frames=frames)
@@ -140,6 +149,38 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     return RecordSummary(cfg.episodes, frames, successes, time.perf_counter() - t0)
 
 
+def _expert_observation(env: Any, obs: dict[str, Any]) -> dict[str, Any]:
+    """What the scripted expert reads: ``obs``, with ``observation.state`` replaced by the env's full
+    ``privileged_state()`` in observation modes that hide part of it (``image``, ``image+proprio``)."""
+    from policylink.adapters.schema import STATE_KEY
+
+    base = getattr(env, "unwrapped", env)
+    if getattr(base, "obs_mode", "state") in ("state", "state+image") or not hasattr(base, "privileged_state"):
+        return obs
+    return {**obs, STATE_KEY: base.privileged_state()}
+
+
+def _dart_execute(env: Any, noise: float, seed: int) -> Any:
+    """``execute(action)`` for :func:`record_episode`: the action plus Gaussian noise of ``noise`` x half range
+    (one generator seeded with ``seed`` for the run), clipped to the ActionSpec's limits. float32 ``(A,)``.
+
+    Raises:
+        ValueError: the action limits are not finite."""
+    import numpy as np
+
+    spec = env.unwrapped.env_spec.action
+    low, high = spec.low_array, spec.high_array
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise ValueError(f"dart_noise: expected an action space with finite limits, received low={low} high={high}")
+    rng = np.random.default_rng(seed)
+
+    def execute(action: Any) -> Any:
+        noisy = action + rng.normal(0.0, noise, action.shape) * (high - low) / 2.0
+        return np.clip(noisy, low, high).astype(np.float32)
+
+    return execute
+
+
 def _validate(cfg: RecordConfig) -> None:
     """Raise ValueError naming the first bad field of ``cfg`` (expected vs received)."""
     if cfg.obs_mode not in OBS_MODES:
@@ -148,6 +189,8 @@ def _validate(cfg: RecordConfig) -> None:
         raise ValueError(f"expert: expected one of {', '.join(EXPERTS)}, received {cfg.expert!r}")
     if cfg.episodes < 1:
         raise ValueError(f"episodes: expected an int >= 1, received {cfg.episodes}")
+    if not 0.0 <= cfg.dart_noise <= 1.0:
+        raise ValueError(f"dart_noise: expected a value in [0, 1], received {cfg.dart_noise}")
     if cfg.max_steps is not None and cfg.max_steps < 1:
         raise ValueError(f"max_steps: expected an int >= 1 (or omit it for the env's limit), received {cfg.max_steps}")
     if cfg.seed is not None and cfg.seed < 0:

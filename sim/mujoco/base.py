@@ -30,7 +30,7 @@ from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
 from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_quality
 
-OBS_MODES = ("state", "image", "state+image")
+OBS_MODES = ("state", "image", "state+image", "image+proprio")
 CONTROL_FREQUENCY_HZ = 10.0
 
 
@@ -54,8 +54,10 @@ class MujocoTaskEnv(EnvAdapter):
     the limits are clipped to the ActionSpec's ``[low, high]``.
 
     Args:
-        obs_mode: ``"state"`` (``observation.state`` only), ``"image"`` (camera frames only) or
-            ``"state+image"``; every mode adds the ``task`` instruction (str).
+        obs_mode: ``"state"`` (``observation.state`` only), ``"image"`` (camera frames only),
+            ``"state+image"``, or ``"image+proprio"``: camera frames plus an ``observation.state`` that holds only
+            the robot's own leading ``n_proprio`` entries (e.g. the pusher's x, y; the objects' poses must come
+            from the pixels; gym-pusht's ``pixels_agent_pos``); every mode adds the ``task`` instruction (str).
         image_size: frame size, ``int`` (square) or ``(H, W)``, pixels (default 96).
         cameras: camera names for image observations (default: the task's ``default_cameras``); known
             cameras are ``"top"`` (straight down, image right = world +x, up = world +y) and ``"front"``.
@@ -76,6 +78,7 @@ class MujocoTaskEnv(EnvAdapter):
     max_episode_steps: ClassVar[int]
     state_names: ClassVar[tuple[str, ...]]
     state_unit: ClassVar[str] = "m"
+    n_proprio: ClassVar[int]  # leading entries of ``state_names`` that describe the robot itself
     default_cameras: ClassVar[tuple[str, ...]] = ("front",)
     randomized_geoms: ClassVar[tuple[str, ...]] = ()
     main_object: ClassVar[str]  # body moved by displacement / force perturbations
@@ -112,6 +115,7 @@ class MujocoTaskEnv(EnvAdapter):
             if cam not in known:
                 raise KeyError(f"cameras: expected names from {known}, received {cam!r}")
         self._use_state = obs_mode != "image"
+        self._n_state = self.n_proprio if obs_mode == "image+proprio" else len(self.state_names)
         self._use_images = obs_mode != "state"
         buf = (max(height, render_size if render_mode else 0), max(width, render_size if render_mode else 0))
         configure_visual_quality(self.model, render_quality, *buf)
@@ -130,9 +134,8 @@ class MujocoTaskEnv(EnvAdapter):
         self._main_body = self.model.body(self.main_object).id
         features: dict[str, FeatureSpec] = {}
         if self._use_state:
-            features[STATE_KEY] = FeatureSpec(
-                "float32", (len(self.state_names),), names=self.state_names, unit=self.state_unit
-            )
+            names = self.state_names[: self._n_state]
+            features[STATE_KEY] = FeatureSpec("float32", (len(names),), names=names, unit=self.state_unit)
         if self._use_images:
             for cam in self.cameras:
                 features[IMAGE_PREFIX + cam] = FeatureSpec("uint8", (height, width, 3), unit="rgb")
@@ -237,6 +240,11 @@ class MujocoTaskEnv(EnvAdapter):
         truncated = self.elapsed_steps >= self.max_episode_steps
         return self._observation(), float(success), success, truncated, {"is_success": success}
 
+    def privileged_state(self) -> np.ndarray:
+        """The full ``observation.state`` vector in every ``obs_mode``, float32 ``(D,)`` in the order of
+        ``state_names``: what scripted experts read when the observation hides the objects' poses."""
+        return self._state()
+
     def render(self) -> np.ndarray | None:
         """A ``render_size`` RGB uint8 frame of the first camera (``render_mode="rgb_array"``), else None."""
         if self._video_renderer is None:
@@ -253,7 +261,7 @@ class MujocoTaskEnv(EnvAdapter):
     def _observation(self) -> dict[str, Any]:
         obs: dict[str, Any] = {}
         if self._use_state:
-            obs[STATE_KEY] = self._state()
+            obs[STATE_KEY] = self._state()[: self._n_state]
         if self._renderer is not None:
             for cam in self.cameras:
                 obs[IMAGE_PREFIX + cam] = self._renderer.render(self.data, cam)

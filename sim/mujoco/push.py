@@ -48,6 +48,7 @@ class PushEnv(MujocoTaskEnv):
     max_episode_steps = 150
     state_names = ("pusher_x", "pusher_y", "block_x", "block_y", "block_sin_yaw", "block_cos_yaw")
     state_unit = "m (x, y); 1 (sin, cos)"
+    n_proprio = 2  # pusher x, y
     default_cameras = ("top",)
     randomized_geoms = ("block_bar", "block_stem")
     main_object = "block"

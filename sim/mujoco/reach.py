@@ -32,6 +32,7 @@ class ReachEnv(MujocoTaskEnv):
     xml_file = "reach.xml"
     max_episode_steps = 50
     state_names = ("ee_x", "ee_y", "ee_z", "target_x", "target_y", "target_z")
+    n_proprio = 3  # end-effector x, y, z
     default_cameras = ("front",)
     randomized_geoms = ("target",)
     main_object = "target"

@@ -151,7 +151,8 @@ def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
         ("--max_steps", "0", "max_steps: expected an int >= 1 (or omit it for the env's limit), received 0"),
         ("--max-steps", "-1", "max_steps: expected an int >= 1 (or omit it for the env's limit), received -1"),
         ("--expert", "great", "expert: expected one of expert, noisy, poor, received 'great'"),
-        ("--obs-mode", "depth", "obs_mode: expected one of state, image, state+image, received 'depth'"),
+        ("--obs-mode", "depth", "obs_mode: expected one of state, image, state+image, image+proprio, received 'depth'"),
+        ("--dart_noise", "1.5", "dart_noise: expected a value in [0, 1], received 1.5"),
     ],
 )
 def test_cli_rejects_bad_values(tmp_path, point_env, flag, value, message):
@@ -206,3 +207,32 @@ def test_ctrl_c_keeps_complete_episodes(tmp_path, point_env, capsys, monkeypatch
     assert s.n_episodes == 2 and [m.seed for m in s.all_meta()] == [0, 1]
     with EpisodeStore(out, "a"):  # the lock was released
         pass
+
+
+def test_record_episode_executes_perturbed_but_records_clean_action(tmp_path):
+    env = PointEnv()
+    with EpisodeRecorder(tmp_path / "p.zarr", env_spec=env.env_spec) as rec:
+        idx, _, n = record_episode(
+            env, lambda o: np.array([-0.1], np.float32), rec, seed=5, execute=lambda a: a + np.float32(0.05)
+        )
+    ep = EpisodeStore(tmp_path / "p.zarr").get_episode(idx)
+    np.testing.assert_array_equal(ep["action"][:, 0], np.full(n, -0.1, np.float32))  # the label
+    np.testing.assert_allclose(np.diff(ep["observation.state"][:, 0]), -0.05, atol=1e-6)  # what was executed
+
+
+def test_dart_noise_labels_clean_expert_actions(tmp_path, point_env):
+    out = tmp_path / "dart.zarr"
+    cfg = record_cli.RecordConfig(env="point_test", episodes=20, out=str(out), seed=0, dart_noise=0.4)
+    record_cli.record(cfg, progress=False)
+    store = EpisodeStore(out)
+    assert store.n_episodes == 20 and store.episode_meta(0).quality == "expert+dart0.4"
+    residuals = []
+    for i in range(20):
+        ep = store.get_episode(i)
+        x, a = ep["observation.state"][:, 0], ep["action"][:, 0]
+        np.testing.assert_allclose(a, -x, atol=1e-6)  # labels: the clean expert action -x at every state
+        inside = np.abs(a[:-1]) < 0.1  # steps where neither the label nor most noisy actions were clipped
+        residuals.append((x[1:] - (x[:-1] + a[:-1]))[inside])
+    r = np.concatenate(residuals)
+    # executed = label + N(0, 0.4 x half range 0.25 = 0.1): the states show that noise, the labels do not
+    assert len(r) > 10 and 0.06 < r.std() < 0.14

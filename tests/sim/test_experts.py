@@ -73,3 +73,22 @@ def test_make_expert_dispatch_and_errors():
 
     with pytest.raises(KeyError, match="mystery"):
         make_expert(Unknown())
+
+
+def test_recording_with_images_and_proprio_acts_as_with_the_full_state(tmp_path):
+    """The expert reads the env's privileged state when the observation hides the block's pose: the same
+    seeds give the same actions in ``image+proprio`` mode as in ``state`` mode."""
+    from policylink.data.buffer import EpisodeStore
+    from policylink.runtime.record import RecordConfig, record
+
+    actions = {}
+    for mode in ("state", "image+proprio"):
+        out = tmp_path / f"{mode}.zarr"
+        record(RecordConfig(env="push", episodes=2, out=str(out), seed=3, obs_mode=mode, image_size=32), progress=False)
+        store = EpisodeStore(out)
+        actions[mode] = [store.get_episode(i)["action"] for i in range(2)]
+        if mode == "image+proprio":
+            assert store.get_episode(0)["observation.state"].shape[1] == 2
+            assert store.get_episode(0)["observation.images.top"].shape[1:] == (32, 32, 3)
+    for a, b in zip(actions["state"], actions["image+proprio"]):
+        np.testing.assert_array_equal(a, b)

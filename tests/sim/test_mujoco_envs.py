@@ -215,3 +215,18 @@ def test_step_contract_is_the_same_locally_and_remotely():
     finally:
         remote.close()
         srv.stop()
+
+
+@pytest.mark.parametrize(("name", "proprio"), [("push", ("pusher_x", "pusher_y")), ("pick_place", None)])
+def test_image_proprio_mode_shows_only_the_robot_state(name, proprio):
+    full = registry.make_env(name, obs_mode="state")
+    env = registry.make_env(name, obs_mode="image+proprio", image_size=32)
+    names = proprio or ("ee_x", "ee_y", "ee_z", "gripper_opening")
+    feature = env.env_spec.observation_features[STATE_KEY]
+    assert feature.names == names and feature.shape == (len(names),)
+    obs, _ = env.reset(seed=7)
+    full_obs, _ = full.reset(seed=7)
+    validate_observation(env.env_spec, obs)
+    assert obs["observation.images.top" if name == "push" else "observation.images.front"].shape == (32, 32, 3)
+    np.testing.assert_array_equal(obs[STATE_KEY], full_obs[STATE_KEY][: len(names)])
+    np.testing.assert_array_equal(env.privileged_state(), full_obs[STATE_KEY])  # what scripted experts read
