@@ -34,6 +34,7 @@ from policylink.policies.ema import EMA
 from policylink.policies.model import ChunkModel, build_model
 from policylink.policies.policy import ChunkPolicy
 from policylink.policies.processing import chunk_from_window, normalizer_modes, window_horizon
+from policylink.runtime.record import OBS_MODES
 
 METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
@@ -47,7 +48,7 @@ class DatasetConfig:
         path: episode store (zarr folder) written by ``policylink record``.
         env: registry name of the environment the demos come from; its EnvSpec gives the policy's features,
             ActionSpec and control frequency, and evaluation rollouts run on it.
-        obs_mode: env observation mode (``"state"``, ``"image"``, ``"state+image"``).
+        obs_mode: env observation mode (``"state"``, ``"image"``, ``"state+image"``, ``"image+proprio"``).
         image_size: camera image side, px (image modes).
         val_fraction: fraction of episodes held out for the validation loss (episode split).
         split_seed: seed of the episode split.
@@ -140,14 +141,12 @@ def train(cfg: TrainConfig) -> Path:
     global ``batch_size`` must divide evenly by the world size.
 
     Raises:
-        ValueError: an empty dataset path/env, a batch not divisible by the world size, or a bad policy config.
+        ValueError: a bad field (:func:`validate_config`), a batch not divisible by the world size, a store
+            recorded on another env or with other feature shapes than ``dataset.env`` / ``dataset.obs_mode``
+            give, or a bad policy config.
+        FileNotFoundError: ``dataset.path`` does not exist.
     """
-    cfg.policy.validate()
-    if not cfg.dataset.path or not cfg.dataset.env:
-        raise ValueError(
-            f"dataset.path and dataset.env: expected a store path and an env name, received "
-            f"{cfg.dataset.path!r} and {cfg.dataset.env!r}"
-        )
+    validate_config(cfg)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), _rank()
     device = resolve_device(cfg.device)
     if world > 1:
@@ -167,6 +166,7 @@ def train(cfg: TrainConfig) -> Path:
 
     spec = policy_spec_for(cfg)
     store = EpisodeStore(cfg.dataset.path, "r")
+    check_store_matches(store, cfg, spec)
     train_eps, val_eps = split_episodes(store.n_episodes, cfg.dataset.val_fraction, cfg.dataset.split_seed)
     keys = list(cfg.policy.observation_keys)
     stats = compute_stats(store, keys=[*keys, ACTION_KEY], episodes=train_eps)
@@ -277,6 +277,96 @@ def train(cfg: TrainConfig) -> Path:
 
         dist.barrier()
     return ckpt_dir
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Check the fields of ``cfg`` before anything is built.
+
+    Raises:
+        ValueError: the first bad field, named with the expected and the received value (empty dataset
+            path/env, unknown ``obs_mode``/``device``, ``steps``/``batch_size``/``val_windows`` < 1, ``lr`` <= 0,
+            negative periods, ``val_fraction`` outside [0, 1), ...), or a bad policy config.
+        FileNotFoundError: ``dataset.path`` does not exist.
+    """
+    cfg.policy.validate()
+    d = cfg.dataset
+    if not d.path or not d.env:
+        raise ValueError(
+            f"dataset.path and dataset.env: expected a store path and an env name, received {d.path!r} and {d.env!r}"
+        )
+    if not Path(d.path).exists():
+        raise FileNotFoundError(
+            f"dataset.path: expected an episode store (policylink record --out), {d.path!r} not found"
+        )
+    if d.obs_mode not in OBS_MODES:
+        raise ValueError(f"dataset.obs_mode: expected one of {OBS_MODES}, received {d.obs_mode!r}")
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ValueError(f"dataset.val_fraction: expected a value in [0, 1), received {d.val_fraction}")
+    if cfg.device != "auto" and not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
+        raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', received {cfg.device!r}")
+    positive = {
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "val_windows": cfg.val_windows,
+        "dataset.image_size": d.image_size,
+    }
+    non_negative = {
+        "warmup_steps": cfg.warmup_steps,
+        "grad_clip": cfg.grad_clip,
+        "log_every": cfg.log_every,
+        "val_every": cfg.val_every,
+        "save_every": cfg.save_every,
+        "torch_threads": cfg.torch_threads,
+        "weight_decay": cfg.weight_decay,
+        "eval.every": cfg.eval.every,
+        "eval.episodes": cfg.eval.episodes,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{name}: expected an int >= 1, received {value}")
+    for name, value in non_negative.items():
+        if value < 0:
+            raise ValueError(f"{name}: expected a value >= 0, received {value}")
+    if not cfg.lr > 0:
+        raise ValueError(f"lr: expected a learning rate > 0, received {cfg.lr}")
+    if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
+        raise ValueError(f"betas: expected two values in [0, 1), received {cfg.betas}")
+
+
+def check_store_matches(store: EpisodeStore, cfg: TrainConfig, spec: PolicySpec) -> None:
+    """Check that the demos in ``store`` were recorded on ``cfg.dataset.env`` with the policy's observation
+    shapes and the env's action size (from the store's ``info``; a foreign store without it is not checked).
+
+    Raises:
+        ValueError: names the field (``dataset.env``, an observation key, ``action``), expected and received.
+    """
+    info = store.info
+    recorded_env = info.get("env")
+    if recorded_env is not None and recorded_env != cfg.dataset.env:
+        raise ValueError(
+            f"dataset.env: the store {cfg.dataset.path!r} was recorded on env {recorded_env!r}, received "
+            f"dataset.env={cfg.dataset.env!r}"
+        )
+    features = info.get("features", {})
+    for key, feature in spec.observation_features.items():
+        if key not in store.keys:
+            raise ValueError(
+                f"{key}: expected in the store {cfg.dataset.path!r} (policy.observation_keys), it holds "
+                f"{sorted(k for k in store.keys if k.startswith('observation.'))}"
+            )
+        recorded = features.get(key, {}).get("shape")
+        if recorded is not None and tuple(recorded) != tuple(feature.shape):
+            raise ValueError(
+                f"{key}: env {cfg.dataset.env!r} with obs_mode={cfg.dataset.obs_mode!r} gives shape "
+                f"{tuple(feature.shape)}, the store {cfg.dataset.path!r} holds {tuple(recorded)} (record it with "
+                f"the same obs_mode / image_size, or set dataset.obs_mode / dataset.image_size to match)"
+            )
+    recorded_action = info.get("action", {}).get("names")
+    if recorded_action is not None and len(recorded_action) != spec.action.dim:
+        raise ValueError(
+            f"action: env {cfg.dataset.env!r} has {spec.action.dim} action dimensions, the store holds "
+            f"{len(recorded_action)} ({recorded_action})"
+        )
 
 
 def policy_spec_for(cfg: TrainConfig) -> PolicySpec:

@@ -149,3 +149,50 @@ def test_ddp_two_processes_match_one_process(reach_store, tmp_path):
     a, b = _losses(one), _losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 7))
     np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"batch_size": 0}, "batch_size: expected an int >= 1, received 0"),
+        ({"steps": -5}, "steps: expected an int >= 1, received -5"),
+        ({"lr": 0.0}, "lr: expected a learning rate > 0, received 0.0"),
+        ({"log_every": -1}, "log_every: expected a value >= 0, received -1"),
+        ({"device": "tpu"}, "device: expected 'auto', 'cpu' or 'cuda[:N]', received 'tpu'"),
+        ({"betas": [0.9]}, "betas: expected two values in [0, 1), received [0.9]"),
+    ],
+)
+def test_bad_fields_are_rejected_before_any_work(reach_store, tmp_path, override, message):
+    with pytest.raises(ValueError) as e:
+        train(_cfg(reach_store, tmp_path / "run", **override))
+    assert str(e.value) == message
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_store_and_bad_obs_mode_are_named(reach_store, tmp_path):
+    cfg = _cfg(reach_store, tmp_path / "run")
+    cfg.dataset.path = str(tmp_path / "nope.zarr")
+    with pytest.raises(FileNotFoundError, match="dataset.path: expected an episode store"):
+        train(cfg)
+    cfg = _cfg(reach_store, tmp_path / "run")
+    cfg.dataset.obs_mode = "pixels"
+    with pytest.raises(ValueError, match="dataset.obs_mode: expected one of .*received 'pixels'"):
+        train(cfg)
+
+
+def test_store_from_another_env_or_obs_mode_is_rejected(reach_store, tmp_path):
+    store_path = tmp_path / "tagged.zarr"
+    shutil.copytree(reach_store, store_path)
+    with EpisodeStore(store_path, "a") as store:
+        store.update_info(env="push")
+    with pytest.raises(ValueError) as e:
+        train(_cfg(store_path, tmp_path / "run"))
+    assert "dataset.env: the store" in str(e.value) and "recorded on env 'push', received dataset.env='reach'" in str(
+        e.value
+    )
+    spec = make_env("reach", obs_mode="state").env_spec
+    with EpisodeStore(store_path, "a") as store:
+        store.update_info(env="reach", features={STATE: {**spec.observation_features[STATE].to_dict(), "shape": [3]}})
+    cfg = _cfg(store_path, tmp_path / "run")
+    with pytest.raises(ValueError, match=r"observation.state: env 'reach' with obs_mode='state' gives shape \(6,\), "):
+        train(cfg)
