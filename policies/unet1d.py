@@ -42,17 +42,30 @@ class GemmConv1d(nn.Conv1d):
     Same parameters, same result up to float summation order. For the short sequences of action chunks
     (``H`` = 4 to 16) and small batches, PyTorch's CPU convolution spends most of its time re-laying out the
     weights on every call; a cached ``(k * C_in, C_out)`` weight matrix read by one GEMM is 1.2-3x faster at
-    512-2048 channels. Training (autograd on) uses the standard convolution. Only ``groups=1`` and
-    ``dilation=1`` with integer padding are supported on the fast path (others fall back).
+    512-2048 channels. When the zero padding is a large part of the windows (``H <= 2 * padding``: the
+    deepest U-Net level, ``H = 4`` with ``k = 5``) or the product has many rows (``B * H >= 64``), it instead
+    runs one GEMM per kernel tap over only the rows that tap reaches, with cached ``(k, C_in, C_out)`` weights:
+    the multiplications by padding zeros are skipped (30 % of them at ``H = 4``, ``k = 5``) and no unfolded
+    copy is made. Training (autograd on) uses the standard convolution. Only ``groups=1`` and ``dilation=1``
+    with integer padding are supported on the fast paths (others fall back).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or self.groups != 1 or self.dilation[0] != 1 or isinstance(self.padding, str):
+        if (
+            torch.is_grad_enabled()
+            or self.groups != 1
+            or self.dilation[0] != 1
+            or isinstance(self.padding, str)
+            or self.padding_mode != "zeros"
+        ):
             return super().forward(x)
         k, stride, pad = self.kernel_size[0], self.stride[0], self.padding[0]
+        b, _, h = x.shape
+        if stride == 1 and pad and (h <= 2 * pad or b * h >= 64):
+            return self._forward_taps(x)
         if pad:
             x = nn.functional.pad(x, (pad, pad))
-        b, c, _ = x.shape
+        c = x.shape[1]
         cols = x.unfold(2, k, stride)  # (B, C_in, H_out, k)
         h_out = cols.shape[2]
         cols = cols.permute(0, 2, 3, 1).reshape(b * h_out, k * c)  # rows ordered (k, C_in)
@@ -62,6 +75,30 @@ class GemmConv1d(nn.Conv1d):
             else cols @ self._weight_matrix()
         )
         return out.reshape(b, h_out, -1).transpose(1, 2)
+
+    def _forward_taps(self, x: torch.Tensor) -> torch.Tensor:
+        """Stride-1 convolution as ``k`` GEMMs, tap ``j`` over the output rows whose window reaches a real
+        input at offset ``j - padding``. ``(B, C_in, H)`` -> ``(B, C_out, H)``."""
+        k, pad = self.kernel_size[0], self.padding[0]
+        b, c, h = x.shape
+        taps = self._tap_matrices()  # (k, C_in, C_out)
+        xt = x.transpose(1, 2).contiguous()  # (B, H, C_in)
+        out = x.new_zeros(b, h, taps.shape[2]) if self.bias is None else self.bias.expand(b, h, -1).clone()
+        for j in range(k):
+            shift = j - pad
+            lo, hi = max(0, -shift), min(h, h - shift)  # output rows reached by this tap
+            if lo < hi:
+                rows = xt[:, lo + shift : hi + shift].reshape(b * (hi - lo), c)
+                out[:, lo:hi] += (rows @ taps[j]).view(b, hi - lo, -1)
+        return out.transpose(1, 2)
+
+    def _tap_matrices(self) -> torch.Tensor:
+        w = self.weight
+        key = (w._version, w.data_ptr(), w.device, w.dtype)
+        if getattr(self, "_taps_key", None) != key:
+            self._taps = w.detach().permute(2, 1, 0).contiguous()  # (k, C_in, C_out)
+            self._taps_key = key
+        return self._taps
 
     def _weight_matrix(self) -> torch.Tensor:
         w = self.weight

@@ -79,3 +79,29 @@ def test_unet_shape_and_config_errors():
         PolicyConfig(chunk_size=10, unet=UNetConfig(down_dims=[8, 16, 32])).validate()
     with pytest.raises(ValueError, match="policy.type: expected one of .* received 'gan'"):
         PolicyConfig(type="gan").validate()
+
+
+@pytest.mark.parametrize(
+    ("b", "h", "c_in", "c_out", "k", "stride", "pad"),
+    [
+        (1, 16, 8, 12, 5, 1, 2),  # im2col GEMM
+        (2, 4, 16, 8, 5, 1, 2),  # per-tap GEMMs: padding is 30 % of the windows
+        (8, 8, 6, 10, 5, 1, 2),  # per-tap GEMMs: B * H >= 64
+        (3, 2, 4, 4, 5, 1, 2),  # taps at offset +-2 reach no real input at H = 2
+        (2, 16, 8, 8, 3, 2, 1),  # stride 2 (down-sampling): im2col
+        (2, 9, 5, 7, 1, 1, 0),  # 1x1 residual conv
+    ],
+)
+def test_gemm_conv_equals_torch_conv_at_inference(b, h, c_in, c_out, k, stride, pad):
+    from policylink.policies.unet1d import GemmConv1d
+
+    torch.manual_seed(0)
+    conv = GemmConv1d(c_in, c_out, k, stride=stride, padding=pad)
+    x = torch.randn(b, c_in, h)
+    expected = torch.nn.functional.conv1d(x, conv.weight, conv.bias, stride=stride, padding=pad)
+    with torch.no_grad():
+        got = conv(x)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        conv.weight.mul_(2.0)  # an in-place weight update invalidates the cached matrices
+        expected = torch.nn.functional.conv1d(x, conv.weight, conv.bias, stride=stride, padding=pad)
+        torch.testing.assert_close(conv(x), expected, atol=1e-5, rtol=1e-5)
