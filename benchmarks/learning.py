@@ -115,7 +115,8 @@ def _header(path: Path, command: str) -> None:
     if not path.exists():
         path.write_text(
             "# Learning results\n\nSuccess rate of the EMA checkpoint over held-out reset seeds "
-            f"(from {EVAL_SEED}; demos use seeds 0..N-1), receding horizon (8 of 16 actions).\n"
+            f"(from {EVAL_SEED}; demos use seeds 0..N-1), receding horizon (the config's n_action_steps of each "
+            "16-action chunk).\n"
         )
     with path.open("a") as f:
         f.write(
