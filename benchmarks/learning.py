@@ -35,6 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demos", type=int, default=0, help="demo episodes when recording (0 = per-task default)")
     ap.add_argument("--episodes", type=int, default=100, help="held-out evaluation episodes")
     ap.add_argument("--results", default=str(RESULTS), help="markdown file the rows are appended to")
+    ap.add_argument(
+        "--action-steps",
+        default="",
+        help="comma list of actions executed per chunk to evaluate each checkpoint with (default: the config's)",
+    )
+    ap.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="evaluate the existing output_dir/checkpoints/last of each config instead of training",
+    )
     args = ap.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
     from policylink.policies import load_policy
@@ -52,21 +62,24 @@ def main(argv: list[str] | None = None) -> int:
             cfg = parse_config(TrainConfig, overrides)
             _record_if_missing(cfg.dataset, task, args.demos)
             t0 = time.perf_counter()
-            ckpt = train(cfg)
+            ckpt = Path(cfg.output_dir) / "checkpoints" / "last" if args.eval_only else train(cfg)
             train_s = time.perf_counter() - t0
             loss = _last_loss(Path(cfg.output_dir) / "metrics.csv")
             policy = load_policy(ckpt, device=cfg.device)
-            t1 = time.perf_counter()
-            rate = evaluate_success(policy, cfg.dataset, args.episodes, EVAL_SEED)
-            eval_s = time.perf_counter() - t1
-            row = (
-                f"| {kind} | {task} | {cfg.dataset.obs_mode} | {_count(cfg.dataset.path)} | {cfg.steps} x "
-                f"{cfg.batch_size} | {list(cfg.policy.unet.down_dims)} | {loss[0]:.4f} | {loss[1]} | "
-                f"{train_s / 60:.1f} | **{100 * rate:.0f}%** ({args.episodes} seeds) | {eval_s:.0f} |"
-            )
-            with results.open("a") as f:
-                f.write(row + "\n")
-            print(row, flush=True)
+            for n_exec in [int(n) for n in args.action_steps.split(",") if n] or [policy.spec.n_action_steps]:
+                t1 = time.perf_counter()
+                rate = evaluate_success(policy, cfg.dataset, args.episodes, EVAL_SEED, n_action_steps=n_exec)
+                eval_s = time.perf_counter() - t1
+                trained = "(existing)" if args.eval_only else f"{train_s / 60:.1f}"
+                row = (
+                    f"| {kind} | {task} | {cfg.dataset.obs_mode} | {_count(cfg.dataset.path)} | {cfg.steps} x "
+                    f"{cfg.batch_size} | {list(cfg.policy.unet.down_dims)} | {loss[0]:.4f} | {loss[1]} | "
+                    f"{trained} | **{100 * rate:.0f}%** ({args.episodes} seeds, {n_exec} of "
+                    f"{policy.spec.chunk_size} executed) | {eval_s:.0f} |"
+                )
+                with results.open("a") as f:
+                    f.write(row + "\n")
+                print(row, flush=True)
     return 0
 
 
