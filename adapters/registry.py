@@ -44,8 +44,19 @@ def register_policy(name: str, factory: Callable[..., Any], overwrite: bool = Fa
 
 
 def make_env(name: str, **kwargs: Any) -> Any:
-    """Build the environment registered as ``name`` with ``kwargs``. Raises :class:`UnknownNameError`."""
-    return _lookup(ENV_GROUP, name)(**kwargs)
+    """Build the environment registered as ``name`` with ``kwargs``.
+
+    Raises:
+        UnknownNameError: no env ``name``.
+        ValueError: a keyword the factory does not take (names it and the env), or the factory's own errors.
+    """
+    factory = _lookup(ENV_GROUP, name)
+    try:
+        return factory(**kwargs)
+    except TypeError as e:
+        if "unexpected keyword argument" not in str(e):
+            raise
+        raise ValueError(f"env kwargs for {name!r}: {e} (received {sorted(kwargs)})") from None
 
 
 def make_policy(name: str, **kwargs: Any) -> Any:

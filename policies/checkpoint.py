@@ -41,10 +41,44 @@ class CheckpointError(FileNotFoundError):
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    """``"auto"`` -> CUDA when available, else CPU; ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a torch.device).
+
+    Raises:
+        ValueError: an unknown device string, or CUDA requested on a machine without a usable CUDA device
+            (names ``device``, the expected and the received value).
+    """
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', received {str(device)!r}") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"device: {str(device)!r} requested but CUDA is not available here (use 'auto' or 'cpu')")
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"device: expected cuda:0 .. cuda:{n - 1}, received {str(device)!r}")
+    return dev
+
+
+def checkpoint_env_kwargs(path: str | Path) -> dict[str, Any] | None:
+    """The env observation settings a checkpoint was trained with: ``{"obs_mode": str}`` plus ``image_size``
+    (pixels) for image modes, from ``config.yaml``'s ``train.dataset``; None when ``path`` is not a checkpoint
+    folder or its config does not say."""
+    cfg = Path(path) / CONFIG_FILE
+    if not cfg.is_file():
+        return None
+    try:
+        dataset = dict((yaml.safe_load(cfg.read_text()) or {}).get("train", {}).get("dataset", {}))
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return None
+    mode = dataset.get("obs_mode")
+    if not isinstance(mode, str):
+        return None
+    if mode == "state" or "image_size" not in dataset:
+        return {"obs_mode": mode}
+    return {"obs_mode": mode, "image_size": int(dataset["image_size"])}
 
 
 def save_checkpoint(

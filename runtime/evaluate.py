@@ -161,6 +161,8 @@ def evaluate(
     )
     pols = _unique("policies", [_labelled(p) for p in policies])
     env_items = _unique("envs", [_labelled(e) for e in envs])
+    if "obs_mode" not in cfg.env_kwargs:
+        cfg.env_kwargs.update(_checkpoint_env_kwargs(pols, [label for label, _ in env_items]))
     env_fns = {
         label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_env_kwargs(cfg))) for label, ref in env_items
     }
@@ -374,6 +376,26 @@ def _unique(what: str, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 def policy_ref_for(ref: Any, env: str) -> Any:
     """``ref`` with ``{env}`` replaced by the env's label (per-env checkpoints); other refs unchanged."""
     return ref.replace(ENV_PLACEHOLDER, env) if isinstance(ref, str) else ref
+
+
+def _checkpoint_env_kwargs(pols: list[tuple[str, Any]], env_labels: list[str]) -> dict[str, Any]:
+    """``obs_mode`` (and ``image_size``) that every checkpoint among ``pols`` was trained with, when they all
+    agree and it is not plain ``state``: an image checkpoint then evaluates without ``--env_kwargs``. Empty
+    otherwise (a mix is left to the spec check, which names each mismatch)."""
+    from policylink.policies.checkpoint import checkpoint_env_kwargs
+
+    found = []
+    for _, ref in pols:
+        if not isinstance(ref, str):
+            continue
+        for path in {policy_ref_for(ref, env) for env in env_labels}:
+            kw = checkpoint_env_kwargs(path)
+            if kw is not None:
+                found.append(kw)
+    if not found or any(kw != found[0] for kw in found) or found[0]["obs_mode"] == "state":
+        return {}
+    print(f"env_kwargs from the checkpoints: {found[0]} (pass --env_kwargs to override)", file=sys.stderr)
+    return dict(found[0])
 
 
 def _env_kwargs(cfg: EvalConfig) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 
 from policylink.adapters.registry import make_env
 from policylink.adapters.schema import ACTION_KEY, PolicySpec
-from policylink.data.buffer import EpisodeStore
+from policylink.data.buffer import EpisodeStore, StoreError
 from policylink.data.normalize import Normalizer
 from policylink.data.sampler import ACTION_PAD_KEY, SequenceDataset, split_episodes
 from policylink.data.stats import compute_stats
@@ -165,7 +166,16 @@ def train(cfg: TrainConfig) -> Path:
     ckpt_dir = out_dir / "checkpoints" / "last"
 
     spec = policy_spec_for(cfg)
-    store = EpisodeStore(cfg.dataset.path, "r")
+    try:
+        store = EpisodeStore(cfg.dataset.path, "r")
+    except StoreError as e:
+        raise ValueError(f"dataset.path: {e}") from None
+    if rank == 0 and not cfg.resume and ckpt_dir.exists():
+        print(
+            f"WARNING: {out_dir} already holds a run; starting over and replacing it (pass --resume true to "
+            "continue it, or another --output_dir to keep it)",
+            file=sys.stderr,
+        )
     check_store_matches(store, cfg, spec)
     train_eps, val_eps = split_episodes(store.n_episodes, cfg.dataset.val_fraction, cfg.dataset.split_seed)
     keys = list(cfg.policy.observation_keys)
@@ -298,6 +308,10 @@ def validate_config(cfg: TrainConfig) -> None:
         raise FileNotFoundError(
             f"dataset.path: expected an episode store (policylink record --out), {d.path!r} not found"
         )
+    from policylink.adapters.registry import available_envs
+
+    if d.env not in available_envs():
+        raise ValueError(f"dataset.env: expected a registered env ({', '.join(available_envs())}), received {d.env!r}")
     if d.obs_mode not in OBS_MODES:
         raise ValueError(f"dataset.obs_mode: expected one of {OBS_MODES}, received {d.obs_mode!r}")
     if not 0.0 <= d.val_fraction < 1.0:

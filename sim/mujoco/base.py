@@ -32,6 +32,7 @@ from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_qual
 
 OBS_MODES = ("state", "image", "state+image", "image+proprio")
 CONTROL_FREQUENCY_HZ = 10.0
+MAX_IMAGE_SIDE = 4096  # pixels; camera frames and the offscreen buffer are allocated at this size
 
 
 def asset_path(filename: str) -> str:
@@ -79,6 +80,7 @@ class MujocoTaskEnv(EnvAdapter):
     state_names: ClassVar[tuple[str, ...]]
     state_unit: ClassVar[str] = "m"
     n_proprio: ClassVar[int]  # leading entries of ``state_names`` that describe the robot itself
+    proprio_unit: ClassVar[str] = "m"  # unit string of those entries (``image+proprio`` mode)
     default_cameras: ClassVar[tuple[str, ...]] = ("front",)
     randomized_geoms: ClassVar[tuple[str, ...]] = ()
     main_object: ClassVar[str]  # body moved by displacement / force perturbations
@@ -103,6 +105,12 @@ class MujocoTaskEnv(EnvAdapter):
             got = type(perturbation).__name__
             raise ValueError(f"perturbation: expected PerturbationConfig or None, received {got}")
         height, width = (image_size, image_size) if np.isscalar(image_size) else tuple(image_size)
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (height, width)) or not (
+            1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE
+        ):
+            raise ValueError(
+                f"image_size: expected an int or (H, W) of ints in 1..{MAX_IMAGE_SIDE} pixels, received {image_size!r}"
+            )
         self.obs_mode, self.render_mode, self.render_quality = obs_mode, render_mode, render_quality
         self.model = mujoco.MjModel.from_xml_path(asset_path(self.xml_file))
         self.data = mujoco.MjData(self.model)
@@ -135,7 +143,8 @@ class MujocoTaskEnv(EnvAdapter):
         features: dict[str, FeatureSpec] = {}
         if self._use_state:
             names = self.state_names[: self._n_state]
-            features[STATE_KEY] = FeatureSpec("float32", (len(names),), names=names, unit=self.state_unit)
+            unit = self.state_unit if len(names) == len(self.state_names) else self.proprio_unit
+            features[STATE_KEY] = FeatureSpec("float32", (len(names),), names=names, unit=unit)
         if self._use_images:
             for cam in self.cameras:
                 features[IMAGE_PREFIX + cam] = FeatureSpec("uint8", (height, width, 3), unit="rgb")

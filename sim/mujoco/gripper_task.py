@@ -30,6 +30,7 @@ class GripperTaskEnv(MujocoTaskEnv):
 
     state_unit = "m (positions); 1 (gripper_opening)"
     n_proprio = len(ROBOT_STATE_NAMES)  # end effector x, y, z and gripper opening
+    proprio_unit = "m (positions); 1 (gripper_opening)"
 
     def _setup(self) -> None:
         self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)

@@ -311,3 +311,43 @@ def test_cli_rejects_bad_counts_and_executor_settings(tmp_path):
         str(err.value)
     )
     assert not (tmp_path / "cells").exists()
+
+
+def test_env_kwargs_default_to_the_checkpoints_observation_mode(tmp_path, capsys):
+    import yaml
+
+    from policylink.runtime.evaluate import _checkpoint_env_kwargs
+
+    def ckpt(name, dataset):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.yaml").write_text(yaml.safe_dump({"policy": {}, "train": {"dataset": dataset}}))
+        return str(d)
+
+    image = ckpt("img_push", {"obs_mode": "image+proprio", "image_size": 64})
+    image2 = ckpt("img2_push", {"obs_mode": "image+proprio", "image_size": 64})
+    small = ckpt("small_push", {"obs_mode": "image+proprio", "image_size": 32})
+    state = ckpt("state_push", {"obs_mode": "state", "image_size": 96})
+    per_env = str(tmp_path / "img_{env}")
+    assert _checkpoint_env_kwargs([("a", image), ("b", image2)], ["push"]) == {
+        "obs_mode": "image+proprio",
+        "image_size": 64,
+    }
+    assert "env_kwargs from the checkpoints" in capsys.readouterr().err
+    assert _checkpoint_env_kwargs([("a", per_env)], ["push"]) == {"obs_mode": "image+proprio", "image_size": 64}
+    assert _checkpoint_env_kwargs([("a", image), ("b", small)], ["push"]) == {}  # they disagree: spec check names it
+    assert _checkpoint_env_kwargs([("a", state)], ["push"]) == {}  # the env default already
+    assert _checkpoint_env_kwargs([("a", "push_expert"), ("b", "tcp://127.0.0.1:5555")], ["push"]) == {}
+
+
+def test_bad_device_is_one_clear_error():
+    import torch
+
+    from policylink.policies.checkpoint import resolve_device
+
+    with pytest.raises(ValueError, match=r"device: expected 'auto', 'cpu' or 'cuda\[:N\]', received 'tpu'"):
+        resolve_device("tpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device: 'cuda' requested but CUDA is not available here"):
+            resolve_device("cuda")

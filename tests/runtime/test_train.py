@@ -196,3 +196,21 @@ def test_store_from_another_env_or_obs_mode_is_rejected(reach_store, tmp_path):
     cfg = _cfg(store_path, tmp_path / "run")
     with pytest.raises(ValueError, match=r"observation.state: env 'reach' with obs_mode='state' gives shape \(6,\), "):
         train(cfg)
+
+
+def test_unknown_env_and_non_store_path_name_the_field(reach_store, tmp_path):
+    cfg = _cfg(reach_store, tmp_path / "run")
+    cfg.dataset.env = "nosuchenv"
+    with pytest.raises(ValueError, match=r"dataset.env: expected a registered env \(.*reach.*\), received 'nosuchenv'"):
+        train(cfg)
+    (tmp_path / "folder").mkdir()
+    cfg = _cfg(tmp_path / "folder", tmp_path / "run")
+    with pytest.raises(ValueError, match="dataset.path: .*not an episode store"):
+        train(cfg)
+
+
+def test_a_new_run_over_an_old_one_warns(reach_store, tmp_path, capsys):
+    train(_cfg(reach_store, tmp_path / "run", steps=2, val_every=0))
+    assert "already holds a run" not in capsys.readouterr().err
+    train(_cfg(reach_store, tmp_path / "run", steps=2, val_every=0))
+    assert "already holds a run; starting over" in capsys.readouterr().err

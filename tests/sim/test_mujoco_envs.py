@@ -224,6 +224,7 @@ def test_image_proprio_mode_shows_only_the_robot_state(name, proprio):
     names = proprio or ("ee_x", "ee_y", "ee_z", "gripper_opening")
     feature = env.env_spec.observation_features[STATE_KEY]
     assert feature.names == names and feature.shape == (len(names),)
+    assert feature.unit == ("m" if name == "push" else "m (positions); 1 (gripper_opening)")
     obs, _ = env.reset(seed=7)
     full_obs, _ = full.reset(seed=7)
     validate_observation(env.env_spec, obs)
