@@ -194,6 +194,12 @@ def train(cfg: TrainConfig) -> Path:
             f"({len(train_eps)} training episodes)"
         )
     val_ds = SequenceDataset(store, episodes=val_eps, **window) if len(val_eps) else None
+    if val_ds is None and cfg.val_every > 0 and rank == 0:
+        print(
+            f"WARNING: val_every={cfg.val_every} but no episode is held out (dataset.val_fraction="
+            f"{cfg.dataset.val_fraction}, {store.n_episodes} episodes): no validation loss will be logged",
+            file=sys.stderr,
+        )
 
     model = build_model(p, spec.observation_features, spec.action.dim).to(device)
     ema = EMA(model, p.ema_max_decay, p.ema_power)

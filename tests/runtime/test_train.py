@@ -214,3 +214,11 @@ def test_a_new_run_over_an_old_one_warns(reach_store, tmp_path, capsys):
     assert "already holds a run" not in capsys.readouterr().err
     train(_cfg(reach_store, tmp_path / "run", steps=2, val_every=0))
     assert "already holds a run; starting over" in capsys.readouterr().err
+
+
+def test_validation_without_held_out_episodes_warns(reach_store, tmp_path, capsys):
+    cfg = _cfg(reach_store, tmp_path / "run", steps=2, val_every=1)
+    cfg.dataset.val_fraction = 0.0
+    train(cfg)
+    assert "val_every=1 but no episode is held out (dataset.val_fraction=0.0, 4 episodes)" in capsys.readouterr().err
+    assert not any(r["val_loss"] for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
