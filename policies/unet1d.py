@@ -92,19 +92,21 @@ class GemmConv1d(nn.Conv1d):
                 out[:, lo:hi] += (rows @ taps[j]).view(b, hi - lo, -1)
         return out.transpose(1, 2)
 
-    def _tap_matrices(self) -> torch.Tensor:
-        w = self.weight
-        key = (w._version, w.data_ptr(), w.device, w.dtype)
-        if getattr(self, "_taps_key", None) != key:
-            self._taps = w.detach().permute(2, 1, 0).contiguous()  # (k, C_in, C_out)
-            self._taps_key = key
-        return self._taps
-
     def _weight_matrix(self) -> torch.Tensor:
+        """Cached ``(k * C_in, C_out)`` weights for the im2col GEMM."""
+        return self._cached_weights()[0]
+
+    def _tap_matrices(self) -> torch.Tensor:
+        """Cached ``(k, C_in, C_out)`` weights for the per-tap GEMMs (a view of the same memory)."""
+        return self._cached_weights()[1]
+
+    def _cached_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both weight layouts, rebuilt when the weight tensor changes (in-place update, new tensor, device)."""
         w = self.weight
         key = (w._version, w.data_ptr(), w.device, w.dtype)
         if getattr(self, "_cache_key", None) != key:
-            self._cache = w.detach().permute(2, 1, 0).reshape(-1, w.shape[0]).contiguous()  # (k * C_in, C_out)
+            taps = w.detach().permute(2, 1, 0).contiguous()  # (k, C_in, C_out)
+            self._cache = (taps.view(-1, w.shape[0]), taps)  # rows ordered (k, C_in), as the unfolded windows
             self._cache_key = key
         return self._cache
 

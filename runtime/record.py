@@ -150,14 +150,12 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
 
 
 def _expert_observation(env: Any, obs: dict[str, Any]) -> dict[str, Any]:
-    """What the scripted expert reads: ``obs``, with ``observation.state`` replaced by the env's full
-    ``privileged_state()`` in observation modes that hide part of it (``image``, ``image+proprio``)."""
+    """What the scripted expert reads: ``obs`` with ``observation.state`` set to the env's full
+    ``privileged_state()`` when it has one (so the expert acts alike in every observation mode)."""
     from policylink.adapters.schema import STATE_KEY
 
     base = getattr(env, "unwrapped", env)
-    if getattr(base, "obs_mode", "state") in ("state", "state+image") or not hasattr(base, "privileged_state"):
-        return obs
-    return {**obs, STATE_KEY: base.privileged_state()}
+    return {**obs, STATE_KEY: base.privileged_state()} if hasattr(base, "privileged_state") else obs
 
 
 def _dart_execute(env: Any, noise: float, seed: int) -> Any:

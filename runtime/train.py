@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from policylink.adapters.registry import make_env
+from policylink.adapters.registry import available_envs, make_env
 from policylink.adapters.schema import ACTION_KEY, PolicySpec
 from policylink.data.buffer import EpisodeStore, StoreError
 from policylink.data.normalize import Normalizer
@@ -301,7 +301,8 @@ def validate_config(cfg: TrainConfig) -> None:
     Raises:
         ValueError: the first bad field, named with the expected and the received value (empty dataset
             path/env, unknown ``obs_mode``/``device``, ``steps``/``batch_size``/``val_windows`` < 1, ``lr`` <= 0,
-            negative periods, ``val_fraction`` outside [0, 1), ...), or a bad policy config.
+            negative periods, ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), or a bad policy
+            config.
         FileNotFoundError: ``dataset.path`` does not exist.
     """
     cfg.policy.validate()
@@ -314,16 +315,13 @@ def validate_config(cfg: TrainConfig) -> None:
         raise FileNotFoundError(
             f"dataset.path: expected an episode store (policylink record --out), {d.path!r} not found"
         )
-    from policylink.adapters.registry import available_envs
-
     if d.env not in available_envs():
         raise ValueError(f"dataset.env: expected a registered env ({', '.join(available_envs())}), received {d.env!r}")
     if d.obs_mode not in OBS_MODES:
         raise ValueError(f"dataset.obs_mode: expected one of {OBS_MODES}, received {d.obs_mode!r}")
     if not 0.0 <= d.val_fraction < 1.0:
         raise ValueError(f"dataset.val_fraction: expected a value in [0, 1), received {d.val_fraction}")
-    if cfg.device != "auto" and not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
-        raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', received {cfg.device!r}")
+    resolve_device(cfg.device)  # raises ValueError naming ``device`` (unknown, or CUDA missing)
     positive = {
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
