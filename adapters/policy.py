@@ -29,7 +29,8 @@ class PolicyAdapter(Protocol):
     - ``spec``: the :class:`PolicySpec`.
     - ``reset(env_ids)``: clear history and queued state of those episodes only (``None`` = all).
     - ``update_observation(obs_batch)``: append one step ``(B, ...)`` to each episode's history window.
-    - ``predict_action_chunk()``: float32 ``(B, chunk_size, A)`` for the latest observations.
+    - ``predict_action_chunk(env_ids=None)``: float32 ``(B', chunk_size, A)`` for the latest observations of
+      rows ``env_ids`` (``None`` = all).
     """
 
     @property
@@ -49,8 +50,9 @@ class PolicyAdapter(Protocol):
         """
         ...
 
-    def predict_action_chunk(self) -> np.ndarray:
-        """float32 ``(B, chunk_size, A)`` in the ActionSpec's units; index 0 is the action for the newest step."""
+    def predict_action_chunk(self, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``(B', chunk_size, A)`` in the ActionSpec's units for rows ``env_ids`` (``None`` = all ``B``
+        rows, in order); index 0 is the action for the newest step. Rows not asked for are not computed."""
         ...
 
 
@@ -142,21 +144,41 @@ class HistoryPolicy(ABC):
             self._tasks = [str(t) for t in tasks]
         self._fresh[:] = False
 
-    def predict_action_chunk(self) -> np.ndarray:
-        """float32 ``(B, chunk_size, A)`` for the current windows.
+    def predict_action_chunk(self, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``(B', chunk_size, A)`` for the current windows of rows ``env_ids`` (``None`` = all ``B``).
+
+        Only the selected rows are passed to :meth:`_predict`, so a batched policy computes nothing for the
+        others.
 
         Raises:
             RuntimeError: no observation since the last full reset.
+            IndexError: an id outside ``[0, B)``.
             ActionError: the subclass returned the wrong shape/dtype or non-finite values.
         """
         if self._batch_size is None or not self._history and self._spec.observation_features:
             raise RuntimeError("predict_action_chunk: no observation yet; call update_observation() first")
-        chunk = self._predict(self._history, self._pad_mask.copy(), self._tasks)
-        expected = (self._batch_size, self._spec.chunk_size, self._spec.action.dim)
+        history, pad_mask, tasks = self.rows(env_ids)
+        chunk = self._predict(history, pad_mask, tasks)
+        expected = (len(pad_mask), self._spec.chunk_size, self._spec.action.dim)
         if not isinstance(chunk, np.ndarray) or chunk.shape != expected:
             got = chunk.shape if isinstance(chunk, np.ndarray) else type(chunk).__name__
             raise ActionError([f"action chunk: expected shape {expected}, received {got}"])
         return self._spec.action.validate(chunk, batch_dims=2)
+
+    def rows(self, env_ids: Sequence[int] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, list[str] | None]:
+        """``(history, pad_mask, tasks)`` of rows ``env_ids`` (``None`` = all; then the windows themselves, not
+        copies, and a copy of the pad mask).
+
+        Raises:
+            IndexError: an id outside ``[0, B)``.
+        """
+        if env_ids is None:
+            return self._history, self._pad_mask.copy(), self._tasks
+        ids = np.asarray(list(env_ids), dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= (self._batch_size or 0)):
+            raise IndexError(f"env_ids: expected indices in [0, {self._batch_size}), received {ids.tolist()}")
+        tasks = None if self._tasks is None else [self._tasks[i] for i in ids]
+        return {k: v[ids] for k, v in self._history.items()}, self._pad_mask[ids], tasks
 
     @property
     def history(self) -> dict[str, np.ndarray]:
