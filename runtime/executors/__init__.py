@@ -1,5 +1,6 @@
 """Action-chunk executors: receding horizon, temporal ensembling (ACT) and asynchronous execution with
-real-time chunking, behind one interface (:class:`ChunkExecutor`) chosen by :class:`ExecutorConfig`."""
+real-time chunking, behind one interface (:class:`ChunkExecutor`: ``act``, ``reset``, ``truncate``, ``replan``)
+chosen by :class:`ExecutorConfig`, all built on one per-row :class:`ChunkQueue`."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from policylink.runtime.executors.base import (
     ExecutorKind,
     batch_size_of,
     executor_problems,
+    request_chunk,
 )
 from policylink.runtime.executors.ensemble import TemporalEnsembleExecutor
 from policylink.runtime.executors.latency import LatencyConfig, LatencyMode
+from policylink.runtime.executors.queue import ChunkQueue
 from policylink.runtime.executors.receding import RecedingHorizonExecutor
 from policylink.runtime.executors.rtc import rtc_weights
 
 __all__ = [
     "AsyncExecutor",
     "ChunkExecutor",
+    "ChunkQueue",
     "ExecutorConfig",
     "ExecutorConfigError",
     "ExecutorKind",
@@ -31,6 +35,7 @@ __all__ = [
     "batch_size_of",
     "executor_problems",
     "make_executor",
+    "request_chunk",
     "rtc_weights",
 ]
 

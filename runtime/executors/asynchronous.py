@@ -1,189 +1,201 @@
-"""Asynchronous chunk execution: the next chunk is inferred in a background thread while the current one
-executes, aligned by the measured delay, optionally with real-time chunking guidance (Black et al. 2025)."""
+"""Asynchronous chunk execution: the next chunk is inferred on a background inference worker while the current
+one executes, aligned by the measured delay, optionally with real-time chunking (Black, Galliker, Levine 2025,
+arXiv 2506.07339)."""
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, PrefixConditioned
 from policylink.adapters.policy import PolicyAdapter
-from policylink.runtime.executors.base import ChunkExecutor, ExecutorConfig
-from policylink.runtime.executors.guided import sample_with_rtc, supports_rtc
+from policylink.runtime.executors.base import ChunkExecutor, ExecutorConfig, request_chunk
 from policylink.runtime.executors.rtc import rtc_weights
 
 
 @dataclass
 class _Request:
-    future: Future
-    episode: np.ndarray  # (B,) episode tags at the trigger; rows whose tag changed discard the result
+    future: Future  # -> (chunk (B', H, A), guided)
+    rows: np.ndarray  # (B',) the rows planned
+    epoch: np.ndarray  # (B',) queue epochs at the trigger; rows whose epoch changed discard the result
     delay: int  # simulated delay in steps (sim mode); -1 when measured
-    started: float  # time.perf_counter() at submission
     age: int = 0  # actions executed since the trigger
 
 
 class AsyncExecutor(ChunkExecutor):
-    """Inference every ``s = n_action_steps`` steps, overlapped with execution.
+    """Inference every ``s = n_action_steps`` steps per row, overlapped with execution.
 
-        Timeline of one episode row: at a trigger step ``T`` the policy is asked for a chunk conditioned on the
-        observation of step ``T`` (its index 0 is step ``T``). Meanwhile the current chunk keeps executing. When
-        the result is ready after ``d`` executed steps (the *measured* delay: ``d`` = actions executed since
-        ``T``), the row switches to the new chunk at index ``d``: the ``d`` actions whose time has passed are
-        dropped, never executed late. The next trigger is ``s`` steps after ``T`` and at most one inference is in
-        flight. With latency simulation (``config.latency``) a result counts as ready exactly ``d`` sampled steps
-        after its trigger (waiting for the thread if needed), so runs are reproducible; without it, it is ready
-        when the thread has finished. If a row runs out of actions before the result is ready, the executor waits
-        and counts the wait in ``stall_steps``. The first chunk of every episode is a blocking inference (queued
-    behind the one in flight, which stays in flight); a chunk in flight for an episode that has since been reset
-    is discarded for that row.
+    Timeline of one episode row: at a trigger step ``T`` the policy is asked for a chunk conditioned on the
+    observation of step ``T`` (its index 0 is step ``T``). Meanwhile the current chunk keeps executing. When
+    the result is ready after ``d`` executed steps (the *measured* delay: ``d`` = actions executed since
+    ``T``), the row switches to the new chunk at index ``d``: the ``d`` actions whose time has passed are
+    dropped, never executed late. The row's next trigger is ``s`` steps after ``T`` and at most one periodic
+    inference per row is in flight; rows due at the same step share one batched request for those rows only.
+    With latency simulation (``config.latency``) a result counts as ready exactly ``d`` sampled steps after its
+    trigger (waiting for the worker if needed), so runs are reproducible; without it, it is ready when the
+    worker has finished. If a row runs out of actions before its result is ready, the executor waits and counts
+    the wait in every row's ``stall_steps`` (the batch waits together). A row without a chunk (a new episode,
+    or after :meth:`truncate`) gets a blocking inference for that row, queued behind the requests in flight; a
+    result planned before the row was reset, truncated or re-planned is discarded for that row.
 
-        Real-time chunking: when the policy implements :class:`~policylink.runtime.executors.guided.GuidedSampler`
-        and ``config.rtc`` is set, each new chunk is sampled with RTC's prefix-weighted inpainting guidance toward
-        the previous chunk's remaining actions (``rtc_weights(H, d, s)``), ``d`` being the sampled delay or the
-        last measured one.
+    One inference worker (a single thread) makes every policy call, in order: observations, resets, periodic
+    and blocking requests and :meth:`replan`, so no call races another and the policy sees the same sequence
+    whatever the worker's timing.
 
-        Raises:
-            ExecutorConfigError: simulated delays with ``max_delay > s`` or ``s + max_delay > H`` (RTC's
-                ``d <= s <= H - d``).
+    Real-time chunking: when the policy is :class:`~policylink.adapters.capabilities.PrefixConditioned` and
+    ``config.rtc`` is set, each periodic request carries a :class:`~policylink.adapters.capabilities.ChunkPrefix`
+    (the current chunk's unread actions, weights ``rtc_weights(H, d, s)`` times their validity, ``beta =
+    config.rtc_max_guidance``), ``d`` being the sampled delay or the last measured one.
+
+    Raises:
+        ExecutorConfigError: simulated delays with ``max_delay > s`` or ``s + max_delay > H`` (RTC's
+            ``d <= s <= H - d``).
     """
 
     def __init__(self, policy: PolicyAdapter, config: ExecutorConfig):
         super().__init__(policy, config)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policylink-infer")
-        self._rtc = bool(config.rtc) and supports_rtc(policy)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policylink-infer")
+        self._rtc = bool(config.rtc) and isinstance(policy, PrefixConditioned)
         self._hz = float(policy.spec.control_frequency)
-        self._ops: list[tuple[str, Any]] = []  # policy calls deferred to the inference thread, in order
-        self._request: _Request | None = None
+        self._ops: list[tuple[str, Any]] = []  # policy calls deferred to the worker, applied in order
+        self._requests: list[_Request] = []  # periodic requests in flight, in submission order
         self._last_delay = 0
 
     @property
     def uses_rtc(self) -> bool:
-        """True when new chunks are sampled with real-time-chunking guidance."""
+        """True when periodic chunks are requested with a real-time-chunking prefix."""
         return self._rtc
 
     def act(self, obs_batch: Mapping[str, Any]) -> np.ndarray:
         """Return float32 ``(B, A)``: each episode's action for this step (never blocks on a ready chunk)."""
-        b = self._ensure_batch(obs_batch)
-        self._ops.append(("obs", _copy_obs(obs_batch)))
-        fresh = ~self._has_chunk
-        if fresh.any():  # first chunk of an episode: blocking, from index 0; queued behind any chunk in flight
-            delay = self._latency()
-            chunk = self._submit(delay, target=None).future.result()
-            self._chunk[fresh], self._index[fresh], self._has_chunk[fresh] = chunk[fresh], 0, True
-            self.inferences[fresh] += 1
-            self.stall_steps[fresh] += delay
-            if fresh.all():
-                self._since_trigger = 0
-        self._collect(wait=False)  # a chunk that arrives now frees the slot for the next trigger (d = s)
-        if self._request is None and self._since_trigger >= self.n_action_steps:
-            self._request = self._submit(self._latency(), target=self._committed())
-            self._since_trigger = 0
-        self._collect(wait=False)  # d = 0: ready at once
-        if (self._index >= self.chunk_size).any():  # ran out: wait for the chunk in flight
-            waited = self._collect(wait=True)
-            if self._request is None and (self._index >= self.chunk_size).any():
-                self._index = np.minimum(self._index, self.chunk_size - 1)
-            self.stall_steps += waited
-        action = self._chunk[np.arange(b), self._index].copy()
-        self._index += 1
+        self._begin_step(obs_batch)
+        fresh = np.flatnonzero(~self.queue.valid)
+        if fresh.size:  # first chunk of an episode (or after truncate): blocking, from index 0
+            self._plan_rows(fresh)
+        self._collect()  # a chunk that arrives now frees the row for its next trigger (d = s)
+        self._trigger()
+        self._collect()  # d = 0: ready at once
+        self.stall_steps += self._wait_exhausted()
+        action = self.queue.pop()
         self._since_trigger += 1
-        if self._request is not None:
-            self._request.age += 1
-        return action
+        for req in self._requests:
+            req.age += 1
+        return self._end_step(action)
 
     def close(self) -> None:
-        """Wait for the inference in flight and stop the background thread."""
-        self._thread.shutdown(wait=True)
+        """Wait for the inference in flight and stop the worker."""
+        self._worker.shutdown(wait=True)
 
-    def _reset_policy_rows(self, ids: np.ndarray) -> None:
-        self._ops.append(("reset", ids.tolist()))
-        self._episode[ids] += 1
+    # -- every policy call goes through the worker ---------------------------------------------------------------
 
-    def _allocate(self, batch_size: int) -> None:
-        h, a = self.chunk_size, self.policy.spec.action.dim
-        self._chunk = np.zeros((batch_size, h, a), np.float32)
-        self._index = np.zeros(batch_size, np.int64)
-        self._has_chunk = np.zeros(batch_size, bool)
-        self._episode = np.zeros(batch_size, np.int64)
-        self._since_trigger = 0
+    def _observe(self, obs_batch: Mapping[str, Any]) -> None:
+        self._ops.append(("obs", _copy_obs(obs_batch)))
 
-    def _reset_all(self) -> None:
-        if self._request is not None:
-            self._request.future.result()
-        self._request = None
-        self._ops = [("reset", None)]
+    def _policy_reset(self, env_ids: list[int] | None) -> None:
+        if env_ids is None:
+            self._ops = []  # observations of the old batch are moot
+        self._ops.append(("reset", env_ids))
 
-    def _reset_rows(self, ids: np.ndarray) -> None:
-        self._chunk[ids] = 0.0
-        self._index[ids] = 0
-        self._has_chunk[ids] = False
+    def _infer(
+        self, ids: np.ndarray, guidance: Guidance | GuidanceFn | None = None, prefix: ChunkPrefix | None = None
+    ) -> tuple[np.ndarray, bool]:
+        return self._submit(request_chunk, self.policy, self._policy_ids(ids), guidance, prefix).result()
 
-    def _committed(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(actions (B, H, A), valid (B, H))``: the remaining actions of each row's current chunk in the new
-        chunk's frame (index 0 = now) and where they exist; None without RTC."""
-        if not self._rtc:
-            return None
-        h = self.chunk_size
-        rows = np.arange(self._chunk.shape[0])
-        pos = self._index[:, None] + np.arange(h)[None]  # (B, H)
-        valid = pos < h
-        target = self._chunk[rows[:, None], np.minimum(pos, h - 1)]
-        return np.where(valid[..., None], target, 0.0).astype(np.float32), valid
-
-    def _submit(self, delay: int, target: tuple[np.ndarray, np.ndarray] | None) -> _Request:
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         ops, self._ops = self._ops, []
-        weights = None
-        if target is not None:
-            d = delay if self.config.latency.simulated else self._last_delay
-            d = min(d, self.chunk_size - self.n_action_steps)
-            committed, valid = target
-            weights = rtc_weights(self.chunk_size, d, self.n_action_steps)[None] * valid
-            target = committed
-        future = self._thread.submit(self._work, ops, target, weights)
-        sim = self.config.latency.simulated
-        return _Request(future, self._episode.copy(), delay if sim else -1, time.perf_counter())
+        return self._worker.submit(self._work, ops, fn, args)
 
-    def _work(self, ops: list[tuple[str, Any]], target: np.ndarray | None, weights: np.ndarray | None):
+    def _work(self, ops: list[tuple[str, Any]], fn: Callable[..., Any], args: tuple) -> Any:
         for kind, arg in ops:
             if kind == "obs":
                 self.policy.update_observation(arg)
             else:
                 self.policy.reset(arg)
-        if target is not None:
-            return sample_with_rtc(self.policy, target, weights, self.config.rtc_max_guidance)
-        return self.policy.predict_action_chunk()
+        return fn(*args)
 
-    def _collect(self, wait: bool) -> int:
-        """Install the chunk in flight if ready (or ``wait``); returns the stall steps that waiting cost."""
-        req = self._request
-        if req is None:
-            return 0
-        if req.delay >= 0:
-            ready = req.age >= req.delay
-        else:
-            ready = req.future.done()
-        if not (ready or wait):
-            return 0
+    # -- per-row state ---------------------------------------------------------------------------------------
+
+    def _install(self, ids: np.ndarray, chunk: np.ndarray, offset: int) -> None:
+        self.queue.install(ids, chunk, offset=offset, limit=self.chunk_size)
+        self._since_trigger[ids] = offset
+
+    def _allocate(self, batch_size: int) -> None:
+        self._since_trigger = np.zeros(batch_size, np.int64)
+        self._in_flight = np.zeros(batch_size, bool)
+
+    def _reset_all(self) -> None:
+        self._requests = []  # results of the old batch are never read; the worker runs them before anything new
+
+    def _trigger(self) -> None:
+        """Submit one periodic request for the rows that are due (``s`` steps since their last trigger)."""
+        due = self.queue.valid & ~self._in_flight & (self._since_trigger >= self.n_action_steps)
+        ids = np.flatnonzero(due)
+        if not ids.size:
+            return
+        delay = self._latency()
+        prefix = self._prefix(ids, delay) if self._rtc else None
+        future = self._submit(request_chunk, self.policy, self._policy_ids(ids), None, prefix)
+        sim = self.config.latency.simulated
+        self._requests.append(_Request(future, ids, self.queue.epoch[ids].copy(), delay if sim else -1))
+        self._in_flight[ids] = True
+        self._since_trigger[ids] = 0
+
+    def _prefix(self, ids: np.ndarray, delay: int) -> ChunkPrefix:
+        """RTC's prefix for rows ``ids``: their unread actions in the new chunk's frame (index 0 = now)."""
+        d = delay if self.config.latency.simulated else self._last_delay
+        d = min(d, self.chunk_size - self.n_action_steps)
+        committed, valid = self.queue.remaining(ids)
+        weights = rtc_weights(self.chunk_size, d, self.n_action_steps)[None] * valid
+        return ChunkPrefix(committed.astype(np.float32), weights.astype(np.float32), self.config.rtc_max_guidance)
+
+    def _collect(self, wait_rows: np.ndarray | None = None) -> int:
+        """Install every ready request, waiting for those that serve ``wait_rows``; returns the stall steps that
+        waiting cost (time that also ages the requests still in flight)."""
+        stalled, pending = 0, []
+        for req in self._requests:
+            req.age += stalled
+            ready = req.age >= req.delay if req.delay >= 0 else req.future.done()
+            if ready or (wait_rows is not None and np.isin(req.rows, wait_rows).any()):
+                stalled += self._finish(req, ready)
+            else:
+                pending.append(req)
+        self._requests = pending
+        return stalled
+
+    def _finish(self, req: _Request, ready: bool) -> int:
+        """Install ``req``'s chunk in its rows that have not changed since the trigger; returns the wait."""
         before = time.perf_counter()
-        chunk = req.future.result()
+        chunk, _ = req.future.result()
         if req.delay >= 0:
             stalled = max(req.delay - req.age, 0)
         else:
-            stalled = int(np.ceil((time.perf_counter() - before) * self._hz)) if not ready else 0
-        self._request = None
+            stalled = 0 if ready else int(np.ceil((time.perf_counter() - before) * self._hz))
         age = req.age + stalled
         self._last_delay = age
-        same = (req.episode == self._episode) & self._has_chunk
-        idx = min(age, self.chunk_size - 1)
-        self._chunk[same] = chunk[same]
-        self._index[same] = idx
-        self.inferences[same] += 1
+        self._in_flight[req.rows] = False
+        same = self.queue.epoch[req.rows] == req.epoch
+        rows = req.rows[same]
+        if rows.size:
+            self.queue.install(rows, chunk[same], offset=min(age, self.chunk_size - 1), limit=self.chunk_size)
+            self.inferences[rows] += 1
         return stalled
+
+    def _wait_exhausted(self) -> int:
+        """Wait for the requests of rows that ran out of actions; returns the stall steps."""
+        out = np.flatnonzero(self.queue.offset >= self.chunk_size)
+        if not out.size:
+            return 0
+        waited = self._collect(wait_rows=out)
+        still = np.flatnonzero(self.queue.offset >= self.chunk_size)
+        if still.size:  # nothing in flight for them: repeat the last action
+            self.queue.hold_last(still)
+        return waited
 
 
 def _copy_obs(obs_batch: Mapping[str, Any]) -> dict[str, Any]:

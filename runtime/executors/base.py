@@ -1,8 +1,9 @@
 """The action-chunk executor interface: one ``act(obs) -> (B, A)`` call per control step, chosen by config.
 
 An executor sits between an environment loop and a :class:`~policylink.adapters.policy.PolicyAdapter`: it
-feeds each observation to the policy, decides when to ask for a new chunk, and picks the action to execute
-now. Episodes are independent rows: ``reset(env_ids)`` clears only those rows.
+feeds each observation to the policy, decides which rows need a new chunk, and picks the action to execute
+now. Episodes are independent rows: ``reset(env_ids)``, ``truncate(env_ids)`` and ``replan(env_ids)`` touch
+only those rows.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, GuidedSampler, PrefixConditioned
 from policylink.adapters.policy import PolicyAdapter
 from policylink.adapters.schema import TASK_KEY
 from policylink.runtime.executors.latency import LatencyConfig
+from policylink.runtime.executors.queue import ChunkQueue
 
 
 class ExecutorKind(StrEnum):
@@ -26,8 +29,8 @@ class ExecutorKind(StrEnum):
 
     - ``receding_horizon``: run ``n_action_steps`` of each chunk, then re-plan (Diffusion Policy).
     - ``temporal_ensemble``: query every step, average overlapping predictions (ACT, Zhao et al. 2023).
-    - ``async``: infer the next chunk in a background thread while the current one executes; with guided
-      sampling, real-time chunking (Black et al. 2025).
+    - ``async``: infer the next chunk on a background inference worker while the current one executes; with a
+      :class:`~policylink.adapters.capabilities.PrefixConditioned` policy, real-time chunking (Black et al. 2025).
     """
 
     RECEDING_HORIZON = "receding_horizon"
@@ -51,7 +54,8 @@ class ExecutorConfig:
             (ACT uses 0.01); 1/step.
         latency: simulated inference delay in control steps (:class:`LatencyConfig`); synchronous
             executors pause the episode for it (counted in ``stall_steps``), async ones keep executing.
-        rtc: use real-time chunking guidance when the policy offers ``sample(obs, guidance=fn)``.
+        rtc: use real-time chunking when the policy is
+            :class:`~policylink.adapters.capabilities.PrefixConditioned`.
         rtc_max_guidance: RTC's guidance weight clip ``beta`` (5 in the paper).
     """
 
@@ -82,8 +86,16 @@ class ExecutorConfig:
 class ChunkExecutor(ABC):
     """Base class: turns a chunk policy into one action per control step for ``B`` parallel episodes.
 
-    Subclasses implement :meth:`act` and :meth:`_reset_rows`. Per-episode counters (inferences, stall steps)
-    are kept per row and cleared by :meth:`reset`.
+    Every executor keeps its chunks in one :class:`~policylink.runtime.executors.queue.ChunkQueue` (``queue``,
+    allocated at the first :meth:`act`) and asks the policy only for the rows that need a plan
+    (``predict_action_chunk(env_ids=rows)``). Besides :meth:`act` and :meth:`reset` it offers :meth:`truncate`
+    and :meth:`replan`, which a monitor calls between steps (the corrective executor, issue 16). Per-episode
+    counters (``inferences``: plans installed, ``stall_steps``: simulated steps the episode waited for
+    inference) are int64 ``(B,)`` and cleared by :meth:`reset`.
+
+    Subclasses implement :meth:`act` (usually ``_begin_step`` -> plan -> ``_end_step(queue.pop())``) and
+    :meth:`_install`; sync executors call the policy directly, the asynchronous one routes every policy call
+    through its inference worker by overriding :meth:`_infer` and :meth:`_policy_reset`.
 
     Args:
         policy: the policy; its ``spec.chunk_size`` is ``H``.
@@ -92,6 +104,8 @@ class ChunkExecutor(ABC):
     Raises:
         ExecutorConfigError: ``n_action_steps`` (or the latency) is more than ``H`` can provide.
     """
+
+    _queue_dtype: type = np.float32
 
     def __init__(self, policy: PolicyAdapter, config: ExecutorConfig):
         self.policy = policy
@@ -103,8 +117,10 @@ class ChunkExecutor(ABC):
             raise ExecutorConfigError("; ".join(problems))
         self._latency = config.latency.sampler()
         self.batch_size: int | None = None
+        self.queue: ChunkQueue | None = None
         self.inferences = np.zeros(0, dtype=np.int64)
         self.stall_steps = np.zeros(0, dtype=np.int64)
+        self._stepped = False  # the newest observation's action has been returned by act()
 
     @abstractmethod
     def act(self, obs_batch: Mapping[str, Any]) -> np.ndarray:
@@ -118,29 +134,107 @@ class ChunkExecutor(ABC):
         Raises:
             IndexError: an id outside ``[0, B)``.
         """
-        if env_ids is None or self.batch_size is None:
-            self.policy.reset(None)
-            self.batch_size = None
+        if env_ids is None or self.queue is None:
+            self._policy_reset(None)
+            self.batch_size = self.queue = None
             self._reset_all()
             return
-        ids = np.asarray(list(env_ids), dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.batch_size):
-            raise IndexError(f"env_ids: expected indices in [0, {self.batch_size}), received {ids.tolist()}")
-        self._reset_policy_rows(ids)
+        ids = self.queue.rows(env_ids)
+        self._policy_reset(ids.tolist())
+        self.queue.reset(ids)
         self.inferences[ids] = 0
         self.stall_steps[ids] = 0
         self._reset_rows(ids)
 
+    def truncate(self, env_ids: Sequence[int] | None = None) -> None:
+        """Drop the rest of the chunks of rows ``env_ids`` (``None`` = all): none of the dropped actions is ever
+        executed (nor a plan that was in flight for them), and the next :meth:`act` plans those rows from its
+        observation. A no-op before the first :meth:`act`.
+
+        Raises:
+            IndexError: an id outside ``[0, B)``.
+        """
+        if self.queue is None:
+            return
+        ids = self.queue.rows(env_ids)
+        self.queue.truncate(ids)
+        self._truncate_rows(ids)
+
+    def replan(self, env_ids: Sequence[int] | None = None, guidance: Guidance | GuidanceFn | None = None) -> bool:
+        """Truncate rows ``env_ids`` (``None`` = all) and plan them now from the newest observation the policy has.
+
+        With ``guidance`` and a policy that is a :class:`~policylink.adapters.capabilities.GuidedSampler`, the
+        chunk is ``policy.sample(history of those rows, guidance=guidance)``; otherwise a plain
+        ``predict_action_chunk(env_ids)``. The new chunk's index 0 is the newest observation's step: called
+        after :meth:`act` returned that step's action, reading starts at index 1 (a passed action is dropped,
+        never executed late); with ``H = 1`` the rows then stay truncated and the next :meth:`act` plans them.
+        Counts one inference and one simulated delay for each row (like any synchronous plan).
+
+        Returns:
+            True when the guidance was applied (False without guidance or for a policy that cannot take it).
+
+        Raises:
+            RuntimeError: no observation yet (call :meth:`act` first).
+            IndexError: an id outside ``[0, B)``.
+        """
+        if self.queue is None:
+            raise RuntimeError("replan: no observation yet; call act() first")
+        ids = self.queue.rows(env_ids)
+        self.truncate(ids)
+        offset = 1 if self._stepped else 0
+        if not ids.size or offset >= self.chunk_size:
+            return False
+        return self._plan_rows(ids, guidance=guidance, offset=offset)
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release background resources (threads); a no-op for synchronous executors."""
 
-    def _reset_policy_rows(self, ids: np.ndarray) -> None:
-        self.policy.reset(ids.tolist())
+    # -- steps shared by the executors -------------------------------------------------------------------------
+
+    def _begin_step(self, obs_batch: Mapping[str, Any]) -> int:
+        """Allocate on the first call, check ``B``, hand the observation to the policy; returns ``B``."""
+        b = self._ensure_batch(obs_batch)
+        self._observe(obs_batch)
+        self._stepped = False
+        return b
+
+    def _end_step(self, action: np.ndarray) -> np.ndarray:
+        """Mark the newest observation's action as returned; float32 ``(B, A)``."""
+        self._stepped = True
+        return np.asarray(action, dtype=np.float32)
+
+    def _plan_rows(self, ids: np.ndarray, guidance: Guidance | GuidanceFn | None = None, offset: int = 0) -> bool:
+        """Plan rows ``ids`` now (blocking), install from ``offset``, count one inference and one simulated
+        delay each; returns whether guidance was applied."""
+        chunk, guided = self._infer(ids, guidance)
+        self._install(ids, chunk, offset)
+        self.inferences[ids] += 1
+        self.stall_steps[ids] += self._latency()
+        return guided
+
+    def _policy_ids(self, ids: np.ndarray) -> list[int] | None:
+        """``env_ids`` for the policy: None when ``ids`` are all rows in order (no row selection needed)."""
+        if len(ids) == self.batch_size and np.array_equal(ids, np.arange(self.batch_size)):
+            return None
+        return ids.tolist()
+
+    def _infer(
+        self, ids: np.ndarray, guidance: Guidance | GuidanceFn | None = None, prefix: ChunkPrefix | None = None
+    ) -> tuple[np.ndarray, bool]:
+        """``(chunk (len(ids), H, A), guided)`` for rows ``ids`` (see :func:`request_chunk`)."""
+        return request_chunk(self.policy, self._policy_ids(ids), guidance, prefix)
+
+    def _observe(self, obs_batch: Mapping[str, Any]) -> None:
+        self.policy.update_observation(obs_batch)
+
+    def _policy_reset(self, env_ids: list[int] | None) -> None:
+        self.policy.reset(env_ids)
 
     def _ensure_batch(self, obs_batch: Mapping[str, Any]) -> int:
         b = batch_size_of(obs_batch)
-        if self.batch_size is None:
+        if self.queue is None:
             self.batch_size = b
+            self.queue = ChunkQueue(b, self.chunk_size, self.policy.spec.action.dim, self._queue_dtype)
             self.inferences = np.zeros(b, dtype=np.int64)
             self.stall_steps = np.zeros(b, dtype=np.int64)
             self._allocate(b)
@@ -152,16 +246,46 @@ class ChunkExecutor(ABC):
         return b
 
     @abstractmethod
-    def _allocate(self, batch_size: int) -> None:
-        """Create per-row buffers for ``batch_size`` episodes."""
+    def _install(self, ids: np.ndarray, chunk: np.ndarray, offset: int) -> None:
+        """Put the new chunks ``(len(ids), H, A)`` of rows ``ids`` in the queue, read from ``offset``."""
 
-    @abstractmethod
-    def _reset_all(self) -> None:
-        """Forget every row (the next ``act`` allocates again)."""
+    def _allocate(self, batch_size: int) -> None:  # noqa: B027 - optional hook
+        """Create per-row state besides the queue for ``batch_size`` episodes."""
 
-    @abstractmethod
-    def _reset_rows(self, ids: np.ndarray) -> None:
-        """Clear queued actions of rows ``ids``."""
+    def _reset_all(self) -> None:  # noqa: B027 - optional hook
+        """Forget every row's extra state (the next ``act`` allocates again)."""
+
+    def _reset_rows(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """Clear extra per-row state of new episodes ``ids`` (the queue is already reset)."""
+
+    def _truncate_rows(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """Clear extra per-row state of truncated rows ``ids`` (the queue is already truncated)."""
+
+
+def request_chunk(
+    policy: PolicyAdapter,
+    env_ids: list[int] | None,
+    guidance: Guidance | GuidanceFn | None = None,
+    prefix: ChunkPrefix | None = None,
+) -> tuple[np.ndarray, bool]:
+    """One chunk request for rows ``env_ids`` (``None`` = all): the single place executors call the policy.
+
+    - ``guidance`` and ``policy`` a :class:`~policylink.adapters.capabilities.GuidedSampler`:
+      ``policy.sample(history rows, guidance=guidance)``;
+    - else ``prefix`` and ``policy`` a :class:`~policylink.adapters.capabilities.PrefixConditioned`:
+      ``policy.predict_action_chunk_with_prefix(prefix, env_ids)`` (real-time chunking);
+    - else ``policy.predict_action_chunk(env_ids)``.
+
+    Returns:
+        ``(chunk, guided)``: float32 ``(B', H, A)`` in the ActionSpec's units, and whether ``guidance`` was used.
+    """
+    if guidance is not None and isinstance(policy, GuidedSampler):
+        history = policy.history
+        obs = history if env_ids is None else {k: np.asarray(v)[env_ids] for k, v in history.items()}
+        return np.asarray(policy.sample(obs, guidance=guidance), dtype=np.float32), True
+    if prefix is not None and isinstance(policy, PrefixConditioned):
+        return np.asarray(policy.predict_action_chunk_with_prefix(prefix, env_ids), dtype=np.float32), False
+    return np.asarray(policy.predict_action_chunk(env_ids), dtype=np.float32), False
 
 
 def batch_size_of(obs_batch: Mapping[str, Any]) -> int:

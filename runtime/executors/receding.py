@@ -1,5 +1,5 @@
-"""Receding-horizon execution (Diffusion Policy, Chi et al. 2023): execute the first ``n_action_steps`` of
-each predicted chunk, then re-plan from a fresh observation."""
+"""Receding-horizon execution (Diffusion Policy, Chi et al. 2023, arXiv 2303.04137): execute the first
+``n_action_steps`` of each predicted chunk, then re-plan from a fresh observation."""
 
 from __future__ import annotations
 
@@ -12,37 +12,22 @@ from policylink.runtime.executors.base import ChunkExecutor
 
 
 class RecedingHorizonExecutor(ChunkExecutor):
-    """Queue of ``n_action_steps`` actions per episode; a row re-plans when its queue is empty.
+    """Each row executes ``n_action_steps`` of its chunk, then re-plans; only the rows that need a plan are
+    inferred (``predict_action_chunk(env_ids=rows)``), the others keep their chunk.
 
-    Every step the observation goes to the policy (so its history window stays complete). When any row needs
-    a plan, the policy predicts ``(B, H, A)`` and only the rows that need one take their row; the others keep
-    their queue. With simulated latency ``d``, each re-plan pauses that episode for ``d`` steps, which are
-    counted in ``stall_steps`` (the environment does not advance while a synchronous robot waits).
+    Every step the observation goes to the policy (so its history window stays complete). The whole chunk is
+    kept in the queue (``limit = n_action_steps``), so a caller can look past the executed part. With simulated
+    latency ``d``, each plan pauses the rows it serves for ``d`` steps, counted in ``stall_steps`` (the
+    environment does not advance while a synchronous robot waits).
     """
 
     def act(self, obs_batch: Mapping[str, Any]) -> np.ndarray:
-        """Return float32 ``(B, A)``: the next queued action of each episode (re-planning empty queues)."""
-        b = self._ensure_batch(obs_batch)
-        self.policy.update_observation(obs_batch)
-        need = self._index >= self.n_action_steps
-        if need.any():
-            chunk = self.policy.predict_action_chunk()
-            self._queue[need] = chunk[need, : self.n_action_steps]
-            self._index[need] = 0
-            self.inferences[need] += 1
-            self.stall_steps[need] += self._latency()
-        rows = np.arange(b)
-        action = self._queue[rows, self._index].copy()
-        self._index += 1
-        return action
+        """Return float32 ``(B, A)``: the next queued action of each episode (planning rows that need it)."""
+        self._begin_step(obs_batch)
+        need = np.flatnonzero(self.queue.needs_plan())
+        if need.size:
+            self._plan_rows(need)
+        return self._end_step(self.queue.pop())
 
-    def _allocate(self, batch_size: int) -> None:
-        self._queue = np.zeros((batch_size, self.n_action_steps, self.policy.spec.action.dim), np.float32)
-        self._index = np.full(batch_size, self.n_action_steps, dtype=np.int64)
-
-    def _reset_all(self) -> None:
-        self._queue = self._index = None
-
-    def _reset_rows(self, ids: np.ndarray) -> None:
-        self._queue[ids] = 0.0
-        self._index[ids] = self.n_action_steps
+    def _install(self, ids: np.ndarray, chunk: np.ndarray, offset: int) -> None:
+        self.queue.install(ids, chunk, offset=offset, limit=self.n_action_steps)
