@@ -107,3 +107,95 @@ def test_sequence_dataset_normalized_tensors(tmp_path):
         assert torch.equal(fast[k], batch[k]), k
     with pytest.raises(KeyError, match="normalizer: no mode"):
         SequenceDataset(path, n_obs_steps=2, horizon=4, normalizer=Normalizer(stats, {"action": "min_max"}))
+
+
+@pytest.fixture
+def reward_store(tmp_path):
+    """Episode 0: 5 steps, r_t = t + 1, done on its last step; episode 1: 3 steps, r = 10, 20, 30, never done
+    (a time-limit end). State = 10 * episode + t."""
+    path = tmp_path / "r.zarr"
+    with EpisodeStore(path, "a") as st:
+        st.add_episode(
+            {
+                "observation.state": np.arange(5, dtype=np.float32)[:, None],
+                "action": np.arange(5, dtype=np.float32)[:, None],
+                "reward": np.arange(1, 6, dtype=np.float32),
+            },
+            EpisodeMeta(success=True, seed=3, source="expert", quality="good"),
+        )
+        st.add_episode(
+            {
+                "observation.state": 10 + np.arange(3, dtype=np.float32)[:, None],
+                "action": np.zeros((3, 1), np.float32),
+                "reward": np.array([10, 20, 30], np.float32),
+                "done": np.zeros(3, bool),
+            },
+            EpisodeMeta(success=False, source="policy", quality="poor"),
+        )
+    return path
+
+
+def test_step_and_episode_fields_on_request(reward_store):
+    ds = SequenceDataset(
+        reward_store,
+        n_obs_steps=2,
+        horizon=4,
+        step_fields=["reward", "done"],
+        episode_fields=["success", "seed", "source", "quality"],
+    )
+    item = ds[4]  # episode 0, anchor t = 4: action window steps 3 .. 6 (5, 6 past the end repeat step 4)
+    np.testing.assert_array_equal(item["reward"].numpy(), [4, 5, 5, 5])
+    np.testing.assert_array_equal(item["done"].numpy(), [False, True, True, True])
+    assert item["reward"].dtype == torch.float32 and item["done"].dtype == torch.bool
+    assert (int(item["success"]), int(item["seed"]), item["source"], item["quality"]) == (1, 3, "expert", "good")
+    batch = ds.get_batch([0, 5, 7])
+    np.testing.assert_array_equal(batch["reward"].numpy(), [[1, 1, 2, 3], [10, 10, 20, 30], [20, 30, 30, 30]])
+    np.testing.assert_array_equal(batch["success"].numpy(), [1, 0, 0])
+    np.testing.assert_array_equal(batch["seed"].numpy(), [3, -1, -1])
+    assert batch["source"] == ["expert", "policy", "policy"] and batch["quality"] == ["good", "poor", "poor"]
+    plain = SequenceDataset(reward_store, n_obs_steps=2, horizon=4)
+    assert "reward" not in plain[0] and "success" not in plain.get_batch([0])
+    with pytest.raises(KeyError, match=r"step_fields \['labels'\]: not in the store"):
+        SequenceDataset(reward_store, n_obs_steps=2, horizon=4, step_fields=["labels"])
+    with pytest.raises(ValueError, match=r"episode_fields: expected a subset of .*received unknown \['grade'\]"):
+        SequenceDataset(reward_store, n_obs_steps=2, horizon=4, episode_fields=["grade"])
+
+
+def test_chunk_transitions_exact_returns_ends_and_padding(reward_store):
+    ds = SequenceDataset(reward_store, n_obs_steps=2, horizon=4, step_fields=["reward", "done"])
+    assert ds.chunk_length == 3
+    # windows: 0..4 = episode 0 anchors t = 0..4, 5..7 = episode 1 anchors t = 0..2
+    tr = ds.get_transitions([0, 2, 3, 4, 5, 6], gamma=0.5)
+    expected_return = [
+        1 + 0.5 * 2 + 0.25 * 3,  # t=0: full chunk r0..r2
+        3 + 0.5 * 4 + 0.25 * 5,  # t=2: r2..r4, the episode's last step inside
+        4 + 0.5 * 5,  # t=3: 2 steps inside, the padded third adds nothing
+        5,  # t=4: 1 step
+        10 + 0.5 * 20 + 0.25 * 30,  # episode 1, t=0
+        20 + 0.5 * 30,  # episode 1, t=1
+    ]
+    np.testing.assert_array_equal(tr["return"].numpy(), np.float32(expected_return))
+    np.testing.assert_array_equal(tr["discount"].numpy(), np.float32([0.125, 0.125, 0.25, 0.5, 0.125, 0.25]))
+    np.testing.assert_array_equal(tr["terminal"].numpy(), [False, True, True, True, False, False])
+    np.testing.assert_array_equal(tr["next_is_pad"].numpy(), [False, True, True, True, True, True])
+    # s_{t+3}: t=0 -> steps 2, 3; past the end -> the window ending at the last step (4, or 12 in episode 1)
+    np.testing.assert_array_equal(
+        tr["next.observation.state"][..., 0].numpy(), [[2, 3], [3, 4], [3, 4], [3, 4], [11, 12], [11, 12]]
+    )
+    assert not tr["next.observation_is_pad"].any()
+    np.testing.assert_array_equal(tr["observation.state"][0, :, 0].numpy(), [0, 0])  # s_0 itself is edge-padded
+    # h = 3, r = 1, gamma = 0.9 -> R = 1 + 0.9 + 0.81 = 2.71 (issue 14's TD target with Q' = 0)
+    with EpisodeStore(reward_store.parent / "ones.zarr", "a") as st:
+        st.add_episode(
+            {
+                "observation.state": np.zeros((6, 1), np.float32),
+                "action": np.zeros((6, 1), np.float32),
+                "reward": np.ones(6, np.float32),
+            }
+        )
+    ones = SequenceDataset(reward_store.parent / "ones.zarr", n_obs_steps=1, horizon=3, step_fields=["reward", "done"])
+    assert float(ones.get_transitions([0], gamma=0.9)["return"][0]) == pytest.approx(2.71, abs=1e-6)
+    with pytest.raises(KeyError, match=r"transitions need \['reward', 'done'\]"):
+        SequenceDataset(reward_store, n_obs_steps=2, horizon=4).get_transitions([0], 0.9)
+    with pytest.raises(ValueError, match="gamma: expected a discount in"):
+        ds.get_transitions([0], 1.5)
