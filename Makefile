@@ -32,12 +32,12 @@ apt:  ## headless MuJoCo rendering libraries (only the missing ones)
 $(STAMP): $(PY) pyproject.toml setup.py
 	$(MAKE) --no-print-directory apt
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[dev,ray,genesis]"
+	$(PIP) install -q -e ".[all,dev]"  # all = every extra (cli, data, sim, train, real, openpi, ray, genesis)
 	$(PIP) install -q --no-deps "openpi-client==0.1.2"  # declares numpy<2 but works with numpy 2
 	$(MAKE) --no-print-directory lerobot
 	touch $(STAMP)
 
-install: $(STAMP)  ## venv + apt libs + package (editable) with dev, ray, genesis extras, openpi-client, lerobot
+install: $(STAMP)  ## venv + apt libs + package (editable) with every extra + dev, openpi-client, lerobot
 
 lerobot: $(PY)  ## LeRobot 0.4.4 (dataset interop tests) without touching the torch/numpy pins
 	$(PIP) install -q --no-deps $(LEROBOT_NODEPS)

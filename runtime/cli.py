@@ -17,6 +17,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from policylink.runtime.extras import report_missing_extra
+
 T = TypeVar("T")
 
 # name -> (module implementing main(argv), one-line help). Modules are imported lazily.
@@ -67,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name != module_name:
+            if report_missing_extra(name, e):  # e.g. `pip install policylink` alone, then `policylink train`
+                return 2
             raise
         print(f"policylink {name}: planned; this release has no implementation of it", file=sys.stderr)
         return 2
@@ -76,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"policylink {name}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        if os.environ.get(DEBUG_ENV, "") in ("", "0") and report_missing_extra(name, e):
+            return 2
         if not is_user_error(e) or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
         print(f"policylink {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
