@@ -1,9 +1,14 @@
 """The strict message envelope of the policylink wire protocol: versions, verbs, typed bodies and error codes.
 
-Every message is ``{"id": int, "type": str, "body": map}`` encoded by :mod:`policylink.adapters.codec`.
-Requests carry a verb as ``type``; replies echo the request ``id`` with ``type`` = the verb, or
-``"error"`` with body ``{"code", "message", "field"}``. Each verb has a typed body schema; unknown or
-missing fields are rejected with ``invalid_field`` (DESIGN.md section 3; XPolicyLab-style strict envelope).
+Every message is ``{"id": int, "type": str, "body": map}`` encoded by :mod:`policylink.adapters.codec`; from
+protocol 2 on the envelope also carries ``"v": <protocol>`` (a protocol-1 message has no ``v``). Requests carry a
+verb as ``type``; replies echo the request ``id`` and its protocol, with ``type`` = the verb, or ``"error"`` with
+body ``{"code", "message", "field"}``. Each verb has a typed body schema per protocol; unknown or missing fields
+are rejected with ``invalid_field`` naming the field (DESIGN.md section 3; XPolicyLab-style strict envelope).
+
+Protocol history: 1 = ``hello``/``ping``/``reset``/``infer``. 2 adds to ``infer`` the rows ``env_ids`` and a
+real-time-chunking ``prefix``, server ``timing`` in its reply, an ``embed`` verb, and ``capabilities`` in
+``hello``. A server answers each request in the request's protocol, so protocol-1 clients keep working.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import numpy as np
 
 from policylink.adapters.codec import CodecError, decode, encode
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+SUPPORTED_PROTOCOLS = (1, 2)
+"""Protocols a server of this version answers (a request's envelope ``v``; absent = 1)."""
 ERROR = "error"
 
 
@@ -70,19 +77,23 @@ class VersionMismatchError(RemoteError):
 
 @dataclass(frozen=True)
 class Message:
-    """A decoded, schema-checked message: ``id``, ``type`` (verb or ``"error"``) and ``body``."""
+    """A decoded, schema-checked message: ``id``, ``type`` (verb or ``"error"``), ``body`` and the envelope's
+    ``protocol`` (1 when the envelope has no ``v``)."""
 
     id: int | None
     type: str
     body: dict[str, Any]
+    protocol: int = 1
 
 
 class Field(NamedTuple):
     """Schema of one body field.
 
-    ``kind`` is a tuple of Python types (``(int,)``, ``(str,)``...; bool is not an int, an int is a float) or
-    one of ``"array"`` (numpy array), ``"obs"`` (map of key -> array / str / list of str), ``"obs_list"``
-    (list of those), ``"int_list"`` or ``"any_map"``. ``optional`` fields may be absent or None.
+    ``kind`` is a tuple of Python types (``(int,)``, ``(str,)``...; bool is not an int, an int is a float), one
+    of ``"array"`` (numpy array), ``"obs"`` (map of key -> array / str / list of str), ``"obs_list"`` (list of
+    those), ``"int_list"``, ``"str_list"`` or ``"any_map"``, or a nested schema (a map of field name ->
+    :class:`Field`, checked as strictly as a body: its errors name ``body.<field>.<subfield>``). ``optional``
+    fields may be absent or None.
     """
 
     kind: Any
@@ -92,22 +103,54 @@ class Field(NamedTuple):
 _f = Field
 Schema = Mapping[str, Mapping[str, Field]]
 _INT = (int,)
+_FLOAT = (float,)
 _HELLO_REQ = {"protocol": _f(_INT), "client": _f((str,), optional=True)}
-_HELLO_REP = {"protocol": _f(_INT), "kind": _f((str,)), "spec": _f("any_map"), "server": _f((str,))}
-_PING_REP = {"time": _f((float,))}
+_HELLO_REP_V1 = {"protocol": _f(_INT), "kind": _f((str,)), "spec": _f("any_map"), "server": _f((str,))}
+_HELLO_REP = {  # capabilities: a policy server's (PolicyServer.hello_extras); absent from an env server's
+    **_HELLO_REP_V1,
+    "capabilities": _f("str_list", optional=True),
+    "latent_dim": _f(_INT, optional=True),
+}
+_PING_REP = {"time": _f(_FLOAT)}
+PREFIX_FIELDS = {"actions": _f("array"), "weights": _f("array"), "max_guidance": _f(_FLOAT)}
+"""``infer``'s ``prefix``: :class:`~policylink.adapters.capabilities.ChunkPrefix` (float32 actions ``(B', H, A)``,
+float32 weights ``(B', H)`` in ``[0, 1]``, ``max_guidance`` > 0; rows follow ``env_ids``)."""
+TIMING_FIELDS = {"receive_to_reply_s": _f(_FLOAT), "queue_s": _f(_FLOAT), "inference_s": _f(_FLOAT)}
+"""Server timing in ``infer``/``embed`` replies, seconds (``time.perf_counter`` on the server): from receiving the
+request to encoding its reply, of which waiting behind earlier calls (``queue_s``) and the policy call itself
+(``inference_s``)."""
 
-POLICY_REQUESTS: dict[str, dict[str, Field]] = {
+POLICY_REQUESTS_V1: dict[str, dict[str, Field]] = {
     "hello": _HELLO_REQ,
     "ping": {},
     "reset": {"env_ids": _f("int_list", optional=True), "updates": _f("obs_list")},
     "infer": {"updates": _f("obs_list")},
 }
-POLICY_REPLIES: dict[str, dict[str, Field]] = {
-    "hello": _HELLO_REP,
+POLICY_REPLIES_V1: dict[str, dict[str, Field]] = {
+    "hello": _HELLO_REP_V1,
     "ping": _PING_REP,
     "reset": {},
     "infer": {"actions": _f("array")},
 }
+POLICY_REQUESTS: dict[str, dict[str, Field]] = {
+    **POLICY_REQUESTS_V1,
+    "infer": {
+        "updates": _f("obs_list"),
+        "env_ids": _f("int_list", optional=True),
+        "prefix": _f(PREFIX_FIELDS, optional=True),
+    },
+    "embed": {"updates": _f("obs_list"), "env_ids": _f("int_list", optional=True)},
+}
+"""Policy request schemas of :data:`PROTOCOL_VERSION` (protocol 1: :data:`POLICY_REQUESTS_V1`)."""
+POLICY_REPLIES: dict[str, dict[str, Field]] = {
+    **POLICY_REPLIES_V1,
+    "hello": _HELLO_REP,
+    "infer": {"actions": _f("array"), "timing": _f(TIMING_FIELDS)},
+    "embed": {"latent": _f("array"), "timing": _f(TIMING_FIELDS)},
+}
+"""Policy reply schemas of :data:`PROTOCOL_VERSION` (protocol 1: :data:`POLICY_REPLIES_V1`)."""
+POLICY_REQUESTS_BY_PROTOCOL = {1: POLICY_REQUESTS_V1, 2: POLICY_REQUESTS}
+POLICY_REPLIES_BY_PROTOCOL = {1: POLICY_REPLIES_V1, 2: POLICY_REPLIES}
 ENV_REQUESTS: dict[str, dict[str, Field]] = {
     "hello": _HELLO_REQ,
     "ping": {},
@@ -116,13 +159,14 @@ ENV_REQUESTS: dict[str, dict[str, Field]] = {
     "get_observation": {},
     "send_action": {"action": _f("array")},
 }
+"""Env request schemas (the same in every protocol)."""
 ENV_REPLIES: dict[str, dict[str, Field]] = {
     "hello": _HELLO_REP,
     "ping": _PING_REP,
     "reset": {"observation": _f("obs"), "info": _f("any_map")},
     "step": {
         "observation": _f("obs"),
-        "reward": _f((float,)),
+        "reward": _f(_FLOAT),
         "terminated": _f((bool,)),
         "truncated": _f((bool,)),
         "info": _f("any_map"),
@@ -130,46 +174,72 @@ ENV_REPLIES: dict[str, dict[str, Field]] = {
     "get_observation": {"observation": _f("obs")},
     "send_action": {},
 }
+"""Env reply schemas (the same in every protocol)."""
 _ERROR_BODY = {"code": _f((str,)), "message": _f((str,)), "field": _f((str,), optional=True)}
 
 
-def encode_message(request_id: int | None, type_: str, body: Mapping[str, Any]) -> list:
-    """Frames of ``{"id", "type", "body"}``. Raises :class:`~policylink.adapters.codec.CodecError`."""
-    return encode({"id": request_id, "type": type_, "body": dict(body)})
+def encode_message(request_id: int | None, type_: str, body: Mapping[str, Any], protocol: int = 1) -> list:
+    """Frames of ``{"id", "type", "body"}`` (plus ``"v": protocol`` when ``protocol`` > 1).
+
+    Raises:
+        CodecError: the body holds a value the codec refuses.
+    """
+    envelope = {"id": request_id, "type": type_, "body": dict(body)}
+    if protocol != 1:
+        envelope["v"] = protocol
+    return encode(envelope)
 
 
-def error_frames(err: ProtocolError) -> list:
-    """Frames of the ``error`` reply for ``err``."""
-    return encode_message(err.request_id, ERROR, {"code": err.code.value, "message": err.message, "field": err.field})
+def error_frames(err: ProtocolError, protocol: int = 1) -> list:
+    """Frames of the ``error`` reply for ``err`` in ``protocol`` (the request's)."""
+    body = {"code": err.code.value, "message": err.message, "field": err.field}
+    return encode_message(err.request_id, ERROR, body, protocol)
 
 
-def parse_message(frames: list, schemas: Schema, allow_error: bool = False) -> Message:
+def parse_message(
+    frames: list, schemas: Schema, allow_error: bool = False, by_protocol: Mapping[int, Schema] | None = None
+) -> Message:
     """Decode and check ``frames`` against ``schemas`` (verb -> body field schema).
 
     Args:
         frames: the message frames (without the ROUTER identity frame).
         schemas: e.g. :data:`POLICY_REQUESTS` (server side) or :data:`POLICY_REPLIES` (client side).
         allow_error: accept ``type == "error"`` (client side).
+        by_protocol: schemas of particular protocols (e.g. :data:`POLICY_REQUESTS_BY_PROTOCOL`); a message of a
+            protocol not listed there is checked against ``schemas``.
 
     Raises:
-        ProtocolError: ``invalid_frame`` (undecodable / not an envelope), ``unknown_message_type``,
-            ``invalid_field`` (a body field missing, unknown or of the wrong type).
+        ProtocolError: ``invalid_frame`` (undecodable / not an envelope), ``version_mismatch`` (an envelope
+            ``v`` outside :data:`SUPPORTED_PROTOCOLS`), ``unknown_message_type``, ``invalid_field`` (a body field
+            missing, unknown or of the wrong type; ``field`` is its dotted path).
     """
     try:
         msg = decode(frames)
     except CodecError as e:
         raise ProtocolError(ErrorCode.INVALID_FRAME, str(e)) from None
-    if type(msg) is not dict or len(msg) != 3 or "id" not in msg or "type" not in msg or "body" not in msg:
+    if type(msg) is not dict or msg.keys() not in _ENVELOPES:
         got = sorted(msg) if isinstance(msg, dict) else type(msg).__name__
-        raise ProtocolError(ErrorCode.INVALID_FRAME, f"envelope: expected keys ['body', 'id', 'type'], received {got}")
+        raise ProtocolError(
+            ErrorCode.INVALID_FRAME, f"envelope: expected keys ['body', 'id', 'type'] (and 'v'), received {got}"
+        )
     rid = msg["id"]
     if rid is not None and (not isinstance(rid, int) or isinstance(rid, bool)):
         raise ProtocolError(ErrorCode.INVALID_FRAME, f"id: expected int, received {type(rid).__name__}")
+    protocol = msg.get("v", 1)
+    if type(protocol) is not int or protocol not in SUPPORTED_PROTOCOLS:
+        raise ProtocolError(
+            ErrorCode.VERSION_MISMATCH,
+            f"v: expected one of {list(SUPPORTED_PROTOCOLS)} (no 'v' = 1), received {protocol!r:.40}",
+            "v",
+            rid,
+        )
     type_, body = msg["type"], msg["body"]
     if not isinstance(type_, str):
         raise ProtocolError(
             ErrorCode.INVALID_FRAME, f"type: expected str, received {type(type_).__name__}", "type", rid
         )
+    if by_protocol is not None and protocol in by_protocol:
+        schemas = by_protocol[protocol]
     if allow_error and type_ == ERROR:
         schema = _ERROR_BODY
     elif type_ in schemas:
@@ -177,32 +247,41 @@ def parse_message(frames: list, schemas: Schema, allow_error: bool = False) -> M
     else:
         raise ProtocolError(
             ErrorCode.UNKNOWN_MESSAGE_TYPE,
-            f"type: expected one of {sorted(schemas)}, received {type_[:60]!r}",
+            f"type: expected one of {sorted(schemas)} (protocol {protocol}), received {type_[:60]!r}",
             "type",
             rid,
         )
-    if not isinstance(body, dict):
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD, f"body: expected a map, received {type(body).__name__}", "body", rid
-        )
-    unknown = sorted(set(body) - set(schema))
+    problem = _fields_problem(schema, body, "body", type_)
+    if problem:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, problem[1], problem[0], rid)
+    return Message(rid, type_, body, protocol)
+
+
+_ENVELOPES = ({"id", "type", "body"}, {"id", "type", "body", "v"})
+
+
+def _fields_problem(schema: Mapping[str, Field], value: Any, path: str, what: str) -> tuple[str, str] | None:
+    """``(field path, reason)`` of the first field of map ``value`` that breaks ``schema``, or None."""
+    if not isinstance(value, dict):
+        return path, f"{path.rsplit('.', 1)[-1]}: expected a map, received {type(value).__name__}"
+    unknown = sorted(set(value) - set(schema))
     if unknown:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"unknown field(s) {unknown}; {type_} accepts {sorted(schema)}",
-            f"body.{unknown[0]}",
-            rid,
-        )
+        return f"{path}.{unknown[0]}", f"unknown field(s) {unknown}; {what} accepts {sorted(schema)}"
     for name, (kind, optional) in schema.items():
-        value = body.get(name)
-        if value is None:
+        item = value.get(name)
+        if item is None:
             if not optional:
-                raise ProtocolError(ErrorCode.INVALID_FIELD, f"missing required field {name!r}", f"body.{name}", rid)
+                return f"{path}.{name}", f"missing required field {name!r}"
             continue
-        problem = _type_problem(kind, value)
-        if problem:
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{name}: {problem}", f"body.{name}", rid)
-    return Message(rid, type_, body)
+        if isinstance(kind, Mapping):
+            problem = _fields_problem(kind, item, f"{path}.{name}", name)
+            if problem:
+                return problem
+            continue
+        reason = _type_problem(kind, item)
+        if reason:
+            return f"{path}.{name}", f"{name}: {reason}"
+    return None
 
 
 def _type_problem(kind: Any, value: Any) -> str | None:
@@ -219,6 +298,8 @@ def _type_problem(kind: Any, value: Any) -> str | None:
     if kind == "int_list":
         ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         return None if ok else "expected a list of int"
+    if kind == "str_list":
+        return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "expected a list of str"
     if kind == "obs":
         return _obs_problem(value)
     if kind == "obs_list":

@@ -1,7 +1,7 @@
-"""ZeroMQ request/reply machinery under the policy and env servers: a ROUTER server that answers ``hello`` and
-``ping`` even while a slow call runs, with per-verb metrics, and a DEALER client channel with request ids,
-timeouts and a fresh socket after a timeout. Never REQ/REP: a lost reply cannot wedge either side
-(DESIGN.md section 3).
+"""ZeroMQ request/reply machinery under the policy and env servers: a ROUTER server with one serving loop that
+answers ``hello`` and ``ping`` even while a slow call runs on its worker, with per-verb metrics, and a DEALER
+client channel with request ids, protocol negotiation, timeouts and a fresh socket after a timeout. Never
+REQ/REP: a lost reply cannot wedge either side (DESIGN.md section 3).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from policylink.adapters import security
 from policylink.adapters.codec import CodecError, nbytes
 from policylink.adapters.protocol import (
     PROTOCOL_VERSION,
+    SUPPORTED_PROTOCOLS,
     ErrorCode,
     Message,
     ProtocolError,
@@ -93,14 +94,19 @@ class ServerStats:
 class Server:
     """Base of :class:`~policylink.adapters.transport.PolicyServer` and ``EnvServer``.
 
-    Subclasses set ``kind``, ``requests`` (verb -> body schema) and ``failure_code``, and implement
-    :meth:`handle` and :meth:`spec_dict`.
+    Subclasses set ``kind``, ``requests`` (verb -> body schema of :data:`PROTOCOL_VERSION`), optionally
+    ``requests_by_protocol`` (older protocols' schemas) and ``failure_code``, and implement :meth:`handle` and
+    :meth:`spec_dict` (and :meth:`hello_extras` for fields a protocol-2 ``hello`` adds).
 
-    Threads (leader/follower with a lazy hand-over): the serving thread owns the ROUTER socket, answers
-    ``hello``/``ping`` and runs :meth:`handle` inline, so a fast call costs no thread hand-off. It releases the
-    socket while :meth:`handle` runs; if that call lasts longer than ``rescue_after_s``, a standby thread takes
-    the socket, answers ``hello``/``ping`` (and queues other verbs) until the call ends. Calls to
-    :meth:`handle` are therefore serialised (one at a time, in arrival order).
+    One serving loop: the serving thread owns the ROUTER socket and polls it together with an ``inproc`` pipe
+    from one worker thread. It answers ``hello``/``ping`` and malformed requests itself, at once, and hands every
+    other request to the worker, which runs :meth:`handle` (one call at a time, in arrival order), encodes the
+    reply and sends it back through the pipe; the loop forwards it to the client. So ``hello``/``ping`` are
+    answered while a slow call runs, and neither thread wakes unless a message arrives.
+
+    Replies use the request's protocol (envelope ``v``); a reply body holding ``"timing"`` (see
+    :data:`~policylink.adapters.protocol.TIMING_FIELDS`) gets ``queue_s`` and ``receive_to_reply_s`` filled in
+    here, and loses ``timing`` for a protocol-1 request.
 
     Args:
         bind: ZeroMQ endpoint, default loopback; a port of ``0`` or ``*`` picks a free one (see ``endpoint``).
@@ -110,8 +116,6 @@ class Server:
         max_message_bytes: requests larger than this get a ``too_large`` error reply; single frames over twice
             this are dropped by ZeroMQ before allocation (the client then times out).
         name: shown in ``hello`` replies and logs.
-        rescue_after_s: how long a :meth:`handle` call may hold the socket idle before ``hello``/``ping`` are
-            served by the standby thread, seconds.
 
     Raises:
         EndpointError: ``bind`` is malformed (no ``tcp://``, port outside 1..65535...); a ``ValueError``.
@@ -121,6 +125,7 @@ class Server:
 
     kind: str = ""
     requests: Mapping[str, Mapping[str, Any]] = {}
+    requests_by_protocol: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None
     failure_code: ErrorCode = ErrorCode.INTERNAL
 
     def __init__(
@@ -131,14 +136,12 @@ class Server:
         insecure: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         name: str | None = None,
-        rescue_after_s: float = 0.003,
     ):
         if bind.startswith("tcp://") and bind.endswith(":0"):
             bind = bind[:-1] + "*"
         keys = security.load_server_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
         security.check_bind(bind, keys, insecure)
         self.bind, self.name, self.max_message_bytes = bind, name or f"policylink-{self.kind}", max_message_bytes
-        self.rescue_after_s = rescue_after_s
         self.stats = ServerStats()
         self.endpoint: str | None = None
         self._keys = keys
@@ -147,16 +150,17 @@ class Server:
         self._router: zmq.Socket | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
-        self._sock_lock = threading.Lock()  # whoever holds it may use the ROUTER socket
-        self._backlog: deque = deque()  # (identity, Message, t0) received by the standby thread
-        self._busy_since: float | None = None  # perf_counter() when the running handle() started
-        self._rescuing = False
-        self._wake = f"inproc://policylink-wake-{next(_server_ids)}"
+        self._jobs: deque = deque()  # (identity, Message, receive time) handed to the worker; None = stop
+        self._pipe = f"inproc://policylink-pipe-{next(_server_ids)}"
 
     # -- to implement ------------------------------------------------------------------------------------------
     def spec_dict(self) -> dict[str, Any]:
         """The served object's spec as a plain dict (sent in ``hello``)."""
         raise NotImplementedError
+
+    def hello_extras(self) -> dict[str, Any]:
+        """Fields a protocol-2 ``hello`` reply adds to ``protocol``/``kind``/``spec``/``server`` (none here)."""
+        return {}
 
     def handle(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         """Serve one verb other than ``hello``/``ping``; return the reply body or raise ProtocolError."""
@@ -164,7 +168,7 @@ class Server:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> Server:
-        """Bind and start the serving and standby threads; returns ``self`` (``endpoint`` = the bound address).
+        """Bind and start the serving loop and the worker; returns ``self`` (``endpoint`` = the bound address).
 
         Raises:
             BindError: the endpoint cannot be bound, e.g. ``"bind tcp://127.0.0.1:5555: address already in use"``.
@@ -175,7 +179,6 @@ class Server:
         self._ctx = zmq.Context()
         router = self._ctx.socket(zmq.ROUTER)
         router.linger = 0
-        router.rcvtimeo = _POLL_MS
         router.setsockopt(zmq.MAXMSGSIZE, max(2 * self.max_message_bytes, self.max_message_bytes + 2**20))
         if self._keys is not None:
             self._auth = security.secure_server_socket(self._ctx, router, self._keys)
@@ -187,12 +190,13 @@ class Server:
             raise BindError(self.bind, e) from None
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._router = router
-        wake_rx, wake_tx = self._ctx.socket(zmq.PAIR), self._ctx.socket(zmq.PAIR)
-        wake_rx.bind(self._wake)
-        wake_tx.connect(self._wake)
+        loop_end, worker_end = self._ctx.socket(zmq.PAIR), self._ctx.socket(zmq.PAIR)
+        loop_end.linger = worker_end.linger = 0
+        loop_end.bind(self._pipe)
+        worker_end.connect(self._pipe)
         self._threads = [
-            threading.Thread(target=self._serve_loop, args=(wake_tx,), daemon=True, name=f"{self.name}-serve"),
-            threading.Thread(target=self._standby_loop, args=(wake_rx,), daemon=True, name=f"{self.name}-standby"),
+            threading.Thread(target=self._serve_loop, args=(loop_end,), daemon=True, name=f"{self.name}-serve"),
+            threading.Thread(target=self._work_loop, args=(worker_end,), daemon=True, name=f"{self.name}-worker"),
         ]
         for t in self._threads:
             t.start()
@@ -212,7 +216,8 @@ class Server:
             self.stop()
 
     def stop(self) -> None:
-        """Stop the threads and release the socket (pending requests get no reply)."""
+        """Stop the threads and release the socket (pending requests get no reply; a running call is abandoned
+        after 10 s)."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10.0)
@@ -237,64 +242,50 @@ class Server:
             self._ctx.destroy(linger=0)
             self._ctx = None
 
-    def _serve_loop(self, wake_tx: zmq.Socket) -> None:
-        router = self._router
-        try:
-            while not self._stop.is_set():
-                with self._sock_lock:
-                    job = self._backlog.popleft() if self._backlog else self._receive(router, inline=True)
-                if job is None:
-                    continue
-                identity, msg, t0 = job
-                self._busy_since = time.perf_counter()
-                out, error = self._run(msg)
-                self._busy_since = None
-                # The standby thread sets _rescuing before re-reading _busy_since, and we clear _busy_since before
-                # reading _rescuing, so either it sees the call ended or we wake it (no lost wake-up).
-                if self._rescuing:
-                    wake_tx.send(b"")
-                self.stats.record(msg.type, time.perf_counter() - t0, error)  # before the client can see it
-                if self._stop.is_set():
-                    return  # stop() may already have closed the socket under a long call
-                with self._sock_lock:
-                    router.send_multipart([identity, *out], copy=False)
-        finally:
-            wake_tx.close(linger=0)
-
-    def _standby_loop(self, wake_rx: zmq.Socket) -> None:
+    def _serve_loop(self, pipe: zmq.Socket) -> None:
+        """Poll the ROUTER socket and the worker's pipe; answer hello/ping, hand other verbs to the worker."""
         router = self._router
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
-        poller.register(wake_rx, zmq.POLLIN)
+        poller.register(pipe, zmq.POLLIN)
         try:
-            while not self._stop.wait(self.rescue_after_s):
-                since = self._busy_since
-                if since is None or time.perf_counter() - since < self.rescue_after_s:
-                    continue
-                with self._sock_lock:
-                    self._rescuing = True
-                    while self._busy_since is not None and not self._stop.is_set():
-                        events = dict(poller.poll(_POLL_MS))
-                        if wake_rx in events:
-                            while wake_rx.poll(0):
-                                wake_rx.recv()
-                        if router in events:
-                            job = self._receive(router, inline=False)
-                            if job is not None:
-                                self._backlog.append(job)
-                    self._rescuing = False
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(_POLL_MS):
+                    if sock is pipe:  # a finished call: [identity, *reply frames]
+                        router.send_multipart(pipe.recv_multipart(copy=False), copy=False)
+                        continue
+                    job = self._receive(router)
+                    if job is not None:
+                        self._jobs.append(job)
+                        pipe.send(b"")
         finally:
-            wake_rx.close(linger=0)
+            self._jobs.append(None)
+            pipe.send(b"")
+            pipe.close(linger=0)
 
-    def _receive(self, router: zmq.Socket, inline: bool) -> tuple | None:
-        """Receive one request (the caller holds the socket); answer hello/ping/errors at once, return others."""
-        try:  # the serving thread blocks up to RCVTIMEO (_POLL_MS); the standby thread has polled already
-            frames = router.recv_multipart(0 if inline else zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return None
+    def _work_loop(self, pipe: zmq.Socket) -> None:
+        """Run queued calls one at a time; send each encoded reply back through the pipe."""
+        try:
+            while True:
+                pipe.recv()
+                job = self._jobs.popleft()
+                if job is None or self._stop.is_set():
+                    return
+                identity, msg, t0 = job
+                out, error = self._run(msg, t0)
+                self.stats.record(msg.type, time.perf_counter() - t0, error)  # before the client can see it
+                if self._stop.is_set():
+                    return  # the serving loop is gone: nobody would forward the reply
+                pipe.send_multipart([identity, *out], copy=False)
+        finally:
+            pipe.close(linger=0)
+
+    def _receive(self, router: zmq.Socket) -> tuple | None:
+        """Receive one request; answer hello/ping/errors at once, return ``(identity, Message, t0)`` for others."""
+        frames = router.recv_multipart(copy=False)
         t0 = time.perf_counter()
         identity, payload = frames[0], frames[1:]
-        verb = "(invalid)"
+        verb, protocol = "(invalid)", 1
         try:
             size = nbytes(payload)
             if size > self.max_message_bytes:
@@ -304,61 +295,81 @@ class Server:
                     None,
                     _peek_id(payload),
                 )
-            msg = parse_message(payload, self.requests)
-            verb = msg.type
+            msg = parse_message(payload, self.requests, by_protocol=self.requests_by_protocol)
+            verb, protocol = msg.type, msg.protocol
             if verb == "hello":
-                out, error = encode_message(msg.id, verb, self._hello(msg)), None
+                body = self._hello(msg)
+                out, error = encode_message(msg.id, verb, body, body["protocol"]), None
             elif verb == "ping":
-                out, error = encode_message(msg.id, verb, {"time": time.time()}), None
+                out, error = encode_message(msg.id, verb, {"time": time.time()}, protocol), None
             else:
                 return identity, msg, t0
         except ProtocolError as e:
-            out, error = error_frames(e), e.code.value
+            out, error = error_frames(e, protocol), e.code.value
         except Exception as e:  # never let one request kill the server
             log.exception("%s: internal error on a %s request", self.name, verb)
-            out, error = error_frames(ProtocolError(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")), "internal"
+            err = ProtocolError(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
+            out, error = error_frames(err, protocol), "internal"
         self.stats.record(verb, time.perf_counter() - t0, error)
         router.send_multipart([identity, *out], copy=False)
         return None
 
     def _hello(self, msg: Message) -> dict[str, Any]:
-        if msg.body["protocol"] != PROTOCOL_VERSION:
+        """The ``hello`` reply in the client's protocol (its body's ``protocol``)."""
+        protocol = msg.body["protocol"]
+        if protocol not in SUPPORTED_PROTOCOLS:
+            older = ", ".join(str(p) for p in SUPPORTED_PROTOCOLS if p != PROTOCOL_VERSION)
             raise ProtocolError(
                 ErrorCode.VERSION_MISMATCH,
-                f"protocol: expected {PROTOCOL_VERSION} (this server), "
-                f"received {msg.body['protocol']} (client); run the same policylink version on "
-                "both sides",
+                f"protocol: expected {PROTOCOL_VERSION} (this server), received {protocol} (client); this server "
+                f"also speaks {older}; run the same policylink version on both sides",
                 "body.protocol",
                 msg.id,
             )
-        return {"protocol": PROTOCOL_VERSION, "kind": self.kind, "spec": self.spec_dict(), "server": self.name}
+        reply = {"protocol": protocol, "kind": self.kind, "spec": self.spec_dict(), "server": self.name}
+        if protocol > 1:
+            reply.update(self.hello_extras())
+        return reply
 
-    def _run(self, msg: Message) -> tuple[list, str | None]:
-        """Call :meth:`handle` and encode its reply; every failure becomes an error reply."""
+    def _run(self, msg: Message, t0: float) -> tuple[list, str | None]:
+        """Call :meth:`handle` and encode its reply (in the request's protocol, with its timing); every failure
+        becomes an error reply."""
+        started = time.perf_counter()
         try:
-            return encode_message(msg.id, msg.type, self.handle(msg.type, msg.body)), None
+            body = self.handle(msg.type, msg.body)
+            timing = body.get("timing")
+            if timing is not None:
+                if msg.protocol < 2:
+                    body = {k: v for k, v in body.items() if k != "timing"}
+                else:
+                    timing["queue_s"] = started - t0
+                    timing["receive_to_reply_s"] = time.perf_counter() - t0
+            return encode_message(msg.id, msg.type, body, msg.protocol), None
         except ProtocolError as e:
             e.request_id = msg.id
-            return error_frames(e), e.code.value
+            return error_frames(e, msg.protocol), e.code.value
         except CodecError as e:
             err = ProtocolError(self.failure_code, f"reply not encodable: {e}", None, msg.id)
         except Exception as e:
             log.exception("%s: %s failed", self.name, msg.type)
             err = ProtocolError(self.failure_code, f"{type(e).__name__}: {e}", None, msg.id)
-        return error_frames(err), err.code.value
+        return error_frames(err, msg.protocol), err.code.value
 
 
 class Channel:
     """Client side of one server: a DEALER socket, request ids, timeouts, and a fresh socket after a timeout.
 
     Replies whose id is not the pending request's (late replies to timed-out requests) are discarded.
-    Thread-safe (one request at a time).
+    Requests use :attr:`protocol`, agreed in :meth:`hello` (the newest the server speaks). Thread-safe (one
+    request at a time).
 
     Args:
         endpoint: the server's ZeroMQ endpoint, e.g. ``"tcp://127.0.0.1:5555"``.
-        replies: verb -> reply body schema (:data:`~policylink.adapters.protocol.POLICY_REPLIES`...).
+        replies: verb -> reply body schema of :data:`PROTOCOL_VERSION` (:data:`~policylink.adapters.protocol.
+            POLICY_REPLIES`...).
         timeout_s: default per-request timeout, seconds.
         curve_keys: a key folder or :class:`~policylink.adapters.security.ClientKeys` when the server uses CURVE.
+        replies_by_protocol: reply schemas of older protocols (used after :meth:`hello` agreed on one).
 
     Raises:
         EndpointError: ``endpoint`` is malformed, e.g. ``"127.0.0.1:5599"`` (names ``tcp://127.0.0.1:5599``).
@@ -371,9 +382,12 @@ class Channel:
         *,
         timeout_s: float = 10.0,
         curve_keys: str | Path | security.ClientKeys | None = None,
+        replies_by_protocol: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None,
     ):
         security.check_endpoint(endpoint, "connect")
         self.endpoint, self.timeout_s, self._replies = endpoint, float(timeout_s), replies
+        self._by_protocol = replies_by_protocol
+        self.protocol = PROTOCOL_VERSION
         self._keys = security.load_client_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
         self._ctx = zmq.Context.instance()
         self._sock: zmq.Socket | None = None
@@ -382,7 +396,7 @@ class Channel:
         self._lock = threading.Lock()
 
     def request(self, verb: str, body: Mapping[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-        """Send ``verb`` with ``body`` and return the reply body.
+        """Send ``verb`` with ``body`` (in :attr:`protocol`) and return the reply body.
 
         Raises:
             TimeoutError: no reply within the timeout (names the server and the verb); the socket is dropped
@@ -392,9 +406,12 @@ class Channel:
             CodecError: ``body`` holds a value the codec refuses (nothing is sent).
             ProtocolError: the reply breaks the protocol.
         """
+        return self._request(verb, body, timeout_s, self.protocol)
+
+    def _request(self, verb: str, body: Mapping[str, Any], timeout_s: float | None, protocol: int) -> dict[str, Any]:
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         with self._lock:
-            frames = encode_message(rid := next(self._ids), verb, body)
+            frames = encode_message(rid := next(self._ids), verb, body, protocol)
             sock = self._socket()
             sock.send_multipart(frames, copy=False)
             deadline = time.monotonic() + timeout
@@ -413,7 +430,7 @@ class Channel:
                         "or overloaded, or it refused this client's CURVE key); the next call reconnects on a fresh "
                         "socket"
                     ) from None
-                reply = parse_message(frames, self._replies, allow_error=True)
+                reply = parse_message(frames, self._replies, allow_error=True, by_protocol=self._by_protocol)
                 if reply.id != rid:  # a late reply to an earlier, timed-out request
                     remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
                     continue
@@ -428,21 +445,32 @@ class Channel:
                 return reply.body
 
     def hello(self, kind: str, timeout_s: float | None = None) -> dict[str, Any]:
-        """Run the ``hello`` handshake and check the server ``kind`` (``"policy"`` or ``"env"``).
+        """Run the ``hello`` handshake, agree on :attr:`protocol` and check the server ``kind``.
+
+        The ``hello`` envelope is protocol 1's (no ``v``), so any policylink server can read it; its body offers
+        the newest protocol first, and a server that refuses it (``version_mismatch``: an older policylink) is
+        asked again with each older protocol of :data:`SUPPORTED_PROTOCOLS`.
 
         Raises:
-            VersionMismatchError: the server speaks another protocol version.
+            VersionMismatchError: the server speaks none of our protocols.
             ProtocolError: the server is not a ``kind`` server.
         """
-        reply = self.request("hello", {"protocol": PROTOCOL_VERSION, "client": "policylink"}, timeout_s)
-        if reply["protocol"] != PROTOCOL_VERSION:
+        for protocol in sorted(SUPPORTED_PROTOCOLS, reverse=True):
+            try:
+                reply = self._request("hello", {"protocol": protocol, "client": "policylink"}, timeout_s, 1)
+                break
+            except VersionMismatchError:
+                if protocol == min(SUPPORTED_PROTOCOLS):
+                    raise
+        if reply["protocol"] != protocol:
             raise VersionMismatchError(
                 self.endpoint,
                 "hello",
                 ErrorCode.VERSION_MISMATCH.value,
-                f"protocol: expected {PROTOCOL_VERSION} (client), received {reply['protocol']} (server)",
+                f"protocol: expected {protocol} (client), received {reply['protocol']} (server)",
                 "protocol",
             )
+        self.protocol = protocol
         if reply["kind"] != kind:
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,

@@ -1,62 +1,63 @@
-"""Policies and environments across processes over ZeroMQ: PolicyServer / RemotePolicy and EnvServer / RemoteEnv.
+"""Policies across processes over ZeroMQ: PolicyServer / RemotePolicy (environments: ``EnvServer`` / ``RemoteEnv``
+in :mod:`policylink.adapters.env_transport`, re-exported here).
 
 ``RemotePolicy`` is a :class:`~policylink.adapters.policy.PolicyAdapter`: the observation history lives on the
 server (in the served policy); the client queues ``update_observation`` batches and ships them with the next
-``reset`` or ``infer``, so one ``predict_action_chunk`` is one round trip carrying the whole ``(B, ...)``
-batch. ``RemoteEnv`` is an :class:`~policylink.adapters.env.EnvAdapter` (a ``gymnasium.Env``), so a
-simulator or robot can live in its own dependency-isolated process. Protocol: DESIGN.md section 3.
+``reset``, ``infer`` or ``embed``, so one ``predict_action_chunk`` is one round trip carrying the whole
+``(B, ...)`` batch. It offers the capabilities its server advertises (RTC prefix, embeddings). Protocol:
+DESIGN.md section 3.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from policylink.adapters import security
-from policylink.adapters.env import EnvAdapter
+from policylink.adapters.capabilities import ChunkPrefix, capabilities_of
+from policylink.adapters.env_transport import EnvServer, LiveEnv, RemoteEnv
 from policylink.adapters.policy import PolicyAdapter
 from policylink.adapters.protocol import (
-    ENV_REPLIES,
-    ENV_REQUESTS,
     POLICY_REPLIES,
+    POLICY_REPLIES_BY_PROTOCOL,
     POLICY_REQUESTS,
+    POLICY_REQUESTS_BY_PROTOCOL,
     ErrorCode,
     ProtocolError,
 )
 from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES, Channel, Server
-from policylink.adapters.schema import (
-    STEP_BEFORE_RESET,
-    TASK_KEY,
-    ActionError,
-    EnvSpec,
-    ObservationError,
-    PolicySpec,
-    coerce_action,
-    validate_observation,
-)
+from policylink.adapters.schema import TASK_KEY, ActionError, ObservationError, PolicySpec, validate_observation
 
-__all__ = ["PolicyServer", "RemotePolicy", "EnvServer", "RemoteEnv", "LiveEnv"]
+__all__ = ["PolicyServer", "RemotePolicy", "WIRE_CAPABILITIES", "EnvServer", "RemoteEnv", "LiveEnv"]
 
 
 class PolicyServer(Server):
-    """Serve a :class:`PolicyAdapter` on a ZeroMQ ROUTER socket (verbs ``hello``, ``ping``, ``reset``, ``infer``).
+    """Serve a :class:`PolicyAdapter` on a ZeroMQ ROUTER socket (verbs ``hello``, ``ping``, ``reset``, ``infer``,
+    and ``embed`` for an :class:`~policylink.adapters.capabilities.Embedder`).
 
     Observations are validated against the policy's :class:`PolicySpec` (dtype, shape ``(B, *shape)``) before
-    the policy sees them; chunks are checked to be float32 ``(B, chunk_size, A)``. Calls into the policy are
-    serialised by :attr:`lock` (share it with another endpoint serving the same policy, e.g. openpi).
+    the policy sees them; chunks are checked to be float32 ``(B', chunk_size, A)``. ``infer`` may name the rows
+    ``env_ids`` (then ``policy.predict_action_chunk(env_ids)``) and carry an RTC ``prefix`` (then
+    ``policy.predict_action_chunk_with_prefix(prefix, env_ids)``, for a
+    :class:`~policylink.adapters.capabilities.PrefixConditioned` policy); its protocol-2 reply carries server
+    ``timing``. ``hello`` advertises :attr:`capabilities`. Calls into the policy are serialised by :attr:`lock`
+    (share it with another endpoint serving the same policy, e.g. openpi).
 
     Args:
         policy: the policy to serve.
-        bind, curve_keys, insecure, max_message_bytes, name, rescue_after_s: see
-            :class:`~policylink.adapters.rpc.Server`.
+        bind, curve_keys, insecure, max_message_bytes, name: see :class:`~policylink.adapters.rpc.Server`.
+        lock: the lock serialising policy calls (default: a new one).
     """
 
     kind = "policy"
     requests = POLICY_REQUESTS
+    requests_by_protocol = POLICY_REQUESTS_BY_PROTOCOL
     failure_code = ErrorCode.INFER_FAILED
 
     def __init__(
@@ -68,19 +69,13 @@ class PolicyServer(Server):
         insecure: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         name: str | None = None,
-        rescue_after_s: float = 0.003,
         lock: threading.Lock | None = None,
     ):
-        super().__init__(
-            bind,
-            curve_keys=curve_keys,
-            insecure=insecure,
-            max_message_bytes=max_message_bytes,
-            name=name,
-            rescue_after_s=rescue_after_s,
-        )
+        super().__init__(bind, curve_keys=curve_keys, insecure=insecure, max_message_bytes=max_message_bytes, name=name)
         self.policy = policy
         self.lock = lock or threading.Lock()
+        self.capabilities: list[str] = [c for c in capabilities_of(policy) if c in WIRE_CAPABILITIES]
+        """Capabilities advertised in ``hello`` (those of the policy that the wire carries)."""
         self._spec_dict = policy.spec.to_dict()
         feats = policy.spec.observation_features
         self._array_feats = [(k, np.dtype(f.dtype), f.shape) for k, f in feats.items() if not f.is_string]
@@ -90,32 +85,98 @@ class PolicyServer(Server):
         """The served policy's ``PolicySpec.to_dict()``."""
         return self._spec_dict
 
+    def hello_extras(self) -> dict[str, Any]:
+        """``capabilities`` (sorted names) and, for an Embedder, ``latent_dim``."""
+        extras: dict[str, Any] = {"capabilities": self.capabilities}
+        if "embedder" in self.capabilities:
+            extras["latent_dim"] = int(self.policy.latent_dim)
+        return extras
+
     def handle(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
-        """``reset``: apply queued observations, then ``policy.reset(env_ids)``; ``infer``: apply them, then
-        return ``{"actions": float32 (B, chunk_size, A)}``.
+        """``reset``: apply queued observations, then ``policy.reset(env_ids)``; ``infer``: apply them, then return
+        ``{"actions": float32 (B', chunk_size, A), "timing": {"inference_s"}}``; ``embed``: apply them, then return
+        ``{"latent": float32 (B', latent_dim), "timing": ...}``. The request is checked before the policy is touched.
 
         Raises:
-            ProtocolError: ``invalid_field`` for an off-spec observation (field names the key),
-                ``infer_failed`` for a chunk of the wrong shape/dtype.
+            ProtocolError: ``invalid_field`` for an off-spec observation (field names the key), a bad ``prefix``
+                (``body.prefix.<field>``) or ``env_ids`` (``body.env_ids``); ``unsupported`` for a ``prefix`` or
+                ``embed`` the policy does not offer; ``infer_failed`` for a chunk/latent of the wrong shape/dtype.
         """
+        env_ids = _check_env_ids(body.get("env_ids"))
+        prefix = None
+        if verb == "infer" and body.get("prefix") is not None:
+            prefix = self._prefix(body["prefix"], env_ids)
+        if verb == "embed" and "embedder" not in self.capabilities:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED, f"embed: {type(self.policy).__name__} is not an Embedder", "type"
+            )
         with self.lock:
-            for i, obs in enumerate(body["updates"]):
-                try:
-                    if not self._conforms(obs):
-                        validate_observation(self.policy.spec, obs, batch_dims=1)  # raises, naming every problem
-                        sizes = _batch_sizes(obs, self.policy.spec)
-                        if len(set(sizes.values())) > 1:
-                            raise ObservationError(
-                                [f"batch size: expected one leading dim B for every feature, received {sizes}"]
-                            )
-                    self.policy.update_observation(obs)
-                except ObservationError as e:
-                    key = e.problems[0].split(":", 1)[0] if e.problems else ""
-                    raise ProtocolError(ErrorCode.INVALID_FIELD, str(e), f"body.updates[{i}].{key}") from None
+            self._apply(body["updates"])
             if verb == "reset":
-                self.policy.reset(body.get("env_ids"))
+                self.policy.reset(env_ids)
                 return {}
-            chunk = self.policy.predict_action_chunk()
+            t0 = time.perf_counter()
+            try:
+                if verb == "embed":
+                    out = self.policy.embed(None, env_ids)
+                elif prefix is not None:
+                    out = self.policy.predict_action_chunk_with_prefix(prefix, env_ids)
+                else:  # a policy written before env_ids is called as before
+                    out = (
+                        self.policy.predict_action_chunk()
+                        if env_ids is None
+                        else self.policy.predict_action_chunk(env_ids)
+                    )
+            except IndexError as e:
+                if env_ids is None:
+                    raise
+                raise ProtocolError(ErrorCode.INVALID_FIELD, str(e), "body.env_ids") from None
+            timing = {"inference_s": time.perf_counter() - t0}
+        rows = len(env_ids) if env_ids is not None else None if prefix is None else len(prefix.actions)
+        if verb == "embed":
+            return {"latent": self._checked_latent(out, rows), "timing": timing}
+        return {"actions": self._checked_chunk(out, rows), "timing": timing}
+
+    def _apply(self, updates: list[dict[str, Any]]) -> None:
+        for i, obs in enumerate(updates):
+            try:
+                if not self._conforms(obs):
+                    validate_observation(self.policy.spec, obs, batch_dims=1)  # raises, naming every problem
+                    sizes = _batch_sizes(obs, self.policy.spec)
+                    if len(set(sizes.values())) > 1:
+                        raise ObservationError(
+                            [f"batch size: expected one leading dim B for every feature, received {sizes}"]
+                        )
+                self.policy.update_observation(obs)
+            except ObservationError as e:
+                key = e.problems[0].split(":", 1)[0] if e.problems else ""
+                raise ProtocolError(ErrorCode.INVALID_FIELD, str(e), f"body.updates[{i}].{key}") from None
+
+    def _prefix(self, wire: dict[str, Any], env_ids: list[int] | None) -> ChunkPrefix:
+        """The request's :class:`ChunkPrefix`, checked (float32, shapes, values); raises ProtocolError."""
+        if "prefix" not in self.capabilities:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED,
+                f"prefix: {type(self.policy).__name__} is not PrefixConditioned (real-time chunking)",
+                "body.prefix",
+            )
+        for name in ("actions", "weights"):
+            if wire[name].dtype != np.float32:
+                raise ProtocolError(
+                    ErrorCode.INVALID_FIELD,
+                    f"prefix.{name}: expected dtype float32, received {wire[name].dtype}",
+                    f"body.prefix.{name}",
+                )
+        prefix = ChunkPrefix(wire["actions"], wire["weights"], float(wire["max_guidance"]))
+        spec = self.policy.spec
+        rows = len(env_ids) if env_ids is not None else wire["actions"].shape[0] if wire["actions"].ndim else 0
+        try:
+            return prefix.validate(rows, spec.chunk_size, spec.action.dim)
+        except ValueError as e:
+            field = str(e).split(":", 1)[0]
+            raise ProtocolError(ErrorCode.INVALID_FIELD, str(e), f"body.{field}") from None
+
+    def _checked_chunk(self, chunk: Any, rows: int | None) -> np.ndarray:
         spec = self.policy.spec
         expected = (spec.chunk_size, spec.action.dim)
         if not (
@@ -123,13 +184,27 @@ class PolicyServer(Server):
             and chunk.dtype == np.float32
             and chunk.ndim == 3
             and chunk.shape[1:] == expected
+            and (rows is None or len(chunk) == rows)
             and np.isfinite(chunk).all()
         ):
             problems = spec.action.check(chunk, batch_dims=2) or [
-                f"action chunk: expected (B, {expected[0]}, {expected[1]}), received {chunk.shape}"
+                f"action chunk: expected ({'B' if rows is None else rows}, {expected[0]}, {expected[1]}), "
+                f"received {getattr(chunk, 'shape', type(chunk).__name__)}"
             ]
             raise ProtocolError(ErrorCode.INFER_FAILED, str(ActionError(problems)), "actions")
-        return {"actions": chunk}
+        return chunk
+
+    def _checked_latent(self, latent: Any, rows: int | None) -> np.ndarray:
+        dim = int(self.policy.latent_dim)
+        ok = type(latent) is np.ndarray and latent.dtype == np.float32 and latent.ndim == 2
+        if not (ok and latent.shape[1] == dim and (rows is None or len(latent) == rows)):
+            got = f"{latent.dtype} {latent.shape}" if isinstance(latent, np.ndarray) else type(latent).__name__
+            raise ProtocolError(
+                ErrorCode.INFER_FAILED,
+                f"latent: expected float32 ({'B' if rows is None else rows}, {dim}), received {got}",
+                "latent",
+            )
+        return latent
 
     def _conforms(self, obs: dict[str, Any]) -> bool:
         """Fast check of one observation batch: every feature present with dtype, shape ``(B, *shape)`` and one
@@ -154,12 +229,25 @@ def _batch_sizes(obs: Mapping[str, Any], spec: PolicySpec) -> dict[str, int]:
     return {k: len(obs[k]) for k in spec.observation_features if k in obs}
 
 
+def _check_env_ids(env_ids: list[int] | None) -> list[int] | None:
+    """``env_ids`` of a request: non-negative and distinct, else ProtocolError naming ``body.env_ids``."""
+    if env_ids is not None and (any(i < 0 for i in env_ids) or len(set(env_ids)) != len(env_ids)):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"env_ids: expected distinct indices >= 0, received {env_ids[:20]}", "body.env_ids"
+        )
+    return env_ids
+
+
 class RemotePolicy:
     """A :class:`PolicyAdapter` served by a :class:`PolicyServer` (or ``policylink serve``) at ``endpoint``.
 
-    The spec comes from the server's ``hello``. Observation batches given to :meth:`update_observation` are
-    queued (by reference: do not mutate them before the next call) and sent with the next :meth:`reset` or
-    :meth:`predict_action_chunk` in one message; queued batches are dropped if that call fails (at most once).
+    The spec and the capabilities come from the server's ``hello``: the instance is of a subclass of
+    ``RemotePolicy`` that also implements :class:`~policylink.adapters.capabilities.PrefixConditioned` (the prefix
+    rides ``infer``) and/or :class:`~policylink.adapters.capabilities.Embedder` (the ``embed`` verb) exactly when
+    the server advertises them, so ``isinstance(remote, PrefixConditioned)`` answers truthfully. Observation
+    batches given to :meth:`update_observation` are queued (by reference: do not mutate them before the next call)
+    and sent with the next :meth:`reset`, :meth:`predict_action_chunk` or ``embed`` in one message; queued batches
+    are dropped if that call fails (at most once). :attr:`last_timing` holds the timing of the latest call.
 
     Args:
         endpoint: e.g. ``"tcp://127.0.0.1:5555"``.
@@ -172,8 +260,30 @@ class RemotePolicy:
     Raises:
         EndpointError: ``endpoint`` is malformed (``"127.0.0.1:5599"`` -> "did you mean 'tcp://127.0.0.1:5599'?").
         TimeoutError: no ``hello`` reply within ``timeout_s``.
-        VersionMismatchError: the server speaks another protocol version.
+        VersionMismatchError: the server speaks none of this client's protocols.
     """
+
+    _capabilities: frozenset[str] = frozenset()
+
+    def __new__(
+        cls,
+        endpoint: str,
+        *,
+        timeout_s: float = 10.0,
+        curve_keys: str | Path | security.ClientKeys | None = None,
+        validate: bool = False,
+    ) -> RemotePolicy:
+        channel = Channel(
+            endpoint,
+            POLICY_REPLIES,
+            timeout_s=timeout_s,
+            curve_keys=curve_keys,
+            replies_by_protocol=POLICY_REPLIES_BY_PROTOCOL,
+        )
+        info = channel.hello("policy")
+        self = super().__new__(_remote_class(cls, frozenset(info.get("capabilities", ()))))
+        self._channel, self.server_info = channel, info
+        return self
 
     def __init__(
         self,
@@ -184,16 +294,22 @@ class RemotePolicy:
         validate: bool = False,
     ):
         self.endpoint = endpoint
-        self._channel = Channel(endpoint, POLICY_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys)
-        self.server_info = self._channel.hello("policy")
         self._spec = PolicySpec.from_dict(self.server_info["spec"])
         self._validate = validate
         self._pending: list[dict[str, Any]] = []
+        self.last_timing: dict[str, float] = {}
+        """Seconds: ``round_trip_s`` (client) and the server's ``receive_to_reply_s``, ``queue_s``,
+        ``inference_s`` (protocol 2) of the latest ``infer``/``embed``."""
 
     @property
     def spec(self) -> PolicySpec:
         """The served policy's :class:`PolicySpec` (from ``hello``)."""
         return self._spec
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Capability names this client offers (advertised by the server and carried by the wire)."""
+        return type(self)._capabilities
 
     def reset(self, env_ids: Sequence[int] | None = None) -> None:
         """Reset the episodes ``env_ids`` (``None`` = all) on the server, after any queued observations."""
@@ -214,25 +330,17 @@ class RemotePolicy:
             validate_observation(self._spec, obs, batch_dims=1)
         self._pending.append(obs)
 
-    def predict_action_chunk(self) -> np.ndarray:
-        """float32 ``(B, chunk_size, A)`` from the server, after sending the queued observations.
+    def predict_action_chunk(self, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``(B', chunk_size, A)`` for rows ``env_ids`` (``None`` = all) from the server, after sending the
+        queued observations. (A protocol-1 server computes every row; the rows asked for are returned.)
 
         Raises:
             TimeoutError: no reply in time (names server and verb).
             RemoteError: the server refused the request (e.g. ``invalid_field``) or the policy failed
                 (``infer_failed``).
+            ActionError: the reply is not float32 ``(B', chunk_size, A)``.
         """
-        updates, self._pending = self._pending, []
-        chunk = self._channel.request("infer", {"updates": updates})["actions"]
-        spec = self._spec
-        if chunk.dtype != np.float32 or chunk.ndim != 3 or chunk.shape[1:] != (spec.chunk_size, spec.action.dim):
-            raise ActionError(
-                [
-                    f"action chunk from {self.endpoint}: expected float32 (B, {spec.chunk_size}, "
-                    f"{spec.action.dim}), received {chunk.dtype} {chunk.shape}"
-                ]
-            )
-        return chunk
+        return self._infer(env_ids, None)
 
     def ping(self) -> float:
         """Round-trip time to the server, seconds."""
@@ -248,166 +356,94 @@ class RemotePolicy:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _call(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One request carrying the queued observations; records :attr:`last_timing`."""
+        updates, self._pending = self._pending, []
+        t0 = time.perf_counter()
+        reply = self._channel.request(verb, {"updates": updates, **body})
+        self.last_timing = {"round_trip_s": time.perf_counter() - t0, **reply.get("timing", {})}
+        return reply
 
-@runtime_checkable
-class LiveEnv(Protocol):
-    """An environment that also reads sensors and sends commands without stepping (a robot; ``real`` builds it)."""
-
-    def get_observation(self) -> dict[str, Any]: ...
-
-    def send_action(self, action: np.ndarray) -> None: ...
-
-
-class EnvServer(Server):
-    """Serve an :class:`EnvAdapter` (verbs ``hello``, ``ping``, ``reset``, ``step``, ``get_observation``,
-    ``send_action``); env calls are serialised on the worker thread.
-
-    ``get_observation`` returns ``env.get_observation()`` for a :class:`LiveEnv`, else the latest observation
-    of ``reset``/``step``; ``send_action`` needs a :class:`LiveEnv` (else ``unsupported``). Actions go through
-    :func:`coerce_action` (float32 ``(A,)``, finite, clipped to the limits) before the env sees them.
-
-    Args:
-        env: the environment (its ``env_spec`` is sent in ``hello``).
-        bind, curve_keys, insecure, max_message_bytes, name, rescue_after_s: see
-            :class:`~policylink.adapters.rpc.Server`.
-    """
-
-    kind = "env"
-    requests = ENV_REQUESTS
-    failure_code = ErrorCode.ENV_FAILED
-
-    def __init__(
-        self,
-        env: EnvAdapter,
-        bind: str = "tcp://127.0.0.1:5556",
-        *,
-        curve_keys: str | Path | security.ServerKeys | None = None,
-        insecure: bool = False,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        name: str | None = None,
-        rescue_after_s: float = 0.003,
-    ):
-        super().__init__(
-            bind,
-            curve_keys=curve_keys,
-            insecure=insecure,
-            max_message_bytes=max_message_bytes,
-            name=name,
-            rescue_after_s=rescue_after_s,
-        )
-        self.env = env
-        self._spec_dict = env.env_spec.to_dict()
-        self._last_obs: dict[str, Any] | None = None
-
-    def spec_dict(self) -> dict[str, Any]:
-        """The served env's ``EnvSpec.to_dict()``."""
-        return self._spec_dict
-
-    def handle(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Run ``verb`` on the env. Raises ProtocolError (``invalid_field`` for an off-spec action,
-        ``unsupported`` for ``send_action`` on a non-live env, ``env_failed`` when the env raises)."""
-        if verb == "reset":
-            obs, info = self.env.reset(seed=body.get("seed"), options=body.get("options"))
-            self._last_obs = obs
-            return {"observation": obs, "info": dict(info)}
-        if verb in ("step", "send_action"):
-            try:
-                action = coerce_action(self.env.env_spec.action, body["action"])
-            except ActionError as e:
-                raise ProtocolError(ErrorCode.INVALID_FIELD, "; ".join(e.problems), "body.action") from None
-        if verb == "step":
-            obs, reward, terminated, truncated, info = self.env.step(action)
-            self._last_obs = obs
-            return {
-                "observation": obs,
-                "reward": float(reward),
-                "terminated": bool(terminated),
-                "truncated": bool(truncated),
-                "info": dict(info),
-            }
-        live = isinstance(self.env, LiveEnv)
-        if verb == "send_action":
-            if not live:
-                raise ProtocolError(
-                    ErrorCode.UNSUPPORTED,
-                    f"send_action: {type(self.env).__name__} is not a live "
-                    "env (no get_observation/send_action); use step",
-                )
-            self.env.send_action(action)
-            return {}
-        if live:
-            return {"observation": self.env.get_observation()}
-        if self._last_obs is None:
-            raise ProtocolError(ErrorCode.ENV_FAILED, "get_observation: no observation yet; call reset first")
-        return {"observation": self._last_obs}
+    def _infer(self, env_ids: Sequence[int] | None, prefix: ChunkPrefix | None) -> np.ndarray:
+        ids = None if env_ids is None else [int(i) for i in env_ids]
+        body: dict[str, Any] = {}
+        if self._channel.protocol >= 2:
+            body["env_ids"] = ids
+            if prefix is not None:
+                body["prefix"] = {
+                    "actions": np.asarray(prefix.actions, np.float32),
+                    "weights": np.asarray(prefix.weights, np.float32),
+                    "max_guidance": float(prefix.max_guidance),
+                }
+        chunk = self._call("infer", body)["actions"]
+        if ids is not None and self._channel.protocol < 2:
+            chunk = chunk[ids]
+        spec, rows = self._spec, None if ids is None else len(ids)
+        expected = ("B" if rows is None else rows, spec.chunk_size, spec.action.dim)
+        if (
+            chunk.dtype != np.float32
+            or chunk.ndim != 3
+            or chunk.shape[1:] != expected[1:]
+            or rows not in (None, len(chunk))
+        ):
+            got = f"{chunk.dtype} {chunk.shape}"
+            raise ActionError([f"action chunk from {self.endpoint}: expected float32 {expected}, received {got}"])
+        return chunk
 
 
-class RemoteEnv(EnvAdapter):
-    """An :class:`EnvAdapter` (``gymnasium.Env``) served by an :class:`EnvServer` at ``endpoint``.
+class _RemotePrefixConditioned:
+    """:class:`~policylink.adapters.capabilities.PrefixConditioned` over the wire (mixed into RemotePolicy)."""
 
-    Observations are dicts of arrays without batch dim (+ ``task`` str); ``info["is_success"]`` comes from
-    the served env. ``env_spec`` comes from ``hello``. ``step`` follows the same contract as a local env
-    (:func:`coerce_action`, applied before sending): array-likes of any float dtype are accepted, actions outside
-    the limits are clipped, and ``step`` before ``reset`` raises ``RuntimeError``.
+    def predict_action_chunk_with_prefix(self, prefix: ChunkPrefix, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``(B', H, A)`` for rows ``env_ids``, sampled on the server toward ``prefix`` (rows follow
+        ``env_ids``); raises as :meth:`RemotePolicy.predict_action_chunk` (``invalid_field`` names
+        ``body.prefix.<field>`` for a malformed prefix)."""
+        return self._infer(env_ids, prefix)
 
-    Args:
-        endpoint: e.g. ``"tcp://127.0.0.1:5556"``.
-        timeout_s: per-request timeout, seconds.
-        curve_keys: for a CURVE server: a key folder (its ``client.key_secret`` and ``server.key``) or
-            ``security.load_client_keys(folder, "<client name>")``.
 
-    Raises:
-        TimeoutError, VersionMismatchError: at construction, as for :class:`RemotePolicy`.
-    """
+class _RemoteEmbedder:
+    """:class:`~policylink.adapters.capabilities.Embedder` over the wire (mixed into RemotePolicy)."""
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    @property
+    def latent_dim(self) -> int:
+        """``D`` (from ``hello``)."""
+        return int(self.server_info["latent_dim"])
 
-    def __init__(
-        self, endpoint: str, *, timeout_s: float = 10.0, curve_keys: str | Path | security.ClientKeys | None = None
-    ):
-        self.endpoint = endpoint
-        self._channel = Channel(endpoint, ENV_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys)
-        self.server_info = self._channel.hello("env")
-        self.env_spec = EnvSpec.from_dict(self.server_info["spec"])
-        self._init_spaces()
-        self._needs_reset = True
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict]:
-        """Reset the remote env; returns ``(observation, info)``."""
-        super().reset(seed=seed)
-        reply = self._channel.request("reset", {"seed": seed, "options": options})
-        self._needs_reset = False
-        return reply["observation"], reply["info"]
-
-    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict]:
-        """Step with an array-like ``(A,)`` (converted to float32 and clipped to the limits before sending);
-        returns gymnasium's ``(obs, reward, terminated, truncated, info)``.
+    def embed(self, obs: Mapping[str, Any] | None = None, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``(B', D)``: the server policy's latent of its current history windows for rows ``env_ids``,
+        after sending the queued observations.
 
         Raises:
-            RuntimeError: ``step`` before the first :meth:`reset`.
-            ActionError: ``action`` is None, not numeric, not shape ``(A,)`` or not finite (nothing is sent).
-            RemoteError: the env failed (``env_failed``).
+            ValueError: ``obs`` is not None (the server embeds its own windows; queue observations with
+                :meth:`update_observation`).
+            RemoteError, TimeoutError: as for ``predict_action_chunk``.
         """
-        if self._needs_reset:
-            raise RuntimeError(STEP_BEFORE_RESET)
-        action = coerce_action(self.env_spec.action, action)
-        r = self._channel.request("step", {"action": action})
-        return r["observation"], r["reward"], r["terminated"], r["truncated"], r["info"]
+        if obs is not None:
+            raise ValueError(
+                "obs: expected None (a remote policy embeds the server's history windows; send observations with "
+                "update_observation first)"
+            )
+        ids = None if env_ids is None else [int(i) for i in env_ids]
+        latent = self._call("embed", {"env_ids": ids})["latent"]
+        if latent.dtype != np.float32 or latent.ndim != 2 or latent.shape[1] != self.latent_dim:
+            raise ValueError(
+                f"latent from {self.endpoint}: expected float32 (B, {self.latent_dim}), received "
+                f"{latent.dtype} {latent.shape}"
+            )
+        return latent
 
-    def get_observation(self) -> dict[str, Any]:
-        """The env's current observation (a live read for robots, else the latest one)."""
-        return self._channel.request("get_observation", {})["observation"]
 
-    def send_action(self, action: Any) -> None:
-        """Send an array-like ``(A,)`` (as for :meth:`step`) without waiting for an observation (live envs only;
-        else ``unsupported``). Raises ActionError as :meth:`step`."""
-        action = coerce_action(self.env_spec.action, action)
-        self._channel.request("send_action", {"action": action})
+_MIXINS = {"prefix": _RemotePrefixConditioned, "embedder": _RemoteEmbedder}
+WIRE_CAPABILITIES = tuple(sorted(_MIXINS))
+"""Capabilities the policy protocol carries (names of :data:`~policylink.adapters.capabilities.CAPABILITIES`)."""
 
-    def ping(self) -> float:
-        """Round-trip time to the server, seconds."""
-        return self._channel.ping()
 
-    def close(self) -> None:
-        """Close the connection (the served env keeps running)."""
-        self._channel.close()
+@functools.cache
+def _remote_class(base: type, advertised: frozenset[str]) -> type:
+    """``base`` itself, or a subclass of it mixing in the wire capabilities in ``advertised``."""
+    caps = frozenset(advertised & _MIXINS.keys())
+    if not caps:
+        return base
+    mixins = tuple(_MIXINS[c] for c in sorted(caps))
+    name = base.__name__ + "".join(f"[{c}]" for c in sorted(caps))
+    return type(name, (base, *mixins), {"_capabilities": caps, "__module__": base.__module__})
