@@ -1,16 +1,19 @@
 """Executors against closed-form expectations: receding horizon, temporal ensembling (ACT), asynchronous
 execution with simulated and measured delays, RTC weights/guidance, and per-episode resets."""
 
+import threading
 import time
 
 import numpy as np
 import pytest
 import torch
 
+from policylink.adapters.capabilities import Guidance, GuidedSampler, PrefixConditioned
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
 from policylink.runtime.executors import (
     AsyncExecutor,
+    ChunkQueue,
     ExecutorConfig,
     ExecutorConfigError,
     LatencyConfig,
@@ -53,6 +56,63 @@ class ClockPolicy(HistoryPolicy):
         h = self.spec.chunk_size
         src = obs[:, 0] * 1000 + obs[:, 1]
         return np.stack([np.repeat(src[:, None], h, 1), obs[:, 1:2] + np.arange(h)[None]], -1).astype(np.float32)
+
+
+class RecordingPolicy(ClockPolicy):
+    """ClockPolicy that records the rows of every chunk request (None = all), the threads of every policy call,
+    and how many calls overlapped another one."""
+
+    def __init__(self, chunk_size=8, n_action_steps=4, delay_s=0.0):
+        super().__init__(chunk_size, n_action_steps, delay_s)
+        self.requests, self.threads, self.overlaps, self._busy = [], set(), 0, False
+
+    def _call(self, fn, *args):
+        self.threads.add(threading.current_thread().name)
+        self.overlaps += self._busy
+        self._busy = True
+        try:
+            return fn(*args)
+        finally:
+            self._busy = False
+
+    def reset(self, env_ids=None):
+        return self._call(super().reset, env_ids)
+
+    def update_observation(self, obs_batch):
+        return self._call(super().update_observation, obs_batch)
+
+    def predict_action_chunk(self, env_ids=None):
+        self.requests.append(None if env_ids is None else list(env_ids))
+        return self._call(super().predict_action_chunk, env_ids)
+
+
+class GuidedClockPolicy(RecordingPolicy):
+    """A GuidedSampler whose guidance hook sees the planned chunk as ``out`` (and ``x_t``)."""
+
+    sampler = None
+
+    def sample(self, obs, *, guidance=None, num_steps=None, noise=None, return_trajectory=False):
+        self.requests.append(("sample", obs[STATE].shape[0]))
+        chunk = self._predict(obs, None, None)
+        return chunk if guidance is None else guidance(chunk, None, chunk, None, self)
+
+    def normalize_actions(self, actions):
+        return actions
+
+    def unnormalize_actions(self, actions):
+        return np.asarray(actions, np.float32)
+
+
+class PrefixClockPolicy(RecordingPolicy):
+    """PrefixConditioned: records each prefix, then plans as ClockPolicy."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prefixes = []
+
+    def predict_action_chunk_with_prefix(self, prefix, env_ids=None):
+        self.prefixes.append((prefix, env_ids))
+        return self.predict_action_chunk(env_ids)
 
 
 class CountingPolicy(HistoryPolicy):
@@ -163,7 +223,7 @@ def test_async_thread_aligns_by_measured_delay():
 
 @pytest.mark.parametrize("kind", ["receding_horizon", "temporal_ensemble", "async"])
 def test_reset_clears_only_that_episode(kind):
-    policy = ClockPolicy(chunk_size=8, n_action_steps=4)
+    policy = RecordingPolicy(chunk_size=8, n_action_steps=4)
     lat = LatencyConfig("fixed", 2) if kind == "async" else LatencyConfig()
     ex = make_executor(policy, ExecutorConfig(kind=kind, latency=lat))
     tags = np.array([0.0, 0.0])
@@ -186,6 +246,9 @@ def test_reset_clears_only_that_episode(kind):
         expected = [4, 4, 4] if kind == "receding_horizon" else [0, 4, 4]
         np.testing.assert_array_equal(actions[5:8, 0, 0], expected)
     assert ex.inferences[1] >= 1 and ex.stall_steps.shape == (2,)
+    # only the rows that need a plan are inferred: the reset row alone at step 5, then each row on its own phase
+    expected = {"receding_horizon": [None, None, [1], [0], [1]], "async": [None, None, [1], [0], [1]]}
+    assert policy.requests == expected.get(kind, [None] * 12)
     with pytest.raises(IndexError, match=r"env_ids: expected indices in \[0, 2\), received \[2\]"):
         ex.reset([2])
 
@@ -256,9 +319,131 @@ def test_rtc_with_a_flow_policy_pins_the_committed_prefix():
     mid_guided = np.abs(guided[:, 2:5] - committed[:, 2:5]).mean()  # decaying weights: pulled part-way
     assert mid_guided < np.abs(free[:, 2:5] - committed[:, 2:5]).mean()
 
+
+@pytest.mark.slow
+def test_async_uses_rtc_with_a_flow_policy():
     ex = make_executor(_tiny_flow_policy(), ExecutorConfig(kind="async", latency=LatencyConfig("fixed", 2)))
     assert ex.uses_rtc
     rng = np.random.default_rng(2)
     acts = np.array([ex.act({STATE: rng.uniform(0, 1, (2, 3)).astype(np.float32)}) for _ in range(9)])
     ex.close()
     assert acts.shape == (9, 2, 2) and ex.inferences.tolist() == [3, 3]  # t = 0 (blocking), triggers at 3, 6
+
+
+def test_chunk_queue_keeps_full_chunks_and_never_pops_a_dropped_action():
+    q = ChunkQueue(batch_size=2, chunk_size=4, action_dim=1)
+    assert q.needs_plan().tolist() == [True, True]
+    q.install([0, 1], np.arange(8, dtype=np.float32).reshape(2, 4, 1), offset=0, limit=2)
+    assert q.pop()[:, 0].tolist() == [0, 4] and q.pop()[:, 0].tolist() == [1, 5]
+    assert q.needs_plan().tolist() == [True, True]  # limit 2 reached; the tail is still there
+    actions, valid = q.remaining([1])
+    np.testing.assert_array_equal(actions[0, :, 0], [6, 7, 0, 0])
+    np.testing.assert_array_equal(valid[0], [True, True, False, False])
+    epochs = q.epoch.copy()
+    q.truncate([1])
+    assert q.epoch.tolist() == [epochs[0], epochs[1] + 1] and not q.remaining([1])[1].any()
+    with pytest.raises(RuntimeError, match=r"rows \[1\] have none"):
+        q.pop()
+    q.reset([0])
+    assert q.episode.tolist() == [1, 0] and q.offset.tolist() == [0, 2]
+    with pytest.raises(ValueError, match=r"expected chunks of shape \(1, 4, 1\), received \(1, 3, 1\)"):
+        q.install([0], np.zeros((1, 3, 1)), offset=0, limit=1)
+    with pytest.raises(IndexError, match=r"env_ids: expected indices in \[0, 2\), received \[3\]"):
+        q.truncate([3])
+
+
+def test_receding_truncate_never_executes_a_dropped_action():
+    policy = RecordingPolicy(chunk_size=8, n_action_steps=4)
+    ex = make_executor(policy, ExecutorConfig(kind="receding_horizon"))
+    acts = []
+    for t in range(10):
+        acts.append(ex.act(_obs([0, 0], t)))
+        if t == 1:
+            ex.truncate([0])  # row 0 drops (0, 2) and (0, 3) of its chunk planned at step 0
+    acts = np.array(acts)
+    np.testing.assert_array_equal(acts[:, 0, 0], [0, 0, 2, 2, 2, 2, 6, 6, 6, 6])
+    np.testing.assert_array_equal(acts[:, 1, 0], [0, 0, 0, 0, 4, 4, 4, 4, 8, 8])
+    np.testing.assert_array_equal(acts[:, :, 1], np.repeat(np.arange(10)[:, None], 2, 1))
+    assert policy.requests == [None, [0], [1], [0], [1]]  # only the rows that need a plan
+    assert ex.inferences.tolist() == [3, 3]  # row 0: steps 0, 2, 6; row 1: 0, 4, 8
+
+
+def test_temporal_ensemble_truncate_restarts_the_blend():
+    ex = make_executor(CountingPolicy(chunk_size=4), ExecutorConfig(kind="temporal_ensemble", ensemble_m=0.0))
+    acts = [ex.act(_obs([0], t))[0, 0] for t in range(3)]  # means of 0; 0, 1; 0, 1, 2
+    ex.truncate()
+    acts += [ex.act(_obs([0], t))[0, 0] for t in range(3, 5)]  # 3 alone; then 3, 4
+    np.testing.assert_allclose(acts, [0.0, 0.5, 1.0, 3.0, 3.5])
+
+
+def test_replan_with_guidance_samples_only_those_rows():
+    policy = GuidedClockPolicy(chunk_size=8, n_action_steps=3)
+    assert isinstance(policy, GuidedSampler)
+    ex = make_executor(policy, ExecutorConfig(kind="receding_horizon"))
+    acts = [ex.act(_obs([0, 0], 0)), ex.act(_obs([0, 0], 1))]
+    shift = Guidance(lambda x_t, t, out, cond, model: out + 100.0)
+    assert ex.replan([1], guidance=shift) is True
+    acts += [ex.act(_obs([0, 0], t)) for t in range(2, 5)]
+    acts = np.array(acts)
+    # row 1: planned from step 1 with +100, read from index 1 (step 1's action was already executed)
+    np.testing.assert_array_equal(acts[2:, 1], [[101, 102], [101, 103], [4, 4]])
+    np.testing.assert_array_equal(acts[:, 0], [[0, 0], [0, 1], [0, 2], [3, 3], [3, 4]])
+    assert policy.requests == [None, ("sample", 1), [0], [1]]
+    assert ex.inferences.tolist() == [2, 3]
+
+    plain = RecordingPolicy(chunk_size=8, n_action_steps=3)
+    ex = make_executor(plain, ExecutorConfig(kind="receding_horizon"))
+    ex.act(_obs([0, 0], 0))
+    assert ex.replan([1], guidance=shift) is False  # not a GuidedSampler: a plain plan of row 1
+    assert plain.requests == [None, [1]] and ex.act(_obs([0, 0], 1))[1].tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match="replan: no observation yet"):
+        make_executor(plain, ExecutorConfig()).replan([0])
+
+
+def _async_with_midflight_edits(delay_s):
+    policy = RecordingPolicy(chunk_size=8, n_action_steps=4, delay_s=delay_s)
+    ex = make_executor(policy, ExecutorConfig(kind="async", latency=LatencyConfig("fixed", 2)))
+    acts = []
+    for t in range(14):
+        acts.append(ex.act(_obs([0, 0], t)))
+        if t == 5:  # the request triggered at step 4 is in flight until step 6
+            ex.truncate([0])
+            assert ex.replan([1]) is False
+    ex.close()
+    return np.array(acts), policy, ex
+
+
+def test_async_truncate_and_replan_during_inflight_inference_are_serialised_and_deterministic():
+    acts, policy, ex = _async_with_midflight_edits(delay_s=0.02)
+    # row 0: truncated -> blocking plan at 6 -> trigger at 10 (ready 12); the step-4 chunk is never executed
+    np.testing.assert_array_equal(acts[:, 0, 0], [0] * 6 + [6] * 6 + [10] * 2)
+    # row 1: replanned from step 5 (read from index 1) -> trigger at 9 (ready 11)
+    np.testing.assert_array_equal(acts[:, 1, 0], [0] * 6 + [5] * 5 + [9] * 3)
+    np.testing.assert_array_equal(acts[:, :, 1], np.repeat(np.arange(14)[:, None], 2, 1))
+    assert policy.requests == [None, None, [1], [0], [1], [0], [1]]
+    assert ex.inferences.tolist() == [3, 3] and ex.stall_steps.tolist() == [4, 4]
+    # every policy call ran on the one inference worker, never two at once
+    assert policy.overlaps == 0 and len(policy.threads) == 1
+    assert next(iter(policy.threads)).startswith("policylink-infer")
+    fast, fast_policy, _ = _async_with_midflight_edits(delay_s=0.0)
+    np.testing.assert_array_equal(fast, acts)
+    assert fast_policy.requests == policy.requests
+
+
+def test_async_rtc_sends_the_committed_prefix():
+    policy = PrefixClockPolicy(chunk_size=8, n_action_steps=4)
+    assert isinstance(policy, PrefixConditioned)
+    ex = make_executor(policy, ExecutorConfig(kind="async", latency=LatencyConfig("fixed", 2), rtc_max_guidance=3.0))
+    assert ex.uses_rtc
+    acts = _run(ex, 7)[:, 0]
+    ex.close()
+    np.testing.assert_array_equal(acts[:, 0], [0, 0, 0, 0, 0, 0, 4])  # same timing as without RTC
+    [(prefix, env_ids)] = policy.prefixes  # the trigger at step 4 (the first chunk has no prefix)
+    assert env_ids is None and prefix.max_guidance == 3.0
+    np.testing.assert_array_equal(prefix.actions[0], [[0, 4], [0, 5], [0, 6], [0, 7]] + [[0, 0]] * 4)
+    c = np.array([2.0, 1.0]) / 3.0  # rtc_weights(H=8, d=2, s=4): 1, 1, c (e^c - 1) / (e - 1), 0...
+    expected = np.concatenate([[1.0, 1.0], c * np.expm1(c) / (np.e - 1), np.zeros(4)])
+    np.testing.assert_allclose(prefix.weights[0], expected, rtol=1e-6)
+    no_rtc = make_executor(policy, ExecutorConfig(kind="async", rtc=False))
+    assert not no_rtc.uses_rtc
+    no_rtc.close()
