@@ -508,11 +508,9 @@ def _run_ray(tasks: list[ShardTask], cfg: EvalConfig):
     """Shards as Ray tasks (1 CPU each), at most ``cfg.workers`` in flight (all at once when ``workers <= 0``)."""
     import ray
 
-    if not ray.is_initialized():
-        if cfg.ray_address == "local":
-            ray.init(num_cpus=max(cfg.workers, 1), include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=cfg.ray_address, log_to_driver=False)
+    from policylink.runtime.ray_cluster import connect
+
+    connect(cfg.ray_address, num_cpus=max(cfg.workers, 1))  # "local": a loopback-only cluster started here
     remote = ray.remote(num_cpus=1)(run_shard)
     limit = cfg.workers if cfg.workers > 0 else len(tasks)
     queue = list(tasks)

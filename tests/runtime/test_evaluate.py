@@ -253,9 +253,9 @@ def test_ray_matches_local_pool(tmp_path):
     ray = pytest.importorskip("ray")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     local = _eval(tmp_path / "local", workers=2, videos=0)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        remote = _eval(tmp_path / "ray", workers=2, videos=0, ray_address="auto")
+    try:  # starts a loopback-only cluster here (tests/runtime/test_ray_cluster.py checks its addresses)
+        remote = _eval(tmp_path / "ray", workers=2, videos=0, ray_address="local")
+        assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1"]
     finally:
         ray.shutdown()
     strip = [{k: v for k, v in s.items() if k != "eval_s"} for s in local]
