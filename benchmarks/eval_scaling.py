@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_ray:
         import ray
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        backends.append(("Ray (local, num_cpus=2)", "auto"))
+        from policylink.runtime.ray_cluster import start_local
+
+        start_local(num_cpus=2)  # what `--ray_address local` starts: one node on 127.0.0.1
+        backends.append(("Ray (local, num_cpus=2)", "local"))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, address in backends:
