@@ -1,4 +1,5 @@
-"""policylink.policies: models and learning algorithms (Diffusion Policy, flow matching, encoders).
+"""policylink.policies: registered policy types, one folder each (``diffusion/``, ``flow/``: config, model),
+their shared parts (``common/``) and the registry that config parsing, checkpoints and training dispatch through.
 
 ``load_policy(path, device="auto")`` turns a checkpoint folder into a ready PolicyAdapter; torch is imported
 only when it is called.

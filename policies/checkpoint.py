@@ -2,7 +2,7 @@
 
 Layout::
 
-    <dir>/config.yaml             {"policy": PolicyConfig, "train": training config (optional)}
+    <dir>/config.yaml             {"policy": {"type": name, ...PolicyConfig}, "train": training config (optional)}
     <dir>/model.safetensors       model weights (the EMA weights during training)
     <dir>/normalizer.safetensors  Normalizer.state_dict() arrays
     <dir>/policy_spec.json        PolicySpec.to_dict()
@@ -27,7 +27,8 @@ import yaml
 from policylink.adapters.schema import PolicySpec
 from policylink.data.normalize import Normalizer
 from policylink.policies.config import PolicyConfig
-from policylink.policies.model import ChunkModel, build_model
+from policylink.policies.model import ChunkModel
+from policylink.policies.registry import build_model
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.safetensors"
@@ -131,6 +132,9 @@ def save_checkpoint(
 def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkModel, Normalizer]:
     """Read config, spec, model (weights loaded, on CPU, eval mode) and normaliser from a checkpoint folder.
 
+    The config's ``type`` selects the registered policy type (:mod:`policylink.policies.registry`), which builds
+    the model.
+
     Raises:
         CheckpointError: a required file is missing, or the weights do not fit the config.
     """
@@ -156,7 +160,8 @@ def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkMo
 
 
 def load_policy(path: str | Path, device: str | torch.device = "auto", seed: int = 0):
-    """Load a checkpoint folder as a ready :class:`~policylink.policies.policy.ChunkPolicy` (a PolicyAdapter).
+    """Load a checkpoint folder as a ready :class:`~policylink.policies.policy.ChunkPolicy` (a PolicyAdapter with
+    the capabilities its sampler supports, :func:`~policylink.policies.policy.policy_for_model`).
 
     Args:
         path: the checkpoint folder (needs nothing else: config, weights, normaliser and spec are inside).
@@ -166,10 +171,10 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", seed: int
     Raises:
         CheckpointError: missing or inconsistent files.
     """
-    from policylink.policies.policy import ChunkPolicy
+    from policylink.policies.policy import policy_for_model
 
     _, spec, model, normalizer = load_components(path)
-    return ChunkPolicy(model, normalizer, spec, device=resolve_device(device), seed=seed)
+    return policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
 
 
 def load_training_state(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:

@@ -1,104 +1,63 @@
-"""Typed configuration of the chunk policies (Diffusion Policy and flow matching): one dataclass tree, saved
-as ``config.yaml`` in every checkpoint and parsed from training YAML files with draccus.
+"""The base configuration of every registered policy: the fields shared by all of them (observation keys,
+horizons, encoder, conditioning slot, EMA, normalisation), saved as ``config.yaml`` in every checkpoint and
+parsed from training YAML files with draccus.
+
+A policy folder subclasses :class:`PolicyConfig` and registers it by name with
+:func:`policylink.policies.registry.register_policy_type`; the ``type`` key of ``policy: {type: ..., ...}``
+selects the subclass (draccus choice types, as LeRobot's ``PreTrainedConfig.register_subclass``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from policylink.policies.encoders import EncoderConfig
+import draccus
 
-POLICY_TYPES = ("diffusion", "flow")
+from policylink.adapters.capabilities import ConditioningSpec
+from policylink.policies.common.encoders import EncoderConfig
 
-
-@dataclass
-class UNetConfig:
-    """Conditional 1-D U-Net size (see :class:`policylink.policies.unet1d.ConditionalUnet1D`).
-
-    Attributes:
-        down_dims: channels per level; ``chunk_size`` must be divisible by ``2 ** (len(down_dims) - 1)``.
-        kernel_size: temporal kernel size (odd).
-        n_groups: GroupNorm groups.
-        time_embed_dim: sinusoidal time-embedding size.
-    """
-
-    down_dims: list[int] = field(default_factory=lambda: [256, 512, 1024])
-    kernel_size: int = 5
-    n_groups: int = 8
-    time_embed_dim: int = 128
+DEFAULT_POLICY_TYPE = "diffusion"
+"""The type a ``policy:`` mapping without a ``type`` key gets (the type default of the original config)."""
 
 
 @dataclass
-class DiffusionConfig:
-    """DDPM training / DDIM sampling (Ho et al. 2020; Song et al. 2021) through ``diffusers`` schedulers.
+class PolicyConfig(draccus.ChoiceRegistry):
+    """Everything that defines a policy besides its PolicySpec and normaliser; abstract: instantiate a registered
+    subclass (``make_config(name, ...)`` or the folder's dataclass).
 
     Attributes:
-        num_train_timesteps: DDPM steps at training time (Diffusion Policy: 100).
-        beta_schedule: ``diffusers`` beta schedule (``"squaredcos_cap_v2"`` = squared cosine, Nichol & Dhariwal).
-        num_inference_steps: DDIM steps at inference (Diffusion Policy: 10).
-        prediction_type: ``"epsilon"`` (noise) or ``"sample"`` (clean chunk).
-        clip_sample: clip the predicted clean chunk to ``[-clip_sample_range, clip_sample_range]`` (normalised).
-        clip_sample_range: clipping bound in normalised action units.
-    """
-
-    num_train_timesteps: int = 100
-    beta_schedule: str = "squaredcos_cap_v2"
-    num_inference_steps: int = 10
-    prediction_type: str = "epsilon"
-    clip_sample: bool = True
-    clip_sample_range: float = 1.0
-
-
-@dataclass
-class FlowConfig:
-    """Flow matching with the standard convention (DESIGN section 4): ``x_t = t*a + (1-t)*eps``.
-
-    Attributes:
-        num_steps: Euler steps from ``t = 0`` (noise) to ``t = 1`` (actions).
-        time_sampling: training-time distribution of ``t``: ``"uniform"`` on ``[0, 1]``, or ``"beta"``
-            (``t = 1 - s``, ``s ~ Beta(1.5, 1)``, pi0's emphasis on noisy times).
-        time_scale: factor applied to ``t`` before the sinusoidal embedding (the U-Net's embedding is tuned
-            for integer-like timesteps).
-    """
-
-    num_steps: int = 10
-    time_sampling: str = "uniform"
-    time_scale: float = 100.0
-
-
-@dataclass
-class PolicyConfig:
-    """Everything that defines a chunk policy besides its PolicySpec and normaliser.
-
-    Attributes:
-        type: ``"diffusion"`` or ``"flow"``.
         observation_keys: observation features the policy reads (state vectors and/or camera images).
         n_obs_steps: observation horizon ``T`` (Diffusion Policy: 2).
         chunk_size: prediction horizon ``H`` (16).
         n_action_steps: action horizon executed before replanning (8).
-        encoder, unet, diffusion, flow: the parts' settings (``diffusion`` is read by type ``diffusion`` only,
-            ``flow`` by type ``flow`` only).
+        encoder: observation-encoder settings.
+        conditioning: the extra conditioning slot (advantage labels, language vectors) with a learned null
+            token; ``ConditioningSpec()`` (no labels, no vectors, the default) adds no parameter, so checkpoints
+            written before the slot existed load unchanged.
         ema_max_decay: EMA decay ceiling; the decay warms up as ``1 - (1 + step) ** -ema_power``.
         ema_power: EMA warm-up exponent (Diffusion Policy: 0.75).
         state_norm_mode: normaliser mode for state vectors (``min_max`` maps to ``[-1, 1]``).
         action_norm_mode: normaliser mode for actions.
-        mask_padded_actions: leave the padded steps past an episode's end out of the loss (they repeat the
-            last action; wrong for delta actions when episodes end at success).
         image_norm_mode: normaliser mode for camera images (already in ``[0, 1]``; the image encoder maps them
             to ``[-1, 1]``).
+        mask_padded_actions: leave the padded steps past an episode's end out of the loss (they repeat the
+            last action; wrong for delta actions when episodes end at success).
+
+    Class attributes:
+        legacy_fields: top-level keys a subclass ignores when reading an older ``config.yaml`` (the original
+            single config saved every head's section for every type).
     """
 
-    type: str = "diffusion"
+    legacy_fields: ClassVar[tuple[str, ...]] = ()
+
     observation_keys: list[str] = field(default_factory=lambda: ["observation.state"])
     n_obs_steps: int = 2
     chunk_size: int = 16
     n_action_steps: int = 8
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
-    unet: UNetConfig = field(default_factory=UNetConfig)
-    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
-    flow: FlowConfig = field(default_factory=FlowConfig)
+    conditioning: ConditioningSpec = field(default_factory=ConditioningSpec)
     ema_max_decay: float = 0.9999
     ema_power: float = 0.75
     state_norm_mode: str = "min_max"
@@ -106,16 +65,23 @@ class PolicyConfig:
     image_norm_mode: str = "identity"
     mask_padded_actions: bool = True
 
-    def validate(self) -> PolicyConfig:
-        """Return self if consistent; raise ValueError naming the field, expected and received value."""
-        if self.type not in POLICY_TYPES:
-            raise ValueError(f"policy.type: expected one of {POLICY_TYPES}, received {self.type!r}")
-        multiple = 2 ** (len(self.unet.down_dims) - 1)
-        if self.chunk_size % multiple:
-            raise ValueError(
-                f"policy.chunk_size: expected a multiple of {multiple} (2 ** (levels - 1) for "
-                f"unet.down_dims={self.unet.down_dims}), received {self.chunk_size}"
+    def __post_init__(self) -> None:
+        if type(self) is PolicyConfig:
+            raise TypeError(
+                "PolicyConfig: abstract; expected a registered subclass (policylink.policies.registry.make_config"
+                "(name, ...) or the policy folder's config class)"
             )
+
+    @property
+    def type(self) -> str:
+        """The registry name of this config's policy type (``"diffusion"``, ``"flow"``...)."""
+        return PolicyConfig.get_choice_name(self.__class__)
+
+    def validate(self) -> PolicyConfig:
+        """Return self if consistent; raise ValueError naming the field, expected and received value.
+
+        Subclasses extend this (call ``super().validate()``).
+        """
         if not 1 <= self.n_action_steps <= self.chunk_size:
             raise ValueError(
                 f"policy.n_action_steps: expected in [1, chunk_size={self.chunk_size}], received {self.n_action_steps}"
@@ -124,22 +90,66 @@ class PolicyConfig:
             raise ValueError(f"policy.n_obs_steps: expected >= 1, received {self.n_obs_steps}")
         if not self.observation_keys:
             raise ValueError("policy.observation_keys: expected at least one key, received []")
-        if self.flow.time_sampling not in ("uniform", "beta"):
+        c = self.conditioning
+        if c.num_labels < 0 or c.token_dim < 0:
             raise ValueError(
-                f"policy.flow.time_sampling: expected 'uniform' or 'beta', received {self.flow.time_sampling!r}"
+                f"policy.conditioning: expected num_labels >= 0 and token_dim >= 0, received "
+                f"num_labels={c.num_labels}, token_dim={c.token_dim}"
             )
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (YAML-ready)."""
-        return dataclasses.asdict(self)
+        """Plain nested dict (YAML-ready), ``type`` first."""
+        return {"type": self.type, **dataclasses.asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyConfig:
-        """Inverse of :meth:`to_dict`; unknown fields raise ValueError naming them."""
-        import draccus
+        """Inverse of :meth:`to_dict`: the registered subclass named by ``d["type"]`` (default
+        :data:`DEFAULT_POLICY_TYPE`); its :attr:`legacy_fields` are dropped, other unknown fields raise.
 
+        Raises:
+            ValueError: unknown ``type`` (lists the registered ones) or a bad / unknown field (named).
+        """
+        d = dict(d)
+        name = d.pop("type", DEFAULT_POLICY_TYPE)
+        sub = cls.get_choice_class(name)
+        if cls is not PolicyConfig and not issubclass(sub, cls):
+            raise ValueError(f"policy.type: expected a {cls.__name__}, received {name!r} ({sub.__name__})")
+        for key in sub.legacy_fields:
+            d.pop(key, None)
         try:
-            return draccus.decode(cls, d)
+            return draccus.decode(sub, d)
         except Exception as e:  # draccus raises several types; re-raise with the config's name
-            raise ValueError(f"policy config: {e}") from e
+            raise ValueError(f"policy config ({name}): {e}") from e
+
+    # draccus choice-type hooks: every lookup goes through the policy registry, which imports a policy folder
+    # (entry point group ``policylink.policies``) the first time its name is asked for.
+
+    @classmethod
+    def get_choice_class(cls, name: str) -> type[PolicyConfig]:
+        """The config class registered as ``name``. Raises UnknownPolicyTypeError (a ValueError and KeyError)."""
+        from policylink.policies.registry import policy_type
+
+        return policy_type(name).config_cls
+
+    @classmethod
+    def get_known_choices(cls) -> dict[str, type[PolicyConfig]]:
+        """Every registered policy type's config class by name (imports each policy folder's config)."""
+        from policylink.policies.registry import known_policy_types
+
+        return {name: t.config_cls for name, t in known_policy_types().items()}
+
+    @classmethod
+    def get_choice_name(cls, subcls: type) -> str:
+        """The registry name of config class ``subcls``. Raises ValueError when it is not registered."""
+        from policylink.policies.registry import policy_type_of
+
+        return policy_type_of(subcls).name
+
+    @classmethod
+    def default_choice_name(cls) -> str | None:
+        """:data:`DEFAULT_POLICY_TYPE` for the base class (a concrete subclass decodes as itself)."""
+        return DEFAULT_POLICY_TYPE if cls is PolicyConfig else None
+
+
+__all__ = ["DEFAULT_POLICY_TYPE", "PolicyConfig"]

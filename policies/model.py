@@ -1,37 +1,39 @@
-"""The shared torch model of the chunk policies: observation encoder + conditional 1-D U-Net, with the
-generative head (diffusion or flow matching) supplied by a subclass. Works in normalised units throughout.
+"""The base class of the generative chunk models: observation encoder -> latent (+ the optional label/vector
+conditioning offset) -> a denoising network sampled by a :class:`~policylink.adapters.capabilities.DenoisingSampler`.
+A registered policy type supplies a subclass with its network, its sampler and its training loss. Works in
+normalised units throughout.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
+from policylink.adapters.capabilities import ConditioningSpec, DenoisingSampler, Guidance, GuidanceFn
 from policylink.adapters.schema import FeatureSpec
+from policylink.policies.common.conditioning import ConditioningEmbedding
+from policylink.policies.common.encoders import ObservationEncoder
 from policylink.policies.config import PolicyConfig
-from policylink.policies.encoders import ObservationEncoder
-from policylink.policies.unet1d import ConditionalUnet1D
-
-Guidance = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``guidance(x_t, t, out) -> out'``: ``x_t`` the current noisy chunk ``(B, H, A)`` (normalised units), ``t``
-float ``(B,)`` in ``[0, 1]`` with ``t = 0`` pure noise and ``t = 1`` clean actions, ``out`` the network's
-prediction ``(B, H, A)`` (velocity for flow, noise epsilon for diffusion); returns the corrected prediction."""
 
 
 class ChunkModel(nn.Module, ABC):
-    """Encoder + U-Net; subclasses define the training loss and the sampler.
+    """Encoder + conditioning slot; subclasses add the network (``self.net``), the sampler and the loss.
 
     Args:
-        cfg: the :class:`PolicyConfig` (validated here).
+        cfg: the policy's config (validated here).
         features: observation features by key; only ``cfg.observation_keys`` are used.
         action_dim: ``A``.
+
+    Subclasses set :attr:`sampler` in ``__init__`` and implement :meth:`draw_noise` and :meth:`loss_terms`.
 
     Raises:
         ValueError: the config is inconsistent, or an observation key is not in ``features``.
     """
+
+    sampler: DenoisingSampler
 
     def __init__(self, cfg: PolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
         super().__init__()
@@ -43,14 +45,41 @@ class ChunkModel(nn.Module, ABC):
         self.action_dim = int(action_dim)
         self.horizon = cfg.chunk_size
         self.encoder = ObservationEncoder(self.features, cfg.n_obs_steps, cfg.encoder)
-        u = cfg.unet
-        self.net = ConditionalUnet1D(
-            self.action_dim, self.encoder.out_dim, tuple(u.down_dims), u.kernel_size, u.n_groups, u.time_embed_dim
-        )
+        self.extra_conditioning = ConditioningEmbedding(cfg.conditioning, self.encoder.out_dim)
+
+    @property
+    def latent_dim(self) -> int:
+        """``D``: width of the observation latent and of the conditioning vector the network sees."""
+        return self.encoder.out_dim
+
+    @property
+    def conditioning(self) -> ConditioningSpec:
+        """The extra conditioning slot (labels / vectors; see ``cfg.conditioning``)."""
+        return self.cfg.conditioning
 
     def embed(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Observation latent float32 ``(B, D)`` (``D = encoder.out_dim``) from prepared windows ``(B, T, ...)``."""
+        """Observation latent float32 ``(B, D)`` from prepared windows ``(B, T, ...)``."""
         return self.encoder(obs)
+
+    def conditioning_embedding(
+        self, batch_size: int, labels: torch.Tensor | None = None, tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The offset ``(B, D)`` the slot adds to the latent: label embedding (``-1`` = learned null) plus the
+        projected vector (NaN rows / None = learned null); zeros when the slot is off.
+
+        Raises:
+            ValueError: a slot the config does not have, a label out of range, a wrong shape.
+        """
+        return self.extra_conditioning(batch_size, labels, tokens)
+
+    def condition(
+        self, latent: torch.Tensor, labels: torch.Tensor | None = None, tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The network's global conditioning ``(B, D)``: ``latent`` plus :meth:`conditioning_embedding` (the
+        latent itself when the slot is off)."""
+        if not self.extra_conditioning.enabled and labels is None and tokens is None:
+            return latent
+        return latent + self.conditioning_embedding(latent.shape[0], labels, tokens).to(latent.dtype)
 
     def forward(
         self,
@@ -58,13 +87,18 @@ class ChunkModel(nn.Module, ABC):
         actions: torch.Tensor,
         noise: Mapping[str, torch.Tensor],
         valid: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Training loss (scalar) for normalised ``actions`` ``(B, H, A)``; see :meth:`loss`.
 
         ``noise`` comes from :meth:`draw_noise` so that the caller controls every random draw (DDP ranks take
-        slices of one global draw, which makes 1-process and N-process training identical).
+        slices of one global draw, which makes 1-process and N-process training identical). ``labels`` int
+        ``(B,)`` (``-1`` = null; apply label dropout with
+        :func:`~policylink.policies.common.conditioning.drop_labels`) and ``tokens`` ``(B, token_dim)`` feed the
+        conditioning slot.
         """
-        return self.loss(self.embed(obs), actions, noise, valid)
+        return self.loss(self.condition(self.embed(obs), labels, tokens), actions, noise, valid)
 
     def loss(
         self,
@@ -85,16 +119,18 @@ class ChunkModel(nn.Module, ABC):
             err = err * valid[..., None].to(err.dtype)
         return err.mean()
 
-    @torch.no_grad()
     def generate(
-        self, cond: torch.Tensor, noise: torch.Tensor, num_steps: int | None = None, guidance: Guidance | None = None
-    ) -> torch.Tensor:
-        """Sample normalised chunks ``(B, H, A)`` from ``noise`` ``(B, H, A)`` given ``cond`` ``(B, D)``.
-
-        Deterministic given ``noise``: the sampler itself draws nothing. ``num_steps`` defaults to the
-        config's (DDIM steps or Euler steps).
-        """
-        return self._generate(cond, noise, num_steps, guidance)
+        self,
+        cond: torch.Tensor,
+        noise: torch.Tensor,
+        num_steps: int | None = None,
+        guidance: Guidance | GuidanceFn | None = None,
+        return_trajectory: bool = False,
+    ):
+        """Sample normalised chunks ``(B, H, A)`` from ``noise`` ``(B, H, A)`` given ``cond`` ``(B, D)`` with
+        :attr:`sampler` (see :meth:`~policylink.policies.common.samplers.Sampler.sample`). Deterministic given
+        ``noise``; ``num_steps`` defaults to the sampler's."""
+        return self.sampler.sample(cond, noise, num_steps, guidance, return_trajectory)
 
     @abstractmethod
     def draw_noise(
@@ -108,24 +144,5 @@ class ChunkModel(nn.Module, ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(prediction, target)``, both ``(B, H, A)``, from conditioning ``(B, D)``, normalised actions and noise."""
 
-    @abstractmethod
-    def _generate(
-        self, cond: torch.Tensor, noise: torch.Tensor, num_steps: int | None, guidance: Guidance | None
-    ) -> torch.Tensor:
-        """Sampler body of :meth:`generate`."""
 
-
-def build_model(cfg: PolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int) -> ChunkModel:
-    """The :class:`ChunkModel` subclass for ``cfg.type`` (``"diffusion"`` or ``"flow"``).
-
-    Raises:
-        ValueError: unknown ``cfg.type``.
-    """
-    cfg.validate()
-    if cfg.type == "diffusion":
-        from policylink.policies.diffusion.model import DiffusionModel
-
-        return DiffusionModel(cfg, features, action_dim)
-    from policylink.policies.flow.model import FlowModel
-
-    return FlowModel(cfg, features, action_dim)
+__all__ = ["ChunkModel"]

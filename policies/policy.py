@@ -1,26 +1,38 @@
 """The chunk policy as a batched :class:`~policylink.adapters.policy.PolicyAdapter`: history windows ->
-normalised tensors -> sampler -> action chunk in the ActionSpec's units, plus the ``sample(guidance=...)`` and
-``embed`` capabilities used by guided execution, critics and monitors.
+normalised tensors -> the model's sampler -> action chunk in the ActionSpec's units, with the typed capabilities
+of :mod:`policylink.adapters.capabilities`: ``GuidedSampler``, ``Embedder``, ``Conditionable`` and, for velocity
+(flow) samplers, ``PrefixConditioned`` (real-time chunking).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from policylink.adapters.capabilities import (
+    ChunkPrefix,
+    ConditioningSpec,
+    DenoisingSampler,
+    Guidance,
+    GuidanceFn,
+    Prediction,
+    SampleResult,
+)
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import PolicySpec
 from policylink.data.normalize import Normalizer
-from policylink.policies.model import ChunkModel, Guidance
+from policylink.policies.common.conditioning import NULL_LABEL
+from policylink.policies.model import ChunkModel
 from policylink.policies.processing import actions_to_normalized, actions_to_units, batch_size_of, observation_tensors
 
 
 class ChunkPolicy(HistoryPolicy):
-    """Diffusion Policy or flow-matching policy behind the PolicyAdapter contract.
+    """A :class:`ChunkModel` (Diffusion Policy, flow matching, any registered type) behind the PolicyAdapter
+    contract. Build one with :func:`policy_for_model` to get the capabilities its sampler supports.
 
     Args:
         model: a :class:`ChunkModel` (its weights are used as they are: pass the EMA model).
@@ -29,6 +41,10 @@ class ChunkPolicy(HistoryPolicy):
         device: torch device for inference.
         seed: seed of the sampler's noise generator; the same seed gives the same chunks.
         validate: validate observations against the spec on every ``update_observation``.
+
+    The observation latent of each row is cached from the last chunk (or ``embed``) until that row's window
+    changes (``update_observation`` or ``reset``), so ``embed()`` after ``predict_action_chunk()`` and a replan
+    without a new observation run no second encoder pass.
 
     Raises:
         ValueError: ``spec`` and the model's config disagree (horizons, action dimension).
@@ -63,55 +79,128 @@ class ChunkPolicy(HistoryPolicy):
         self.seed = int(seed)
         self._generator = torch.Generator(device=self.device)
         self.reseed(seed)
+        self._latents: torch.Tensor | None = None  # (B, D) cached observation latents
+        self._latent_ok: np.ndarray | None = None  # (B,) bool: row's latent matches its window
+        self._labels: np.ndarray | None = None  # (B,) int64, NULL_LABEL = null
+        self._tokens: np.ndarray | None = None  # (B, token_dim) float32, NaN rows = null
+        self._pending: dict[str, Any] | None = None  # set_conditioning before the first observation
+        self._row_ids: np.ndarray | None = None  # rows of the running predict_action_chunk
+
+    # -- capabilities ---------------------------------------------------------------------------------------
 
     @property
     def config(self):
         """The model's :class:`~policylink.policies.config.PolicyConfig`."""
         return self.model.cfg
 
+    @property
+    def sampler(self) -> DenoisingSampler:
+        """The model's :class:`~policylink.adapters.capabilities.DenoisingSampler` (time convention, clean estimate)."""
+        return self.model.sampler
+
+    @property
+    def latent_dim(self) -> int:
+        """``D`` of :meth:`embed`."""
+        return self.model.latent_dim
+
+    @property
+    def conditioning(self) -> ConditioningSpec:
+        """The model's conditioning slot (``policy.conditioning`` of its config; all zero = none)."""
+        return self.model.conditioning
+
     def reseed(self, seed: int) -> None:
         """Restart the sampler's noise stream from ``seed``."""
         self.seed = int(seed)
         self._generator.manual_seed(self.seed)
 
-    @torch.no_grad()
     def sample(
         self,
-        obs: Mapping[str, Any],
+        obs: Mapping[str, Any] | None = None,
         *,
-        guidance: Guidance | None = None,
+        guidance: Guidance | GuidanceFn | None = None,
         num_steps: int | None = None,
         noise: torch.Tensor | None = None,
-    ) -> np.ndarray:
+        return_trajectory: bool = False,
+        labels: Any = None,
+        tokens: Any = None,
+    ) -> np.ndarray | SampleResult:
         """Sample action chunks for observation windows.
 
         Args:
-            obs: key -> raw windows ``(B, n_obs_steps, *shape)`` (images uint8 HWC), as ``history`` holds them.
-            guidance: optional ``guidance(x_t, t, out) -> out'`` applied at every sampler step in normalised
-                action units (see :data:`policylink.policies.model.Guidance`; ``out`` is a velocity for flow and
-                the predicted noise for diffusion).
+            obs: key -> raw windows ``(B, n_obs_steps, *shape)`` (images uint8 HWC), as ``history`` holds them;
+                None = the current windows of every row (cached latents, the conditioning set with
+                :meth:`set_conditioning`).
+            guidance: a :class:`~policylink.adapters.capabilities.Guidance` or a hook ``fn(x_t, t, out, cond,
+                sampler) -> out'`` applied at every step in normalised action units (``out`` is a velocity for
+                flow, the predicted noise or clean chunk for diffusion: ``sampler.prediction``).
             num_steps: sampler steps (default: the config's DDIM / Euler steps).
             noise: initial noise ``(B, chunk_size, A)``; default drawn from the policy's seeded generator.
+            return_trajectory: return a :class:`SampleResult` with the denoising trajectory.
+            labels, tokens: conditioning for explicit ``obs`` (int ``(B,)`` with ``-1`` = null; float ``(B,
+                token_dim)``); default null. With ``obs=None`` they must be None (the rows' conditioning is the
+                one given to :meth:`set_conditioning`).
 
         Returns:
-            float32 ``(B, chunk_size, A)`` in the ActionSpec's units.
+            float32 ``(B, chunk_size, A)`` in the ActionSpec's units, or a :class:`SampleResult`.
 
         Raises:
-            KeyError: an observation feature is missing. ValueError: ``noise`` has the wrong shape.
+            KeyError: an observation feature is missing. ValueError: ``noise`` has the wrong shape, or
+            ``labels``/``tokens`` with ``obs=None``. RuntimeError: ``obs=None`` before any observation.
         """
-        cond = self._embed(obs)
-        shape = (cond.shape[0], self.spec.chunk_size, self.spec.action.dim)
-        if noise is None:
-            noise = torch.randn(shape, generator=self._generator, device=self.device)
-        elif tuple(noise.shape) != shape:
-            raise ValueError(f"noise: expected shape {shape}, received {tuple(noise.shape)}")
-        chunk = self.model.generate(cond, noise.to(self.device, torch.float32), num_steps, guidance)
-        return actions_to_units(chunk, self.normalizer)
+        if obs is None:
+            if labels is not None or tokens is not None:
+                raise ValueError("sample: labels/tokens go with explicit obs; for the history use set_conditioning")
+            ids = self._all_rows()
+            latent = self._row_latents(ids)
+            labels, tokens = self._row_conditioning(ids)
+        else:
+            latent = self._encode(obs)
+            labels, tokens = self._as_conditioning(labels, tokens)
+        return self._generate(latent, labels, tokens, guidance, num_steps, noise, return_trajectory)
 
-    @torch.no_grad()
-    def embed(self, obs: Mapping[str, Any]) -> np.ndarray:
-        """Observation latent float32 ``(B, D)`` for windows ``(B, n_obs_steps, ...)`` (critic / monitor input)."""
-        return self._embed(obs).cpu().numpy()
+    def embed(self, obs: Mapping[str, Any] | None = None, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """Observation latent float32 ``(B', D)`` (critic / monitor input).
+
+        ``obs=None``: the current windows of rows ``env_ids`` (``None`` = all), reusing the latent computed for
+        the last chunk of each row whose window has not changed since. Explicit ``obs`` (windows ``(B,
+        n_obs_steps, ...)``) is encoded (then ``env_ids`` selects rows of it).
+
+        Raises:
+            RuntimeError: ``obs=None`` before any observation. IndexError: an id outside ``[0, B)``.
+        """
+        if obs is None:
+            return self._row_latents(self._ids(env_ids)).cpu().numpy()
+        if env_ids is not None:
+            obs = {k: np.asarray(v)[np.asarray(list(env_ids), dtype=np.int64)] for k, v in obs.items()}
+        return self._encode(obs).cpu().numpy()
+
+    def set_conditioning(self, labels: Any = None, tokens: Any = None, env_ids: Sequence[int] | None = None) -> None:
+        """Per-row conditioning kept until changed or the rows are reset: labels int ``(B',)`` (``-1`` = null)
+        and/or vectors float32 ``(B', token_dim)``; ``None`` sets those rows to the null token. Before the first
+        observation (``B`` unknown) only ``env_ids=None`` is accepted and applies to the first batch.
+
+        Raises:
+            ValueError: a slot the config does not have, a label out of range, a wrong shape.
+            IndexError: an id outside ``[0, B)``.
+        """
+        spec = self.conditioning
+        if labels is not None and not spec.num_labels or tokens is not None and not spec.token_dim:
+            raise ValueError(f"set_conditioning: the policy's conditioning slot is {spec}; received "
+                             f"labels={labels is not None}, tokens={tokens is not None}")  # fmt: skip
+        if self.batch_size is None:
+            if env_ids is not None:
+                raise ValueError("set_conditioning: env_ids before the first observation (batch size unknown)")
+            self._pending = {"labels": labels, "tokens": tokens}
+            return
+        ids = self._ids(env_ids)
+        self._ensure_row_state()
+        lab = np.broadcast_to(np.asarray(NULL_LABEL if labels is None else labels, np.int64), (len(ids),))
+        if labels is not None and ((lab < NULL_LABEL) | (lab >= spec.num_labels)).any():
+            raise ValueError(f"conditioning.labels: expected values in [-1, {spec.num_labels}), received {lab.tolist()}")
+        self._labels[ids] = lab
+        if spec.token_dim:
+            vec = np.nan if tokens is None else np.asarray(tokens, np.float32)
+            self._tokens[ids] = np.broadcast_to(vec, (len(ids), spec.token_dim))
 
     def normalize_actions(self, actions: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Actions ``(..., A)`` in units -> the normalised space the sampler (and ``guidance``) works in."""
@@ -127,58 +216,166 @@ class ChunkPolicy(HistoryPolicy):
 
         return save_checkpoint(path, model=self.model, normalizer=self.normalizer, spec=self.spec)
 
+    # -- PolicyAdapter ----------------------------------------------------------------------------------------
+
+    def update_observation(self, obs_batch: Mapping[str, Any]) -> None:
+        """Append one observation per episode (see HistoryPolicy); every row's cached latent becomes stale."""
+        super().update_observation(obs_batch)
+        self._ensure_row_state()
+        self._latent_ok[:] = False
+
+    def reset(self, env_ids: Sequence[int] | None = None) -> None:
+        """Start new episodes; a full reset also forgets the cached latents and the conditioning."""
+        super().reset(env_ids)
+        if env_ids is None:
+            self._latents = self._latent_ok = self._labels = self._tokens = None
+
+    def predict_action_chunk(self, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``(B', chunk_size, A)`` for rows ``env_ids`` (``None`` = all); only those rows are encoded
+        (those whose window changed since their last latent) and sampled."""
+        self._row_ids = None if self.batch_size is None else self._ids(env_ids)
+        try:
+            return super().predict_action_chunk(env_ids)
+        finally:
+            self._row_ids = None
+
     def _predict(self, history: dict[str, np.ndarray], pad_mask: np.ndarray, tasks: list[str] | None) -> np.ndarray:
         # Padded slots repeat the episode's first observation, as the training windows do (no masking).
-        return self.sample(history)
+        ids = self._row_ids
+        if ids is None:  # called outside predict_action_chunk: the windows are all we know
+            return self.sample(history)
+        labels, tokens = self._row_conditioning(ids)
+        return self._generate(self._row_latents(ids), labels, tokens, None, None, None, False)
 
-    def _embed(self, obs: Mapping[str, Any]) -> torch.Tensor:
+    def _on_reset(self, env_ids: np.ndarray) -> None:
+        if self._latent_ok is not None:
+            self._latent_ok[env_ids] = False
+            self._labels[env_ids] = NULL_LABEL
+            if self._tokens is not None:
+                self._tokens[env_ids] = np.nan
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _generate(self, latent, labels, tokens, guidance, num_steps, noise, return_trajectory):
+        """Condition ``latent`` ``(B, D)``, draw (or check) the noise, run the sampler, convert to units."""
+        with torch.no_grad():
+            cond = self.model.condition(latent, labels, tokens)
+        shape = (cond.shape[0], self.spec.chunk_size, self.spec.action.dim)
+        if noise is None:
+            noise = torch.randn(shape, generator=self._generator, device=self.device)
+        elif tuple(noise.shape) != shape:
+            raise ValueError(f"noise: expected shape {shape}, received {tuple(noise.shape)}")
+        out = self.model.generate(cond, noise.to(self.device, torch.float32), num_steps, guidance, return_trajectory)
+        if not return_trajectory:
+            return actions_to_units(out, self.normalizer)
+        chunk, trajectory, times, outputs = out
+        return SampleResult(actions_to_units(chunk, self.normalizer), trajectory, times, outputs, cond)
+
+    def _encode(self, obs: Mapping[str, Any]) -> torch.Tensor:
         features = self.model.features
         batch_size_of(obs, list(features))
-        return self.model.embed(observation_tensors(obs, features, self.normalizer, self.device))
+        with torch.no_grad():
+            return self.model.embed(observation_tensors(obs, features, self.normalizer, self.device))
+
+    def _row_latents(self, ids: np.ndarray) -> torch.Tensor:
+        """Latents ``(len(ids), D)`` of the current windows, encoding only the rows without a fresh cache."""
+        self._ensure_row_state()
+        stale = ids[~self._latent_ok[ids]]
+        if stale.size:
+            stale = np.unique(stale)
+            history, _, _ = self.rows(stale)
+            latent = self._encode(history)
+            if self._latents is None:
+                self._latents = latent.new_zeros(self.batch_size, latent.shape[1])
+            self._latents[torch.as_tensor(stale, device=self.device)] = latent
+            self._latent_ok[stale] = True
+        return self._latents[torch.as_tensor(ids, device=self.device)]
+
+    def _row_conditioning(self, ids: np.ndarray) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self._labels is None or not (self.conditioning.num_labels or self.conditioning.token_dim):
+            return None, None
+        labels = torch.as_tensor(self._labels[ids], device=self.device) if self.conditioning.num_labels else None
+        tokens = torch.as_tensor(self._tokens[ids], device=self.device) if self._tokens is not None else None
+        return labels, tokens
+
+    def _as_conditioning(self, labels: Any, tokens: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        lab = None if labels is None else torch.as_tensor(np.asarray(labels, np.int64), device=self.device)
+        tok = None if tokens is None else torch.as_tensor(np.asarray(tokens, np.float32), device=self.device)
+        return lab, tok
+
+    def _ensure_row_state(self) -> None:
+        """Allocate the per-row caches for the current ``B`` (after the first observation)."""
+        b = self.batch_size
+        if b is None or (self._latent_ok is not None and len(self._latent_ok) == b):
+            return
+        self._latents, self._latent_ok = None, np.zeros(b, dtype=bool)
+        self._labels = np.full(b, NULL_LABEL, dtype=np.int64)
+        d = self.conditioning.token_dim
+        self._tokens = np.full((b, d), np.nan, dtype=np.float32) if d else None
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.set_conditioning(pending["labels"], pending["tokens"])
+
+    def _all_rows(self) -> np.ndarray:
+        return self._ids(None)
+
+    def _ids(self, env_ids: Sequence[int] | None) -> np.ndarray:
+        if self.batch_size is None:
+            raise RuntimeError("no observation yet; call update_observation() first")
+        if env_ids is None:
+            return np.arange(self.batch_size)
+        ids = np.asarray(list(env_ids), dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.batch_size):
+            raise IndexError(f"env_ids: expected indices in [0, {self.batch_size}), received {ids.tolist()}")
+        return ids
 
 
-def make_chunk_policy(
-    kind: str,
-    checkpoint: str | Path | None = None,
+class PrefixChunkPolicy(ChunkPolicy):
+    """A :class:`ChunkPolicy` whose sampler predicts a velocity (flow): it also implements
+    :class:`~policylink.adapters.capabilities.PrefixConditioned` (real-time chunking through an autograd
+    guidance hook, :func:`~policylink.policies.common.rtc.rtc_guidance`)."""
+
+    def predict_action_chunk_with_prefix(self, prefix: ChunkPrefix, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``(B', H, A)`` for rows ``env_ids`` (``None`` = all), guided toward ``prefix.actions`` (units,
+        rows following ``env_ids``) with weights ``prefix.weights`` and ``beta = prefix.max_guidance`` (Black et
+        al. 2025, eq. 2-4, vector-Jacobian product through the clean estimate).
+
+        Raises:
+            RuntimeError: no observation yet. IndexError: a bad id. ValueError: the prefix does not fit.
+            ActionError: non-finite output.
+        """
+        from policylink.policies.common.rtc import rtc_guidance
+
+        ids = self._ids(env_ids)
+        prefix.validate(len(ids), self.spec.chunk_size, self.spec.action.dim)
+        target = self.normalize_actions(np.asarray(prefix.actions, np.float32))
+        weights = torch.as_tensor(np.asarray(prefix.weights, np.float32), device=self.device)
+        labels, tokens = self._row_conditioning(ids)
+        guide = rtc_guidance(target, weights, prefix.max_guidance)
+        chunk = self._generate(self._row_latents(ids), labels, tokens, guide, None, None, False)
+        return self.spec.action.validate(chunk, batch_dims=2)
+
+
+def policy_for_model(
+    model: ChunkModel,
+    normalizer: Normalizer,
+    spec: PolicySpec,
     *,
-    spec: PolicySpec | None = None,
-    normalizer: Normalizer | None = None,
-    config: Any = None,
-    device: str = "auto",
+    device: torch.device | str = "cpu",
     seed: int = 0,
+    validate: bool = True,
 ) -> ChunkPolicy:
-    """Registry factory: load ``checkpoint``, or build an untrained policy of type ``kind``.
+    """The PolicyAdapter for ``model``: a :class:`PrefixChunkPolicy` when its sampler predicts a velocity
+    (``sampler.prediction == "velocity"``), else a :class:`ChunkPolicy`. Arguments as :class:`ChunkPolicy`."""
+    cls = PrefixChunkPolicy if model.sampler.prediction == Prediction.VELOCITY else ChunkPolicy
+    return cls(model, normalizer, spec, device=device, seed=seed, validate=validate)
 
-    Args:
-        kind: ``"diffusion"`` or ``"flow"``.
-        checkpoint: a checkpoint folder; when given, the other arguments except ``device``/``seed`` must be None.
-        spec, normalizer: required without a checkpoint (the spec's horizons must match the config).
-        config: a :class:`~policylink.policies.config.PolicyConfig` or a dict of its fields (default config).
 
-    Raises:
-        ValueError: a checkpoint of another type, or missing ``spec``/``normalizer`` without a checkpoint.
-    """
-    from policylink.policies.checkpoint import load_components, resolve_device
-    from policylink.policies.config import PolicyConfig
-    from policylink.policies.model import build_model
+def make_chunk_policy(kind: str, checkpoint: str | Path | None = None, **kwargs: Any) -> ChunkPolicy:
+    """Registry factory (kept name): :func:`policylink.policies.registry.make_policy`."""
+    from policylink.policies.registry import make_policy
 
-    if checkpoint is not None:
-        cfg, ckpt_spec, model, norm = load_components(checkpoint)
-        if cfg.type != kind:
-            raise ValueError(f"checkpoint {str(checkpoint)!r}: expected policy type {kind!r}, received {cfg.type!r}")
-        return ChunkPolicy(model, norm, ckpt_spec, device=resolve_device(device), seed=seed)
-    if spec is None or normalizer is None:
-        raise ValueError(
-            f"{kind} policy: expected a checkpoint, or both spec and normalizer; received "
-            f"spec={type(spec).__name__}, normalizer={type(normalizer).__name__}"
-        )
-    if config is None:
-        cfg = PolicyConfig(type=kind)
-    elif isinstance(config, PolicyConfig):
-        cfg = config
-    else:
-        cfg = PolicyConfig.from_dict({**dict(config), "type": kind})
-    if cfg.type != kind:
-        raise ValueError(f"config.type: expected {kind!r}, received {cfg.type!r}")
-    model = build_model(cfg, spec.observation_features, spec.action.dim)
-    return ChunkPolicy(model, normalizer, spec, device=resolve_device(device), seed=seed)
+    return make_policy(kind, checkpoint, **kwargs)
+
+
+__all__ = ["ChunkPolicy", "PrefixChunkPolicy", "make_chunk_policy", "policy_for_model"]

@@ -9,30 +9,30 @@ from collections.abc import Mapping
 import torch
 
 from policylink.adapters.schema import FeatureSpec
-from policylink.policies.config import PolicyConfig
-from policylink.policies.model import ChunkModel, Guidance
+from policylink.policies.common.samplers import DDIMSampler
+from policylink.policies.common.unet1d import ConditionalUnet1D
+from policylink.policies.diffusion.config import DiffusionPolicyConfig
+from policylink.policies.model import ChunkModel
 
 
 class DiffusionModel(ChunkModel):
     """Noise-prediction U-Net trained with DDPM (Ho et al. 2020) and sampled with DDIM (Song et al. 2021).
 
     Training: ``k ~ U{0, K-1}``, ``x_k = sqrt(abar_k) a + sqrt(1 - abar_k) eps``, loss ``||net(x_k, k) - eps||^2``
-    (or the clean chunk when ``prediction_type == "sample"``). Sampling: ``num_inference_steps`` DDIM steps
-    (eta = 0, deterministic given the initial noise), predicted clean chunk clipped to ``[-1, 1]``.
+    (or the clean chunk when ``prediction_type == "sample"``). Sampling:
+    :class:`~policylink.policies.common.samplers.DDIMSampler` (``num_inference_steps`` DDIM steps, eta = 0,
+    deterministic given the initial noise, predicted clean chunk clipped to ``[-1, 1]``).
 
     Raises:
         ValueError: ``diffusion.prediction_type`` is not ``"epsilon"`` or ``"sample"``.
     """
 
-    def __init__(self, cfg: PolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
+    def __init__(self, cfg: DiffusionPolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
         super().__init__(cfg, features, action_dim)
-        from diffusers import DDIMScheduler, DDPMScheduler
+        from diffusers import DDPMScheduler
 
         d = cfg.diffusion
-        if d.prediction_type not in ("epsilon", "sample"):
-            raise ValueError(
-                f"policy.diffusion.prediction_type: expected 'epsilon' or 'sample', received {d.prediction_type!r}"
-            )
+        self.net = ConditionalUnet1D.from_config(cfg.unet, self.action_dim, self.latent_dim)
         common = dict(
             num_train_timesteps=d.num_train_timesteps,
             beta_schedule=d.beta_schedule,
@@ -40,9 +40,8 @@ class DiffusionModel(ChunkModel):
             clip_sample_range=d.clip_sample_range,
             prediction_type=d.prediction_type,
         )
+        self.sampler = DDIMSampler(self.net, **common, num_steps=d.num_inference_steps)
         self.train_scheduler = DDPMScheduler(**common)
-        self.sample_scheduler = DDIMScheduler(**common, set_alpha_to_one=True, steps_offset=0)
-        self._scheduled_steps: int | None = None
 
     def draw_noise(
         self, batch_size: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
@@ -59,22 +58,3 @@ class DiffusionModel(ChunkModel):
         noisy = self.train_scheduler.add_noise(actions, eps, t)
         target = eps if self.cfg.diffusion.prediction_type == "epsilon" else actions
         return self.net(noisy, t, cond), target
-
-    def _generate(
-        self, cond: torch.Tensor, noise: torch.Tensor, num_steps: int | None, guidance: Guidance | None
-    ) -> torch.Tensor:
-        steps = int(num_steps or self.cfg.diffusion.num_inference_steps)
-        sched = self.sample_scheduler
-        if self._scheduled_steps != steps:
-            sched.set_timesteps(steps)
-            self._scheduled_steps = steps
-        total = float(self.cfg.diffusion.num_train_timesteps)
-        x = noise
-        b = x.shape[0]
-        for k in sched.timesteps:
-            t = k.to(x.device).expand(b)
-            out = self.net(x, t, cond)
-            if guidance is not None:
-                out = guidance(x, 1.0 - t.float() / total, out)
-            x = sched.step(out, k, x).prev_sample
-        return x

@@ -8,7 +8,11 @@ from collections.abc import Mapping
 
 import torch
 
-from policylink.policies.model import ChunkModel, Guidance
+from policylink.adapters.schema import FeatureSpec
+from policylink.policies.common.samplers import FlowEulerSampler
+from policylink.policies.common.unet1d import ConditionalUnet1D
+from policylink.policies.flow.config import FlowPolicyConfig
+from policylink.policies.model import ChunkModel
 
 _BETA_ALPHA = 1.5  # pi0's Beta(1.5, 1) on tau = 1 - t
 
@@ -17,9 +21,15 @@ class FlowModel(ChunkModel):
     """Velocity field ``v(x_t, t, obs)`` on the shared U-Net, trained by conditional flow matching.
 
     Training: ``t ~ U[0, 1]`` (or ``t = 1 - s``, ``s ~ Beta(1.5, 1)``), ``x_t = t a + (1 - t) eps``, loss
-    ``||v - (a - eps)||^2``. Sampling: ``K`` Euler steps ``x <- x + v / K`` from ``x_0 = eps``; the clean
-    estimate at any time is ``a_hat = x_t + (1 - t) v``. The network sees ``t * flow.time_scale``.
+    ``||v - (a - eps)||^2``. Sampling: :class:`~policylink.policies.common.samplers.FlowEulerSampler` (``K`` Euler
+    steps ``x <- x + v / K`` from ``x_0 = eps``; clean estimate ``a_hat = x_t + (1 - t) v``). The network sees
+    ``t * flow.time_scale``.
     """
+
+    def __init__(self, cfg: FlowPolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
+        super().__init__(cfg, features, action_dim)
+        self.net = ConditionalUnet1D.from_config(cfg.unet, self.action_dim, self.latent_dim)
+        self.sampler = FlowEulerSampler(self.net, cfg.flow.num_steps, cfg.flow.time_scale)
 
     def draw_noise(
         self, batch_size: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
@@ -34,12 +44,11 @@ class FlowModel(ChunkModel):
 
     def velocity(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """``v(x_t, t)`` ``(B, H, A)`` for ``t`` float ``(B,)`` in ``[0, 1]`` and conditioning ``(B, D)``."""
-        return self.net(x_t, t * self.cfg.flow.time_scale, cond)
+        return self.sampler.denoise(x_t, t, cond)
 
-    @staticmethod
-    def clean_estimate(x_t: torch.Tensor, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``a_hat = x_t + (1 - t) v`` (``t`` ``(B,)``): the one-step estimate of the clean chunk."""
-        return x_t + (1.0 - t)[:, None, None] * v
+    def clean_estimate(self, x_t: torch.Tensor, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``a_hat = x_t + (1 - t) v`` (``t`` ``(B,)``): the sampler's one clean-estimate function."""
+        return self.sampler.clean_estimate(x_t, t, v)
 
     def loss_terms(
         self, cond: torch.Tensor, actions: torch.Tensor, noise: Mapping[str, torch.Tensor]
@@ -48,17 +57,3 @@ class FlowModel(ChunkModel):
         tt = t[:, None, None]
         x_t = tt * actions + (1.0 - tt) * eps
         return self.velocity(x_t, t, cond), actions - eps
-
-    def _generate(
-        self, cond: torch.Tensor, noise: torch.Tensor, num_steps: int | None, guidance: Guidance | None
-    ) -> torch.Tensor:
-        k = int(num_steps or self.cfg.flow.num_steps)
-        x = noise
-        dt = 1.0 / k
-        for i in range(k):
-            t = torch.full((x.shape[0],), i * dt, device=x.device)
-            v = self.velocity(x, t, cond)
-            if guidance is not None:
-                v = guidance(x, t, v)
-            x = x + dt * v
-        return x

@@ -9,9 +9,11 @@ from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
 from policylink.data.buffer import EpisodeStore
 from policylink.data.normalize import Normalizer
 from policylink.data.stats import compute_stats
-from policylink.policies.config import PolicyConfig, UNetConfig
-from policylink.policies.encoders import EncoderConfig
+from policylink.policies.common.encoders import EncoderConfig
+from policylink.policies.common.unet1d import UNetConfig
+from policylink.policies.config import PolicyConfig
 from policylink.policies.processing import normalizer_modes
+from policylink.policies.registry import make_config
 
 STATE = "observation.state"
 IMAGE = "observation.images.front"
@@ -21,14 +23,13 @@ ACTION_LOW, ACTION_HIGH = (2.0, -1.0), (6.0, 1.0)
 def tiny_config(kind: str, keys=(STATE,), **kw) -> PolicyConfig:
     """A small, fast config: U-Net [32, 64], small conv vision, chunk 8, 2 obs steps."""
     fields = dict(
-        type=kind,
         observation_keys=list(keys),
         chunk_size=8,
         n_action_steps=4,
         unet=UNetConfig(down_dims=[32, 64], time_embed_dim=32),
         encoder=EncoderConfig(vision_backbone="small_conv", num_keypoints=8),
     )
-    return PolicyConfig(**{**fields, **kw})
+    return make_config(kind, **{**fields, **kw})
 
 
 def make_spec(cfg: PolicyConfig, features) -> PolicySpec:

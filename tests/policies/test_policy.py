@@ -1,4 +1,5 @@
-"""DDIM and Euler samplers: shapes, action units, guidance calls, determinism, and the policy adapter."""
+"""The chunk policy adapter: samplers through the policy (shapes, action units, guidance calls, determinism), the
+capabilities (GuidedSampler, Embedder with the latent cache, Conditionable, PrefixConditioned) and row subsets."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from policylink.data.normalize import Normalizer
-from policylink.policies.model import build_model
 from policylink.policies.policy import ChunkPolicy, make_chunk_policy
+from policylink.policies.registry import build_model
 
 STATE, IMAGE = "observation.state", "observation.images.front"
 
@@ -43,7 +44,7 @@ def test_sampler_returns_chunks_in_action_units(kind, kit):
     assert chunk.shape == (3, 8, 2) and chunk.dtype == np.float32
     # A zero prediction keeps the chunk where it starts: from noise 0 the result is normalised 0 = (4, 0) in
     # action units, from noise 1 it is normalised 1 = (6, 1) (diffusion clips its clean estimate at 1).
-    zero = lambda x, t, out: torch.zeros_like(out)  # noqa: E731
+    zero = lambda x, t, out, cond, sampler: torch.zeros_like(out)  # noqa: E731
     mid = policy.sample(obs, guidance=zero, noise=torch.zeros(3, 8, 2))
     np.testing.assert_allclose(mid, np.broadcast_to([4.0, 0.0], (3, 8, 2)), atol=1e-5)
     if kind == "flow":
@@ -58,7 +59,7 @@ def test_guidance_sees_every_step_in_increasing_time(kind, steps, kit):
     model = build_model(cfg, FEATURES, 2).eval()
     seen = []
 
-    def guidance(x, t, out):
+    def guidance(x, t, out, cond, sampler):
         seen.append(t.clone())
         assert x.shape == out.shape == (2, 8, 2) and t.shape == (2,)
         return out

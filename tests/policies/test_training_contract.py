@@ -12,10 +12,9 @@ from policylink.data.buffer import EpisodeStore
 from policylink.data.sampler import SequenceDataset
 from policylink.policies import load_policy
 from policylink.policies.checkpoint import CheckpointError, save_checkpoint
-from policylink.policies.ema import EMA
-from policylink.policies.model import build_model
 from policylink.policies.policy import make_chunk_policy
 from policylink.policies.processing import chunk_from_window, observation_tensors, window_horizon
+from policylink.policies.registry import build_model
 
 STATE, IMAGE = "observation.state", "observation.images.front"
 
@@ -117,23 +116,6 @@ def test_checkpoint_missing_file_is_named(kit, tmp_path, normalizer):
     (path / "normalizer.safetensors").unlink()
     with pytest.raises(CheckpointError, match="missing normalizer.safetensors"):
         load_policy(path, device="cpu")
-
-
-def test_ema_warmup_decay_and_average():
-    lin = torch.nn.Linear(1, 1, bias=False)
-    with torch.no_grad():
-        lin.weight.fill_(0.0)
-    ema = EMA(lin, max_decay=0.9999, power=0.75)
-    assert ema.decay() == 0.0
-    with torch.no_grad():
-        lin.weight.fill_(1.0)
-    ema.update(lin)  # decay 0 -> copies 1.0
-    assert float(ema.model.weight) == 1.0
-    assert ema.decay() == pytest.approx(1 - 2**-0.75)  # 0.4054
-    with torch.no_grad():
-        lin.weight.fill_(0.0)
-    ema.update(lin)
-    assert float(ema.model.weight) == pytest.approx(1 - 2**-0.75)  # 0.4054 * 1.0 + 0.5946 * 0.0
 
 
 def test_padded_steps_are_left_out_of_the_loss(kit):

@@ -7,15 +7,15 @@ import torch
 from torch import nn
 
 from policylink.adapters.schema import FeatureSpec
-from policylink.policies.config import PolicyConfig, UNetConfig
-from policylink.policies.encoders import (
+from policylink.policies.common.encoders import (
     EncoderConfig,
     ObservationEncoder,
     RandomCrop,
     SpatialSoftmax,
     resnet18_groupnorm,
 )
-from policylink.policies.unet1d import ConditionalUnet1D
+from policylink.policies.common.unet1d import ConditionalUnet1D, UNetConfig
+from policylink.policies.registry import make_config
 
 
 def test_spatial_softmax_finds_a_sharp_peak():
@@ -76,9 +76,9 @@ def test_unet_shape_and_config_errors():
     with pytest.raises(ValueError, match="down_dims: expected multiples of n_groups=8"):
         ConditionalUnet1D(3, 10, (12, 32))
     with pytest.raises(ValueError, match=r"policy.chunk_size: expected a multiple of 4 .* received 10"):
-        PolicyConfig(chunk_size=10, unet=UNetConfig(down_dims=[8, 16, 32])).validate()
+        make_config("flow", chunk_size=10, unet=UNetConfig(down_dims=[8, 16, 32])).validate()
     with pytest.raises(ValueError, match="policy.type: expected one of .* received 'gan'"):
-        PolicyConfig(type="gan").validate()
+        make_config("gan").validate()
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_unet_shape_and_config_errors():
     ],
 )
 def test_gemm_conv_equals_torch_conv_at_inference(b, h, c_in, c_out, k, stride, pad):
-    from policylink.policies.unet1d import GemmConv1d
+    from policylink.policies.common.unet1d import GemmConv1d
 
     torch.manual_seed(0)
     conv = GemmConv1d(c_in, c_out, k, stride=stride, padding=pad)

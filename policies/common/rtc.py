@@ -1,0 +1,96 @@
+"""Real-time chunking (Black, Galliker, Levine 2025, "Real-Time Execution of Action Chunking Flow Policies",
+arXiv 2506.07339): while the next chunk is generated, guide the flow sampler so that it agrees with the actions
+of the previous chunk that are already committed (inference-time inpainting with a soft mask).
+
+:func:`rtc_weights` and :func:`guidance_scale` are numpy only (the runtime's executors import them without
+torch); :func:`rtc_guidance` is the correction as an autograd :class:`~policylink.adapters.capabilities.Guidance`
+hook, a vector-Jacobian product through the sampler's clean estimate, as the paper (eq. 2-4) and LeRobot's
+``policies/rtc`` compute it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from policylink.adapters.capabilities import Guidance
+
+
+def rtc_weights(chunk_size: int, delay: int, execution_horizon: int) -> np.ndarray:
+    """RTC's prefix weights ``W`` (paper eq. 5), float64 ``(H,)``.
+
+    ``W_i = 1`` for ``i < d`` (actions executed before the new chunk arrives: frozen),
+    ``W_i = c_i (e^{c_i} - 1) / (e - 1)`` with ``c_i = (H - s - i) / (H - s - d + 1)`` for ``d <= i < H - s``
+    (the rest of the previous chunk: exponentially decaying), and ``W_i = 0`` for ``i >= H - s`` (new actions).
+
+    Args:
+        chunk_size: ``H``, steps.
+        delay: ``d``, the inference delay in steps.
+        execution_horizon: ``s``, the steps executed between inference starts.
+
+    Raises:
+        ValueError: ``d < 0``, ``s < 1`` or ``d + s > H`` (the previous chunk would run out).
+    """
+    h, d, s = int(chunk_size), int(delay), int(execution_horizon)
+    if d < 0 or s < 1 or d + s > h:
+        raise ValueError(
+            f"rtc: expected 0 <= delay and 1 <= execution_horizon with delay + execution_horizon "
+            f"<= chunk_size, received delay={d}, execution_horizon={s}, chunk_size={h}"
+        )
+    i = np.arange(h, dtype=np.float64)
+    c = (h - s - i) / (h - s - d + 1)
+    w = np.where(i < d, 1.0, c * np.expm1(c) / (math.e - 1.0))
+    return np.where(i >= h - s, 0.0, w)
+
+
+def guidance_scale(t: np.ndarray | float, max_guidance: float) -> np.ndarray:
+    """RTC's guidance weight ``min(beta, (1 - t) / (t r_t^2))`` with ``r_t^2 = (1 - t)^2 / (t^2 + (1 - t)^2)``.
+
+    ``t`` is flow time in ``[0, 1]`` (0 = noise, 1 = clean); at ``t = 0`` the weight is ``beta``.
+    """
+    t = np.asarray(t, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = (1.0 - t) ** 2 / (t**2 + (1.0 - t) ** 2)
+        raw = (1.0 - t) / (t * r2)
+    return np.where(t <= 0.0, max_guidance, np.minimum(max_guidance, np.nan_to_num(raw, nan=0.0, posinf=1e30)))
+
+
+def rtc_guidance(target: Any, weights: Any, max_guidance: float = 5.0) -> Guidance:
+    """RTC's pseudo-inverse guidance as an autograd hook for a velocity sampler.
+
+    ``v' = v + min(beta, (1-t)/(t r_t^2)) * (d a_hat / d x_t)^T [W * (Y - a_hat)]`` with ``a_hat =
+    sampler.clean_estimate(x_t, t, v)`` (``x_t + (1 - t) v``), the vector-Jacobian product taken with
+    ``torch.autograd.grad`` through the network (paper eq. 2-4): the frozen prefix (``W = 1``) is pulled onto the
+    committed actions, the free suffix (``W = 0``) only moves through the network's coupling.
+
+    Args:
+        target: torch float ``(B, H, A)``: the committed actions ``Y`` in the sampler's (normalised) units.
+        weights: torch float ``(B, H)`` or ``(H,)``: per-step weights ``W`` (:func:`rtc_weights` times validity).
+        max_guidance: ``beta`` (> 0).
+
+    Returns:
+        ``Guidance(fn, autograd=True)`` with ``fn(x_t, t, v, cond, sampler) -> v'`` (torch ``(B, H, A)``).
+
+    Raises:
+        ValueError: ``max_guidance <= 0``.
+    """
+    import torch
+
+    if not max_guidance > 0:
+        raise ValueError(f"max_guidance: expected > 0, received {max_guidance}")
+    w = weights if weights.dim() == 2 else weights[None].expand(target.shape[0], -1)
+    w = w[..., None].to(target.dtype)
+
+    def fn(x_t: torch.Tensor, t: torch.Tensor, v: torch.Tensor, cond: Any, sampler: Any) -> torch.Tensor:
+        a_hat = sampler.clean_estimate(x_t, t, v)
+        err = (w.to(a_hat.device) * (target.to(a_hat.device) - a_hat)).detach()
+        (vjp,) = torch.autograd.grad(a_hat, x_t, grad_outputs=err)
+        scale = torch.as_tensor(guidance_scale(t.detach().cpu().numpy(), max_guidance), dtype=v.dtype)
+        return v.detach() + scale.to(v.device)[:, None, None] * vjp
+
+    return Guidance(fn, autograd=True)
+
+
+__all__ = ["guidance_scale", "rtc_guidance", "rtc_weights"]
