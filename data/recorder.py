@@ -3,7 +3,8 @@ episode is committed whole on :meth:`EpisodeRecorder.end_episode`; an aborted ep
 
 Steps follow the gymnasium loop: the observation ``o_t`` that the action ``a_t`` answered, then the reward and
 termination that ``env.step(a_t)`` returned. Several slots record parallel episodes (vectorised rollouts with
-``B`` envs, one slot per env index), each committed when it ends.
+``B`` envs, one slot per env index), each committed when it ends. Episodes are run by the one rollout loop
+(:mod:`policylink.runtime.rollout`, whose ``RecorderSubscriber`` drives this recorder); ``data`` runs no env.
 """
 
 from __future__ import annotations
@@ -155,60 +156,4 @@ class EpisodeRecorder:
         return self._slots[slot]
 
 
-def record_episode(
-    env: Any,
-    act: Any,
-    recorder: EpisodeRecorder,
-    *,
-    seed: int | None = None,
-    meta: EpisodeMeta | None = None,
-    max_steps: int | None = None,
-    execute: Any = None,
-) -> tuple[int, bool, int]:
-    """Run one episode of ``env`` with ``act(obs) -> action (A,)`` and commit it.
-
-    Args:
-        env: an EnvAdapter (gymnasium API, ``info["is_success"]``).
-        act: callable from the current observation dict to a float32 action ``(A,)``.
-        recorder: where the episode goes.
-        seed: env reset seed (recorded in the metadata).
-        meta: source / quality / task tags (its ``seed`` is replaced by ``seed``).
-        max_steps: step cap, >= 1 (default None: ``env.env_spec.max_episode_steps``).
-        execute: optional ``execute(action) -> action (A,)``: the action sent to the env, while ``act``'s
-            action is the one recorded (DART noise injection, Laskey et al. 2017, "DART: Noise Injection for
-            Robust Imitation Learning": the demonstrator's clean action is the label of a state reached by
-            perturbed execution). Default None: the recorded action is executed.
-
-    Returns:
-        ``(episode_index, success, n_steps)``; success is True if ``info["is_success"]`` was ever True.
-        An exception inside the loop aborts the episode (nothing is stored) and propagates.
-
-    Raises:
-        ValueError: ``max_steps`` < 1.
-    """
-    if max_steps is not None and int(max_steps) < 1:
-        raise ValueError(f"max_steps: expected an int >= 1 or None (the env's limit), received {max_steps}")
-    meta = meta or EpisodeMeta()
-    meta = EpisodeMeta(task=meta.task, success=None, seed=seed, source=meta.source, quality=meta.quality)
-    max_steps = int(env.env_spec.max_episode_steps) if max_steps is None else int(max_steps)
-    recorder.start_episode(meta)
-    try:
-        obs, info = env.reset(seed=seed)
-        success = bool(info.get("is_success", False))
-        for _ in range(max_steps):
-            action = np.asarray(act(obs), dtype=np.float32)
-            sent = action if execute is None else np.asarray(execute(action), dtype=np.float32)
-            next_obs, reward, terminated, truncated, info = env.step(sent)
-            success = success or bool(info.get("is_success", False))
-            recorder.add_step(obs, action, reward, terminated)
-            obs = next_obs
-            if terminated or truncated:
-                break
-        n = recorder.n_steps()
-        return recorder.end_episode(success), success, n
-    except BaseException:
-        recorder.abort_episode()
-        raise
-
-
-__all__ = ["EpisodeRecorder", "RecorderError", "record_episode"]
+__all__ = ["EpisodeRecorder", "RecorderError"]

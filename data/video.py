@@ -67,6 +67,16 @@ def encode_video(
     }
 
 
+def pad_to_even(frames: np.ndarray) -> np.ndarray:
+    """uint8 frames ``(T, H, W, 3)`` with an odd height or width grown by one row/column (edge pixels repeated),
+    as yuv420p needs even sizes: ``(T, H + H % 2, W + W % 2, 3)``. Even frames are returned unchanged."""
+    frames = np.asarray(frames)
+    h, w = frames.shape[1:3]
+    if h % 2 or w % 2:
+        frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+    return frames
+
+
 def decode_video(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """All frames of ``path`` as uint8 RGB ``(T, H, W, 3)`` and their presentation times float64 ``(T,)`` (s)."""
     reader = VideoFrames(path)
@@ -142,4 +152,4 @@ def _rate(fps: float) -> Any:
     return Fraction(fps).limit_denominator(1001)
 
 
-__all__ = ["DEFAULT_CODEC", "VideoFrames", "decode_video", "encode_video"]
+__all__ = ["DEFAULT_CODEC", "VideoFrames", "decode_video", "encode_video", "pad_to_even"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import json
 import os
 import sys
+import types
 import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -30,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("policylink.runtime.evaluate", "evaluate N policies on M environments; tables, plots, videos"),
     "serve": ("policylink.runtime.serve", "serve a policy over ZeroMQ (and the openpi websocket protocol)"),
     "robot": ("policylink.runtime.robot", "[planned] serve a robot (or a simulator as a robot) over ZeroMQ"),
-    "run": ("policylink.runtime.rollout", "run one policy on one environment and print the episode results"),
+    "run": ("policylink.runtime.run", "run one policy on one environment and print the episode results"),
     "dataset": (
         "policylink.runtime.dataset",
         "dataset tools: info, stats, export-lerobot, import-lerobot, merge",
@@ -108,8 +110,8 @@ def is_user_error(e: BaseException) -> bool:
 def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
     """Parse a dataclass config from ``argv``: optional ``--config FILE.yaml`` then field overrides.
 
-    Overrides use the field path (``--policy.lr 1e-4`` or ``--policy.lr=1e-4``). A list field accepts a
-    comma list (``--envs push,reach``) or draccus' bracket form (``--envs [push,reach]``).
+    Overrides use the field path (``--policy.lr 1e-4`` or ``--policy.lr=1e-4``), spelled with underscores or
+    dashes; every subcommand's flags go through :func:`normalise_flags` (dashes, bare booleans, comma lists).
 
     Raises:
         SystemExit: on ``--help`` (after printing help).
@@ -119,7 +121,7 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
 
     args = list(argv)
     config_path = None
-    for flag in ("--config", "--config_path"):
+    for flag in ("--config", "--config_path", "--config-path"):
         for i, a in enumerate(args):
             if a == flag and i + 1 < len(args):
                 config_path = args[i + 1]
@@ -129,7 +131,7 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
                 config_path = a.split("=", 1)[1]
                 del args[i]
                 break
-    args = _bracket_lists(cls, args)
+    args = normalise_flags(cls, args)
     if prog is not None:
         sys.argv[0] = prog
     try:
@@ -137,6 +139,39 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
     except draccus.utils.DraccusException as e:
         own = _own_validation_error(e)
         raise ConfigError(str(own) if own is not None else f"invalid {cls.__name__}: {e}") from e
+
+
+def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:
+    """The one flag rewriter of every subcommand, for the fields of dataclass ``cls``:
+
+    - ``--obs-mode x`` -> ``--obs_mode x`` (dashed spellings of field names, dotted paths too);
+    - a bare boolean flag (last, or followed by another flag) -> ``--flag=true``;
+    - a comma list for a list field -> draccus' bracket form: ``--envs a,b`` -> ``--envs ["a", "b"]`` for
+      lists of str (quoted, so ``{env}`` placeholders and ``label=ref`` stay plain strings), ``[1,2]`` otherwise.
+
+    Values, ``--``, ``-h`` and bracketed lists are left as they are.
+    """
+    args = list(argv)
+    out: list[str] = []
+    list_type: Any = None
+    for i, a in enumerate(args):
+        if list_type is not None and not a.startswith(("--", "[")):
+            a = _bracket(a, list_type)
+        list_type = None
+        if a.startswith("--") and len(a) > 2:
+            key, eq, value = a[2:].partition("=")
+            key = key.replace("-", "_")
+            a = "--" + key + eq + value
+            kind = _field_type(cls, key)
+            if kind is bool and not eq and (i + 1 == len(args) or args[i + 1].startswith("--")):
+                a += "=true"
+            elif _list_item(kind) is not None:
+                if eq and not value.startswith("["):
+                    a = f"--{key}={_bracket(value, _list_item(kind))}"
+                elif not eq:
+                    list_type = _list_item(kind)
+        out.append(a)
+    return out
 
 
 def _own_validation_error(e: BaseException) -> BaseException | None:
@@ -151,38 +186,34 @@ def _own_validation_error(e: BaseException) -> BaseException | None:
     return None
 
 
-def _bracket_lists(cls: type, args: list[str]) -> list[str]:
-    """Rewrite ``--field a,b`` into ``--field [a,b]`` for list-typed dataclass fields."""
-    out = []
-    expect_list = False
-    for a in args:
-        if expect_list and not a.startswith("--") and not a.startswith("["):
-            a = f"[{a}]"
-        expect_list = False
-        if a.startswith("--"):
-            key, eq, value = a[2:].partition("=")
-            if _is_list_field(cls, key):
-                if eq and not value.startswith("["):
-                    a = f"--{key}=[{value}]"
-                elif not eq:
-                    expect_list = True
-        out.append(a)
-    return out
+def _bracket(value: str, item: Any) -> str:
+    """``a,b`` as draccus' list form: JSON strings for ``list[str]``, ``[a,b]`` for other item types."""
+    items = [x for x in value.split(",") if x]
+    return json.dumps(items) if item is str else f"[{','.join(items)}]"
 
 
-def _is_list_field(cls: type, dotted: str) -> bool:
+def _field_type(cls: type, dotted: str) -> Any:
+    """The type of field ``dotted`` (``a.b``) of dataclass ``cls``, ``Optional`` unwrapped; None if unknown."""
     current: Any = cls
     for part in dotted.split("."):
         if not dataclasses.is_dataclass(current):
-            return False
+            return None
         hints = typing.get_type_hints(current)
         if part not in hints:
-            return False
+            return None
         current = hints[part]
         args = [a for a in typing.get_args(current) if a is not type(None)]
-        if typing.get_origin(current) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args:
+        if typing.get_origin(current) in (typing.Union, types.UnionType) and args:
             current = args[0]
-    return typing.get_origin(current) in (list, tuple, Sequence)
+    return current
+
+
+def _list_item(kind: Any) -> Any:
+    """The item type of a list/tuple/Sequence field type (``Any`` when unparameterised), else None."""
+    if typing.get_origin(kind) not in (list, tuple, Sequence):
+        return None
+    args = typing.get_args(kind)
+    return args[0] if args else Any
 
 
 if __name__ == "__main__":

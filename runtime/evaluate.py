@@ -25,15 +25,13 @@ from policylink.runtime import report
 from policylink.runtime.executors import ExecutorConfig, make_executor
 from policylink.runtime.rollout import (
     RegistryEnvFn,
-    cell_problems,
+    VideoSubscriber,
     env_spec_of,
-    limit_threads,
-    load_policy_ref,
     make_vector_env,
     plan_episodes,
-    require_counts,
     rollout,
 )
+from policylink.runtime.run import cell_problems, limit_threads, load_policy_ref, require_counts
 
 EVAL_INFO = "eval_info.json"
 ENV_PLACEHOLDER = "{env}"  # in a policy reference: one checkpoint per env, e.g. outputs/train/{env}/diffusion
@@ -164,7 +162,8 @@ def evaluate(
     if "obs_mode" not in cfg.env_kwargs:
         cfg.env_kwargs.update(_checkpoint_env_kwargs(pols, [label for label, _ in env_items]))
     env_fns = {
-        label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_env_kwargs(cfg))) for label, ref in env_items
+        label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_with_video_render(cfg)))
+        for label, ref in env_items
     }
     specs = _check_cells(pols, env_fns, cfg.device, cfg.executor, isolate=cfg.ray_address is None and cfg.workers > 0)
     out = Path(cfg.out)
@@ -249,20 +248,16 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
         task.env_fn, plan_episodes(task.count, task.seed, num_envs, task.first), task.max_episode_steps
     )
     executor = make_executor(policy, task.executor)
+    video = VideoSubscriber(task.video_episodes, task.video_dir, fps=task.fps)
     try:
-        results = rollout(vec, executor, task.count, video_episodes=task.video_episodes)
+        results = rollout(vec, executor, task.count, subscribers=[video])
     finally:
         executor.close()
         vec.close()
         close = getattr(policy, "close", None)
         if callable(close):
             close()
-    videos = {}
-    for r in results:
-        if r.frames:
-            path = Path(task.video_dir) / f"episode_{r.index:04d}.mp4"
-            report.write_video(path, r.frames, fps=task.fps)
-            videos[str(r.index)] = str(path)
+    videos = {str(i): str(p) for i, p in sorted(video.paths.items())}
     return {"episodes": [r.to_dict() for r in results], "video_paths": videos, "eval_s": time.perf_counter() - start}
 
 
@@ -273,10 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ValueError: missing ``--policies``/``--envs``, bad counts, duplicate labels or executor settings.
         IncompatibleSpecError: every (policy, env) cell that cannot run, before anything runs.
     """
-    args = _quote_lists([_underscore_flag(a) for a in (sys.argv[1:] if argv is None else argv)])
     from policylink.runtime.cli import parse_config
 
-    cfg = parse_config(EvalConfig, args, prog="policylink eval")
+    cfg = parse_config(EvalConfig, list(sys.argv[1:] if argv is None else argv), prog="policylink eval")
     if not cfg.policies or not cfg.envs:
         raise ValueError(
             f"--policies and --envs: expected at least one of each (see policylink eval --help), received "
@@ -301,28 +295,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.markdown_table(summaries))
     print(f"wrote {Path(cfg.out) / 'report.html'}")
     return 0
-
-
-def _underscore_flag(arg: str) -> str:
-    """``--ray-address=x`` -> ``--ray_address=x`` (dashed spellings of the config's field names)."""
-    if not arg.startswith("--"):
-        return arg
-    name, eq, value = arg[2:].partition("=")
-    return "--" + name.replace("-", "_") + eq + value
-
-
-def _quote_lists(args: list[str]) -> list[str]:
-    """``--policies a,b`` -> ``--policies ["a", "b"]``: quoted, so ``{env}`` placeholders stay plain strings."""
-    out, expect = [], False
-    for a in args:
-        if expect and not a.startswith(("--", "[")):
-            a = json.dumps([x for x in a.split(",") if x])
-        expect = a in ("--policies", "--envs")
-        for flag in ("--policies=", "--envs="):
-            if a.startswith(flag) and not a[len(flag) :].startswith("["):
-                a = flag + json.dumps([x for x in a[len(flag) :].split(",") if x])
-        out.append(a)
-    return out
 
 
 def _labelled(item: Any) -> tuple[str, Any]:
@@ -398,7 +370,8 @@ def _checkpoint_env_kwargs(pols: list[tuple[str, Any]], env_labels: list[str]) -
     return dict(found[0])
 
 
-def _env_kwargs(cfg: EvalConfig) -> dict[str, Any]:
+def _with_video_render(cfg: EvalConfig) -> dict[str, Any]:
+    """``cfg.env_kwargs`` plus ``render_mode="rgb_array"`` when videos are filmed (unless set)."""
     kw = dict(cfg.env_kwargs)
     if cfg.videos > 0:
         kw.setdefault("render_mode", "rgb_array")

@@ -47,12 +47,7 @@ def main(argv: Sequence[str]) -> int:
     if args[0] != "generate":
         print(f"policylink keys: unknown action {args[0]!r}; expected 'generate'\n{USAGE}", file=sys.stderr)
         return 2
-    rest = args[1:]
-    argv_cfg = [  # a bare --force (last, or followed by another flag) means --force=true
-        a + "=true" if a == "--force" and (i + 1 == len(rest) or rest[i + 1].startswith("--")) else a
-        for i, a in enumerate(rest)
-    ]
-    cfg = parse_config(KeysConfig, argv_cfg, prog="policylink keys generate")
+    cfg = parse_config(KeysConfig, args[1:], prog="policylink keys generate")  # a bare --force means --force=true
     out = generate_keys(cfg.out, tuple(cfg.clients), force=cfg.force)
     print(
         f"wrote CURVE keys to {out}: server.key(+_secret), "

@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policylink.data.buffer import EpisodeMeta
-from policylink.data.recorder import EpisodeRecorder, record_episode
+import numpy as np
 
-OBS_MODES = ("state", "image", "state+image", "image+proprio")
+from policylink.adapters.obs_modes import check_obs_mode, obs_mode_env_kwargs
+from policylink.data.buffer import EpisodeMeta
+from policylink.data.recorder import EpisodeRecorder
+from policylink.runtime.rollout import (
+    BorrowedEnv,
+    EpisodeResult,
+    EpisodeSubscriber,
+    RecorderSubscriber,
+    make_vector_env,
+    rollout,
+)
+
 EXPERTS = ("expert", "noisy", "poor")
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
@@ -111,11 +121,11 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     if env is None:
         from policylink.adapters.registry import make_env
 
-        env = make_env(cfg.env, obs_mode=cfg.obs_mode, image_size=cfg.image_size)
+        env = make_env(cfg.env, **obs_mode_env_kwargs(cfg.obs_mode, cfg.image_size))
     from policylink.data.buffer import EpisodeStore
 
     store = EpisodeStore(cfg.out, "a", zarr_format=cfg.zarr_format, lock_timeout=cfg.lock_timeout)
-    done = frames = successes = 0
+    counts = {"episodes": 0, "frames": 0, "successes": 0}
     t0 = time.perf_counter()
     try:
         first = _first_seed(store, cfg.seed, cfg.episodes)
@@ -124,29 +134,136 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
             from policylink.sim.experts import make_expert
 
             expert = make_expert(env, quality=cfg.expert, seed=first)
-        execute = _dart_execute(env, cfg.dart_noise, first) if cfg.dart_noise > 0 else None
-        with EpisodeRecorder(store, env_spec=env.env_spec) as rec:
-            bar = tqdm(range(cfg.episodes), desc=f"record {cfg.env}", unit="ep", disable=not progress)
-            for i in bar:
-                seed = first + i
-                expert.reset(seed)
-                _, success, n = record_episode(
-                    env,
-                    lambda obs: expert.act(_expert_observation(env, obs), env),
-                    rec,
-                    seed=seed,
-                    meta=EpisodeMeta(source="expert", quality=quality),
-                    max_steps=cfg.max_steps,
-                    execute=execute,
-                )
-                done, frames, successes = done + 1, frames + n, successes + int(success)
-                bar.set_postfix(success=f"{successes / done:.2f}", frames=frames)
+        perturb = _dart_perturb(env, cfg.dart_noise, first) if cfg.dart_noise > 0 else None
+        bar = tqdm(total=cfg.episodes, desc=f"record {cfg.env}", unit="ep", disable=not progress)
+        with EpisodeRecorder(store, env_spec=env.env_spec) as rec, bar:
+            recording = RecorderSubscriber(rec, EpisodeMeta(source="expert", quality=quality))
+
+            def count(result: EpisodeResult) -> None:
+                _, success, n = recording.committed[result.index]
+                counts["episodes"] += 1
+                counts["frames"] += n
+                counts["successes"] += int(success)
+                bar.update(1)
+                bar.set_postfix(success=f"{counts['successes'] / counts['episodes']:.2f}", frames=counts["frames"])
+
+            source = ScriptedSource([_expert_act(expert, env)], [expert.reset])
+            seeds = range(first, first + cfg.episodes)
+            record_episodes(env, source, recording, seeds, cfg.max_steps, perturb, count)
     except KeyboardInterrupt:
-        summary = RecordSummary(done, frames, successes, time.perf_counter() - t0)
+        summary = RecordSummary(counts["episodes"], counts["frames"], counts["successes"], time.perf_counter() - t0)
         raise RecordInterrupted(summary, cfg.out) from None
     finally:
         store.close()
-    return RecordSummary(cfg.episodes, frames, successes, time.perf_counter() - t0)
+    return RecordSummary(cfg.episodes, counts["frames"], counts["successes"], time.perf_counter() - t0)
+
+
+class ScriptedSource(EpisodeSubscriber):
+    """An :class:`~policylink.runtime.rollout.ActionSource` from per-row step functions (a scripted expert, a
+    hand-written controller): row ``j`` acts with ``acts[j](obs) -> float32 (A,)`` on its own observation
+    (arrays without batch dim), and ``resets[j](seed)`` is called when a planned episode starts there (pass the
+    source to the loop among its subscribers too, so it hears the resets).
+
+    Args:
+        acts: one step function per vector-env slot (``B`` of them).
+        resets: optional, one ``reset(seed)`` per slot (an expert's, which reseeds its own noise).
+
+    Raises:
+        ValueError: ``resets`` is given with another length than ``acts``; the batch has another size than ``B``.
+    """
+
+    def __init__(self, acts: Sequence[Callable[[Mapping[str, Any]], Any]], resets: Sequence[Callable] | None = None):
+        if resets is not None and len(resets) != len(acts):
+            raise ValueError(f"resets: expected one per step function ({len(acts)}), received {len(resets)}")
+        self.acts, self.resets = list(acts), None if resets is None else list(resets)
+        self.inferences = np.zeros(len(self.acts), np.int64)
+        self.stall_steps = np.zeros(len(self.acts), np.int64)
+
+    def act(self, obs_batch: Mapping[str, Any]) -> np.ndarray:
+        """float32 ``(B, A)``: each row's step function on its observation."""
+        from policylink.runtime.executors import batch_size_of
+
+        b = batch_size_of(obs_batch)
+        if b != len(self.acts):
+            raise ValueError(f"observation batch size: expected {len(self.acts)} (one per step function), received {b}")
+        return np.stack(
+            [np.asarray(f({k: v[j] for k, v in obs_batch.items()}), np.float32) for j, f in enumerate(self.acts)]
+        )
+
+    def reset(self, env_ids: Sequence[int] | None = None) -> None:
+        """Nothing to clear (the step functions are reset with their episode's seed in :meth:`on_reset`)."""
+
+    def on_reset(self, slot: int, index: int, seed: int, info: Mapping[str, Any]) -> None:
+        """``resets[slot](seed)`` for the episode starting in ``slot``."""
+        if self.resets is not None:
+            self.resets[slot](None if seed < 0 else seed)
+
+
+def record_episodes(
+    env: Any,
+    source: ScriptedSource,
+    recording: RecorderSubscriber,
+    seeds: Sequence[int | None],
+    max_steps: int | None = None,
+    perturb: Callable[[np.ndarray], np.ndarray] | None = None,
+    progress: Callable[[EpisodeResult], None] | None = None,
+) -> dict[int, tuple[int, bool, int]]:
+    """Record one episode per reset seed in ``seeds`` (episode ``i`` resets with ``seeds[i]``; None = unseeded)
+    in the caller's ``env`` (left open) with ``source`` acting, through the rollout loop; returns
+    ``recording.committed`` (``{i: (store index, success, n_steps)}``). ``max_steps`` caps each episode (None:
+    the env's limit); ``perturb`` and ``progress`` are the loop's. An exception discards the unfinished episode
+    and propagates."""
+    plan = [list(enumerate(seeds))]
+    vec = make_vector_env(lambda: BorrowedEnv(env), plan, max_steps)
+    try:
+        rollout(vec, source, len(plan[0]), subscribers=[source, recording], progress=progress, perturb=perturb)
+    finally:
+        vec.close()
+    return recording.committed
+
+
+def record_episode(
+    env: Any,
+    act: Callable[[Mapping[str, Any]], Any],
+    recorder: EpisodeRecorder,
+    *,
+    seed: int | None = None,
+    meta: EpisodeMeta | None = None,
+    max_steps: int | None = None,
+    execute: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[int, bool, int]:
+    """Run one episode of ``env`` with ``act(obs) -> action (A,)`` and commit it (through the rollout loop).
+
+    Args:
+        env: an EnvAdapter (gymnasium API, ``info["is_success"]``); it stays open.
+        act: callable from the current observation dict to a float32 action ``(A,)``.
+        recorder: where the episode goes (recorder slot 0).
+        seed: env reset seed (recorded in the metadata).
+        meta: source / quality / task tags (its ``seed`` is replaced by ``seed``).
+        max_steps: step cap, >= 1 (default None: ``env.env_spec.max_episode_steps``).
+        execute: optional ``execute(action) -> action (A,)``: the action sent to the env, while ``act``'s
+            action is the one recorded (DART noise injection, Laskey et al. 2017, "DART: Noise Injection for
+            Robust Imitation Learning": the demonstrator's clean action is the label of a state reached by
+            perturbed execution). Default None: the recorded action is executed.
+
+    Returns:
+        ``(episode_index, success, n_steps)``; success is True if ``info["is_success"]`` was ever True.
+        An exception inside the loop aborts the episode (nothing is stored) and propagates.
+
+    Raises:
+        ValueError: ``max_steps`` < 1.
+    """
+    if max_steps is not None and int(max_steps) < 1:
+        raise ValueError(f"max_steps: expected an int >= 1 or None (the env's limit), received {max_steps}")
+    recording = RecorderSubscriber(recorder, meta or EpisodeMeta())
+    perturb = None if execute is None else (lambda a: np.stack([execute(row) for row in a]))
+    record_episodes(env, ScriptedSource([act]), recording, [seed], max_steps, perturb)
+    return recording.committed[0]
+
+
+def _expert_act(expert: Any, env: Any) -> Callable[[Mapping[str, Any]], Any]:
+    """The expert's step function: ``expert.act(obs with the privileged state, env)``."""
+    return lambda obs: expert.act(_expert_observation(env, dict(obs)), env)
 
 
 def _expert_observation(env: Any, obs: dict[str, Any]) -> dict[str, Any]:
@@ -158,31 +275,28 @@ def _expert_observation(env: Any, obs: dict[str, Any]) -> dict[str, Any]:
     return {**obs, STATE_KEY: base.privileged_state()} if hasattr(base, "privileged_state") else obs
 
 
-def _dart_execute(env: Any, noise: float, seed: int) -> Any:
-    """``execute(action)`` for :func:`record_episode`: the action plus Gaussian noise of ``noise`` x half range
-    (one generator seeded with ``seed`` for the run), clipped to the ActionSpec's limits. float32 ``(A,)``.
+def _dart_perturb(env: Any, noise: float, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    """``perturb(actions)`` for the loop: float32 ``(B, A)`` actions plus Gaussian noise of ``noise`` x half range
+    (one generator seeded with ``seed`` for the run), clipped to the ActionSpec's limits.
 
     Raises:
         ValueError: the action limits are not finite."""
-    import numpy as np
-
     spec = env.unwrapped.env_spec.action
     low, high = spec.low_array, spec.high_array
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         raise ValueError(f"dart_noise: expected an action space with finite limits, received low={low} high={high}")
     rng = np.random.default_rng(seed)
 
-    def execute(action: Any) -> Any:
+    def perturb(action: np.ndarray) -> np.ndarray:
         noisy = action + rng.normal(0.0, noise, action.shape) * (high - low) / 2.0
         return np.clip(noisy, low, high).astype(np.float32)
 
-    return execute
+    return perturb
 
 
 def _validate(cfg: RecordConfig) -> None:
     """Raise ValueError naming the first bad field of ``cfg`` (expected vs received)."""
-    if cfg.obs_mode not in OBS_MODES:
-        raise ValueError(f"obs_mode: expected one of {', '.join(OBS_MODES)}, received {cfg.obs_mode!r}")
+    check_obs_mode(cfg.obs_mode)
     if cfg.expert not in EXPERTS:
         raise ValueError(f"expert: expected one of {', '.join(EXPERTS)}, received {cfg.expert!r}")
     if cfg.episodes < 1:
@@ -223,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from policylink.runtime.cli import parse_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = parse_config(RecordConfig, _underscore_flags(argv), prog="policylink record")
+    cfg = parse_config(RecordConfig, argv, prog="policylink record")
     try:
         summary = record(cfg)
     except RecordInterrupted as e:
@@ -231,17 +345,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERRUPTED_EXIT_CODE
     print(f"{summary} -> {cfg.out}")
     return 0
-
-
-def _underscore_flags(argv: list[str]) -> list[str]:
-    """``--obs-mode x`` -> ``--obs_mode x`` (dashed spellings of the config's field names)."""
-    out = []
-    for a in argv:
-        if a.startswith("--") and a != "--":
-            name, eq, value = a[2:].partition("=")
-            a = "--" + name.replace("-", "_") + eq + value
-        out.append(a)
-    return out
 
 
 if __name__ == "__main__":

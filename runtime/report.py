@@ -88,23 +88,21 @@ def write_tables(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[s
 
 
 def write_video(path: str | Path, frames: Sequence[np.ndarray], fps: float) -> Path:
-    """Encode uint8 RGB frames ``(H, W, 3)`` as an H.264 mp4 (imageio + PyAV). Returns the path.
+    """Encode uint8 RGB frames ``(H, W, 3)`` as an H.264 mp4 at ``fps`` Hz with
+    :func:`policylink.data.video.encode_video` (odd sizes padded to even for yuv420p). Returns the path.
 
     Raises:
         ValueError: no frames, or frames of different shapes.
     """
-    import imageio.v3 as iio
+    from policylink.data.video import encode_video, pad_to_even
 
     if not frames:
         raise ValueError("frames: expected at least one frame, received none")
-    stack = np.stack([np.asarray(f, np.uint8) for f in frames])
-    h, w = stack.shape[1:3]
-    if h % 2 or w % 2:  # yuv420p needs even sizes
-        stack = np.pad(stack, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    iio.imwrite(path, stack, fps=float(fps), plugin="pyav", codec="libx264")
-    return path
+    shapes = {np.shape(f) for f in frames}
+    if len(shapes) != 1:
+        raise ValueError(f"frames: expected one shape for every frame, received {sorted(shapes)}")
+    encode_video(pad_to_even(np.stack([np.asarray(f, np.uint8) for f in frames])), path, fps=float(fps))
+    return Path(path)
 
 
 def write_plots(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[str, Path]:

@@ -1,5 +1,6 @@
-"""The reference env-facing loop (reset -> observe -> executor asks the policy -> step), batched over a
-gymnasium vector env, with per-episode metrics, optional recording and videos; plus ``policylink run``.
+"""THE env-facing loop (reset -> observe -> an action source acts -> step), batched over a gymnasium vector env,
+with per-episode metrics and subscribers (recorder, video, monitors) that see every step of every planned
+episode. ``policylink eval``, ``run``, ``record``, training-time evaluation and the demo all run episodes here.
 
 The loop itself is a few lines any env-facing code can copy::
 
@@ -13,18 +14,15 @@ The loop itself is a few lines any env-facing code can copy::
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
 
-from policylink.adapters.schema import TASK_KEY, EnvSpec, IncompatibleSpecError, compatibility_problems
-from policylink.runtime.executors import ChunkExecutor, ExecutorConfig, executor_problems, make_executor
+from policylink.adapters.schema import TASK_KEY, EnvSpec
 
 EPISODE_INDEX = "policylink_episode"  # reset-info key: index of the planned episode (-1 = padding)
 EPISODE_SEED = "policylink_seed"  # reset-info key: its reset seed (-1 = none)
@@ -64,6 +62,242 @@ class EpisodeResult:
         return d
 
 
+@runtime_checkable
+class ActionSource(Protocol):
+    """What the loop asks for actions: a :class:`~policylink.runtime.executors.ChunkExecutor` (a policy behind
+    a chunk executor) or any other per-row source, such as a scripted expert
+    (:class:`policylink.runtime.record.ExpertSource`).
+
+    Attributes:
+        inferences, stall_steps: int64 ``(B,)`` per-row counters of the current episodes (policy calls, steps
+            waited for inference), cleared by :meth:`reset`.
+    """
+
+    inferences: np.ndarray
+    stall_steps: np.ndarray
+
+    def act(self, obs_batch: Mapping[str, Any]) -> np.ndarray:
+        """float32 ``(B, A)`` actions for one observation per row (arrays ``(B, ...)``, ``task`` list of str)."""
+
+    def reset(self, env_ids: Sequence[int] | None = None) -> None:
+        """New episodes start in rows ``env_ids`` (``None`` = all)."""
+
+
+class EpisodeSubscriber:
+    """Observer of the loop; override the hooks you need (each default does nothing).
+
+    Hooks run in this order for a slot (vector-env index) ``j``: :meth:`on_reset` when a planned episode starts
+    there (after the action source's reset), :meth:`on_step` once per step of that episode, then
+    :meth:`on_episode_end` with its :class:`EpisodeResult`, or :meth:`on_abort` when an exception ends the
+    loop inside it. Padding episodes (run after a slot's plan is exhausted) are never reported. A monitor
+    keeps the action source from :meth:`on_start` and may truncate or re-plan its rows from :meth:`on_step`.
+    """
+
+    def on_start(self, vec_env: gym.vector.VectorEnv, source: ActionSource) -> None:
+        """Called once before the first reset."""
+
+    def on_reset(self, slot: int, index: int, seed: int, info: Mapping[str, Any]) -> None:
+        """Planned episode ``index`` (reset seed ``seed``, -1 for none) starts in ``slot``; ``info`` is its
+        reset info (one env's, no batch dimension)."""
+
+    def on_step(
+        self, slot: int, obs: Mapping[str, Any], action: np.ndarray, reward: float, done: bool, info: Mapping[str, Any]
+    ) -> None:
+        """One step of ``slot``'s episode: the observation ``o_t`` (one row: arrays without batch dim, ``task``
+        a str), the action ``a_t`` float32 ``(A,)`` the source chose (before any ``perturb``), and the reward,
+        ``done`` (terminated or truncated) and info that ``env.step`` returned (the final info on the last step)."""
+
+    def on_episode_end(self, slot: int, result: EpisodeResult) -> None:
+        """``slot``'s episode ended (its last step was reported with ``done=True``)."""
+
+    def on_abort(self, slot: int) -> None:
+        """An exception ends the loop while ``slot``'s episode is unfinished."""
+
+
+class RecorderSubscriber(EpisodeSubscriber):
+    """Records every planned episode through a :class:`~policylink.data.recorder.EpisodeRecorder`, one recorder
+    slot per vector-env slot: an episode reaches the store whole when it ends; an aborted one leaves no trace.
+
+    Args:
+        recorder: the recorder (the caller opens and closes it).
+        meta: template of each episode's :class:`~policylink.data.buffer.EpisodeMeta` (task, source, quality);
+            its ``seed`` is replaced by the episode's reset seed and ``success`` by the episode's success (True
+            when ``info["is_success"]`` was True at the reset or at any step).
+
+    Attributes:
+        committed: ``{episode index: (store index, success, n_steps)}`` of the episodes written.
+    """
+
+    def __init__(self, recorder: Any, meta: Any = None):
+        from policylink.data.buffer import EpisodeMeta
+
+        self.recorder = recorder
+        self.meta = meta if meta is not None else EpisodeMeta()
+        self.committed: dict[int, tuple[int, bool, int]] = {}
+        self._reset_success: dict[int, bool] = {}
+
+    def on_reset(self, slot: int, index: int, seed: int, info: Mapping[str, Any]) -> None:
+        """Open the episode in the recorder's ``slot``."""
+        from policylink.data.buffer import EpisodeMeta
+
+        m = self.meta
+        meta = EpisodeMeta(task=m.task, seed=None if seed < 0 else seed, source=m.source, quality=m.quality)
+        self.recorder.start_episode(meta, slot=slot)
+        self._reset_success[slot] = bool(info.get("is_success", False))
+
+    def on_step(self, slot, obs, action, reward, done, info) -> None:
+        """Buffer ``(o_t, a_t, r_t, done_t)``."""
+        self.recorder.add_step(obs, action, reward, done, slot=slot)
+
+    def on_episode_end(self, slot: int, result: EpisodeResult) -> None:
+        """Commit the episode with its success flag."""
+        success = result.success or self._reset_success.pop(slot, False)
+        self.committed[result.index] = (self.recorder.end_episode(success=success, slot=slot), success, result.n_steps)
+
+    def on_abort(self, slot: int) -> None:
+        """Discard the unfinished episode."""
+        self.recorder.abort_episode(slot=slot)
+
+
+class VideoSubscriber(EpisodeSubscriber):
+    """Films the planned episodes ``episodes``: the reset frame, then one frame per non-terminal step (the env
+    must render ``rgb_array``). With ``video_dir`` each film is written to ``video_dir/episode_NNNN.mp4`` at
+    ``fps`` Hz when its episode ends (:func:`policylink.runtime.report.write_video`); otherwise the frames go
+    to :attr:`EpisodeResult.frames`.
+
+    Attributes:
+        paths: ``{episode index: mp4 path}`` of the films written.
+
+    Raises:
+        ValueError: ``video_dir`` without a positive ``fps``; ``env.render()`` returned None (when filming).
+    """
+
+    def __init__(self, episodes: Sequence[int], video_dir: str | Path | None = None, fps: float | None = None):
+        if video_dir is not None and not (fps and fps > 0):
+            raise ValueError(f"fps: expected a positive frame rate with video_dir, received {fps!r}")
+        self.episodes = {int(i) for i in episodes}
+        self.video_dir = None if video_dir is None else Path(video_dir)
+        self.fps = fps
+        self.paths: dict[int, Path] = {}
+        self._frames: dict[int, list[np.ndarray]] = {}
+        self._vec: gym.vector.VectorEnv | None = None
+
+    def on_start(self, vec_env, source) -> None:
+        """Keep the vector env to render its slots."""
+        self._vec = vec_env
+
+    def on_reset(self, slot, index, seed, info) -> None:
+        """Start a film with the reset frame when ``index`` is filmed."""
+        if index in self.episodes:
+            self._frames[slot] = [render_slot(self._vec, slot)]
+
+    def on_step(self, slot, obs, action, reward, done, info) -> None:
+        """Add the frame after a non-terminal step (after a terminal one the slot shows the next episode)."""
+        if slot in self._frames and not done:
+            self._frames[slot].append(render_slot(self._vec, slot))
+
+    def on_episode_end(self, slot, result) -> None:
+        """Write the film, or hand its frames to ``result``."""
+        frames = self._frames.pop(slot, None)
+        if frames is None:
+            return
+        if self.video_dir is None:
+            result.frames = frames
+            return
+        from policylink.runtime.report import write_video
+
+        path = self.video_dir / f"episode_{result.index:04d}.mp4"
+        self.paths[result.index] = write_video(path, frames, fps=float(self.fps))
+
+    def on_abort(self, slot) -> None:
+        """Drop the unfinished film."""
+        self._frames.pop(slot, None)
+
+
+def rollout(
+    vec_env: gym.vector.VectorEnv,
+    executor: ActionSource,
+    n_episodes: int,
+    *,
+    subscribers: Sequence[EpisodeSubscriber] = (),
+    recorder: Any = None,
+    video_episodes: Sequence[int] = (),
+    source: str = "policy",
+    progress: Callable[[EpisodeResult], None] | None = None,
+    perturb: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> list[EpisodeResult]:
+    """Run ``n_episodes`` planned episodes (see :class:`EpisodePlan`) and return their results by index.
+
+    Args:
+        vec_env: a vector env from :func:`make_vector_env` (SAME_STEP autoreset).
+        executor: the :class:`ActionSource` choosing each step's actions ``(B, A)``.
+        n_episodes: how many planned episodes to finish (padding episodes are run but not counted).
+        subscribers: :class:`EpisodeSubscriber` hooks, called in this order.
+        recorder: shorthand for a :class:`RecorderSubscriber` (after ``subscribers``) over this
+            ``policylink.data.recorder.EpisodeRecorder``, with ``EpisodeMeta(source=source)``.
+        video_episodes: shorthand for a :class:`VideoSubscriber` keeping these episodes' frames in their results.
+        source: the recorder's ``EpisodeMeta.source``.
+        progress: called with each finished episode (after the subscribers).
+        perturb: ``(B, A) -> (B, A)`` float32: the actions sent to the env, while subscribers see the source's
+            (DART noise injection, Laskey et al. 2017: the clean action labels the perturbed state).
+
+    Returns:
+        Results sorted by episode index. An exception aborts every unfinished episode (``on_abort``) and
+        propagates.
+    """
+    subs = list(subscribers)
+    if recorder is not None:
+        from policylink.data.buffer import EpisodeMeta
+
+        subs.append(RecorderSubscriber(recorder, EpisodeMeta(source=source)))
+    if len(video_episodes):
+        subs.append(VideoSubscriber(video_episodes))
+    for s in subs:
+        s.on_start(vec_env, executor)
+    obs, info = vec_env.reset()
+    executor.reset()
+    slots = [_Trace(-1, -1) for _ in range(vec_env.num_envs)]
+    for j in range(vec_env.num_envs):
+        slots[j] = _begin(j, slot_info(info, j), subs)
+    results: dict[int, EpisodeResult] = {}
+    try:
+        while len(results) < n_episodes:
+            batch = as_batch(obs)
+            action = np.asarray(executor.act(batch), dtype=np.float32)
+            sent = action if perturb is None else np.asarray(perturb(action), dtype=np.float32)
+            obs, reward, terminated, truncated, info = vec_env.step(sent)
+            done = np.logical_or(terminated, truncated)
+            for j, trace in enumerate(slots):
+                if trace.index < 0:
+                    continue
+                step_info = slot_info(info, j, final=bool(done[j]))
+                trace.add(float(reward[j]), bool(done[j]), bool(step_info.get("is_success", False)), batch, j)
+                row = {k: v[j] for k, v in batch.items()}
+                for s in subs:
+                    s.on_step(j, row, action[j], float(reward[j]), bool(done[j]), step_info)
+            finished = np.flatnonzero(done)
+            for j in finished:
+                if slots[j].index >= 0:
+                    res = slots[j].result(executor, int(j))
+                    slots[j] = _Trace(-1, -1)
+                    results[res.index] = res
+                    for s in subs:
+                        s.on_episode_end(int(j), res)
+                    if progress is not None:
+                        progress(res)
+            if finished.size:
+                executor.reset(finished.tolist())
+                for j in finished:
+                    slots[j] = _begin(int(j), slot_info(info, int(j)), subs)
+    except BaseException:
+        for j, trace in enumerate(slots):
+            if trace.index >= 0:
+                for s in subs:
+                    s.on_abort(j)
+        raise
+    return [results[i] for i in sorted(results)]
+
+
 def episode_metrics(
     rewards: Sequence[float], dones: Sequence[bool], successes: Sequence[bool]
 ) -> tuple[int, float, float, bool]:
@@ -86,19 +320,66 @@ def episode_metrics(
     return n, float(r[:n].sum()), float(r[:n].max()), bool(s[:n].any())
 
 
+def as_batch(obs: Mapping[str, Any]) -> dict[str, Any]:
+    """A vector env's observation as a policy batch: arrays ``(B, ...)``, ``task`` a list of ``B`` str."""
+    out = {k: v for k, v in obs.items() if k != TASK_KEY}
+    if TASK_KEY in obs:
+        out[TASK_KEY] = [str(s) for s in obs[TASK_KEY]]
+    return out
+
+
+def slot_info(info: Mapping[str, Any], j: int, final: bool = False) -> dict[str, Any]:
+    """One env's info out of a vector env's info dict (arrays ``(B,)`` with ``_key`` validity masks, as
+    gymnasium batches them): the entries valid for slot ``j``. With ``final`` (slot ``j`` finished in this
+    SAME_STEP step) the finished episode's ``final_info`` is read instead of the new episode's reset info."""
+    if final and "final_info" in info:
+        return slot_info(info["final_info"], j)
+    out: dict[str, Any] = {}
+    for k, v in info.items():
+        if k.startswith("_") or k in ("final_info", "final_obs"):
+            continue
+        mask = info.get("_" + k)
+        if mask is not None and not bool(np.asarray(mask)[j]):
+            continue
+        out[k] = slot_info(v, j) if isinstance(v, Mapping) else v[j]
+    return out
+
+
+def render_slot(vec_env: gym.vector.VectorEnv, j: int) -> np.ndarray:
+    """``env.render()`` of slot ``j`` as uint8 ``(H, W, 3)``.
+
+    Raises:
+        ValueError: the env rendered None (it was not created with ``render_mode='rgb_array'``).
+    """
+    if isinstance(vec_env, gym.vector.SyncVectorEnv):
+        frame = vec_env.envs[j].render()
+    else:
+        frame = vec_env.call("render")[j]
+    if frame is None:
+        raise ValueError(
+            "video: expected env.render() to return an rgb_array frame, received None; create the "
+            "env with render_mode='rgb_array'"
+        )
+    return np.asarray(frame, dtype=np.uint8)
+
+
 class EpisodePlan(gym.Wrapper):
     """Gives one vector-env slot its planned episodes: the k-th reset uses the k-th ``(index, seed)``; resets
-    after the plan is exhausted are padding (index -1). Truncates episodes at ``max_episode_steps``.
+    after the plan is exhausted are padding (index -1). Truncates episodes at ``max_episode_steps`` (default:
+    the env's ``env_spec.max_episode_steps``).
 
     The reset info carries ``policylink_episode`` and ``policylink_seed`` (ints) so the loop knows which
     planned episode a slot is running, with any vector env and autoreset.
+
+    Raises:
+        TypeError: ``max_episode_steps`` is None and the env has no ``env_spec``.
     """
 
-    def __init__(self, env: gym.Env, plan: Sequence[tuple[int, int]], max_episode_steps: int):
+    def __init__(self, env: gym.Env, plan: Sequence[tuple[int, int]], max_episode_steps: int | None = None):
         super().__init__(env)
         self._plan = list(plan)
         self._next = 0
-        self._max_steps = int(max_episode_steps)
+        self._max_steps = int(env_spec_of(env).max_episode_steps if max_episode_steps is None else max_episode_steps)
         self._t = 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -119,17 +400,40 @@ class EpisodePlan(gym.Wrapper):
         return obs, reward, terminated, truncated or self._t >= self._max_steps, info
 
 
+class BorrowedEnv(gym.Wrapper):
+    """An env the caller keeps: closing the vector env around it leaves it open (``close`` is a no-op)."""
+
+    def close(self) -> None:
+        """Do nothing: the env belongs to the caller."""
+
+
 def make_vector_env(
     env_fn: Callable[[], gym.Env],
-    plans: Sequence[Sequence[tuple[int, int]]],
-    max_episode_steps: int,
+    plans: Sequence[Sequence[tuple[int, int]]] | int,
+    max_episode_steps: int | None = None,
     asynchronous: bool = False,
 ) -> gym.vector.VectorEnv:
-    """A ``SyncVectorEnv`` (or ``AsyncVectorEnv``) of ``len(plans)`` envs, slot ``j`` running ``plans[j]``,
-    with ``AutoresetMode.SAME_STEP`` (a finished slot is reset inside the same ``step`` call)."""
-    fns = [_PlannedEnvFn(env_fn, plan, max_episode_steps) for plan in plans]
-    cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
-    return cls(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    """The one vector-env factory: a ``SyncVectorEnv`` (or ``AsyncVectorEnv``) with ``AutoresetMode.SAME_STEP``
+    (a finished slot is reset inside the same ``step`` call).
+
+    Args:
+        env_fn: zero-argument env constructor (picklable for ``asynchronous``).
+        plans: per-slot episode plans (slot ``j`` runs ``plans[j]`` through :class:`EpisodePlan`, truncated at
+            ``max_episode_steps``, default the env's), or an int ``n`` for ``n`` unplanned copies (reset seeds
+            are the caller's).
+        max_episode_steps: step cap of planned episodes (None: ``env_spec.max_episode_steps``).
+        asynchronous: one subprocess per slot, with pipes instead of shared memory (gymnasium's shared-memory
+            buffers garble ``Text`` observations such as ``task``) and the ``forkserver`` start method (a child
+            forked from a process that already holds an EGL context hangs on its first render).
+    """
+    if isinstance(plans, int):
+        fns: list[Callable[[], gym.Env]] = [env_fn] * plans
+    else:
+        fns = [_PlannedEnvFn(env_fn, plan, max_episode_steps) for plan in plans]
+    mode = gym.vector.AutoresetMode.SAME_STEP
+    if asynchronous:
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="forkserver", autoreset_mode=mode)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
 
 
 def plan_episodes(n_episodes: int, seed: int, num_envs: int, first_index: int = 0) -> list[list[tuple[int, int]]]:
@@ -139,197 +443,6 @@ def plan_episodes(n_episodes: int, seed: int, num_envs: int, first_index: int = 
         i = first_index + k
         plans[k % num_envs].append((i, seed + i))
     return plans
-
-
-def rollout(
-    vec_env: gym.vector.VectorEnv,
-    executor: ChunkExecutor,
-    n_episodes: int,
-    *,
-    recorder: Any = None,
-    video_episodes: Sequence[int] = (),
-    source: str = "policy",
-    progress: Callable[[EpisodeResult], None] | None = None,
-) -> list[EpisodeResult]:
-    """Run ``n_episodes`` planned episodes (see :class:`EpisodePlan`) and return their results by index.
-
-    Args:
-        vec_env: a vector env from :func:`make_vector_env` (SAME_STEP autoreset).
-        executor: chooses each step's actions ``(B, A)``.
-        n_episodes: how many planned episodes to finish (padding episodes are run but not counted).
-        recorder: an optional ``policylink.data.recorder.EpisodeRecorder``; each episode is committed
-            with its seed and success when it ends.
-        video_episodes: indices of the episodes whose frames to keep (the env must render ``rgb_array``).
-        source: the recorder's ``EpisodeMeta.source``.
-        progress: called with each finished episode.
-
-    Returns:
-        Results sorted by episode index.
-    """
-    b = vec_env.num_envs
-    obs, info = vec_env.reset()
-    executor.reset()
-    cur, seeds = np.asarray(info[EPISODE_INDEX]).copy(), np.asarray(info[EPISODE_SEED]).copy()
-    traces: list[dict[str, list]] = [_new_trace() for _ in range(b)]
-    want_video = set(int(i) for i in video_episodes)
-    frames: dict[int, list[np.ndarray]] = {}
-    for j in range(b):
-        _begin(j, cur, seeds, recorder, want_video, frames, vec_env, source)
-    results: dict[int, EpisodeResult] = {}
-    while len(results) < n_episodes:
-        batch = as_batch(obs)
-        action = executor.act(batch)
-        next_obs, reward, terminated, truncated, info = vec_env.step(action)
-        done = np.logical_or(terminated, truncated)
-        step_success = _success(info, done, b)
-        for j in range(b):
-            if cur[j] < 0:
-                continue
-            tr = traces[j]
-            tr["reward"].append(float(reward[j]))
-            tr["done"].append(bool(done[j]))
-            tr["success"].append(bool(step_success[j]))
-            if recorder is not None:
-                recorder.add_step(_row(batch, j), action[j], float(reward[j]), bool(done[j]), slot=j)
-            if j in frames and not done[j]:
-                frames[j].append(_render(vec_env, j))
-        finished = np.flatnonzero(done)
-        for j in finished:
-            if cur[j] >= 0:
-                n, total, best, ok = episode_metrics(traces[j]["reward"], traces[j]["done"], traces[j]["success"])
-                res = EpisodeResult(
-                    int(cur[j]),
-                    int(seeds[j]),
-                    str(traces[j]["task"]),
-                    n,
-                    total,
-                    best,
-                    ok,
-                    int(executor.inferences[j]),
-                    int(executor.stall_steps[j]),
-                    frames.pop(j, None),
-                )
-                results[res.index] = res
-                if recorder is not None:
-                    recorder.end_episode(success=ok, slot=j)
-                if progress is not None:
-                    progress(res)
-            cur[j], seeds[j] = int(info[EPISODE_INDEX][j]), int(info[EPISODE_SEED][j])
-            traces[j] = _new_trace()
-        if finished.size:
-            executor.reset(finished.tolist())
-            for j in finished:
-                _begin(j, cur, seeds, recorder, want_video, frames, vec_env, source)
-        obs = next_obs
-    return [results[i] for i in sorted(results)]
-
-
-def as_batch(obs: Mapping[str, Any]) -> dict[str, Any]:
-    """A vector env's observation as a policy batch: arrays ``(B, ...)``, ``task`` a list of ``B`` str."""
-    out = {k: v for k, v in obs.items() if k != TASK_KEY}
-    if TASK_KEY in obs:
-        out[TASK_KEY] = [str(s) for s in obs[TASK_KEY]]
-    return out
-
-
-@dataclass
-class RunConfig:
-    """``policylink run``: one policy on one environment.
-
-    Attributes:
-        policy: a registry name, a checkpoint folder, or a server address (``tcp://host:port``).
-        env: an environment registry name (``push``, ``reacher``...).
-        episodes: number of episodes.
-        seed: episode ``i`` resets with seed ``seed + i``.
-        num_envs: parallel envs in the vector env.
-        device: torch device for checkpoints (``auto``, ``cpu``, ``cuda:0``).
-        record: optional zarr store path; the episodes are appended to it.
-        env_kwargs: keyword arguments of the env factory (``obs_mode``, ``image_size``...).
-        executor: how chunks are executed (:class:`ExecutorConfig`).
-        threads: torch CPU threads (0 = torch's default). One thread is the default because small chunk
-            policies gain nothing from more on CPU and slow down many times over when the cores are shared.
-
-    Raises:
-        ValueError: ``episodes < 1``, ``num_envs < 1`` or ``threads < 0``.
-    """
-
-    policy: str = ""
-    env: str = ""
-    episodes: int = 1
-    seed: int = 0
-    num_envs: int = 1
-    device: str = "auto"
-    record: str | None = None
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
-    threads: int = 1
-
-    def __post_init__(self) -> None:
-        require_counts(self, episodes=1, num_envs=1, threads=0)
-
-
-def require_counts(config: Any, **minimums: int) -> None:
-    """Check integer fields of a config: ``require_counts(cfg, episodes=1)`` requires ``cfg.episodes >= 1``.
-
-    Raises:
-        ValueError: the first field below its minimum (naming the field, the minimum and the value).
-    """
-    for name, low in minimums.items():
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}: expected an integer >= {low}, received {value!r}")
-
-
-def limit_threads(n: int = 1) -> None:
-    """Cap torch's CPU threads at ``n`` (0 = leave torch's default) and Mesa's llvmpipe renderer at ``n``
-    (``LP_NUM_THREADS``, before the first GL context; an explicit setting wins).
-
-    Measured on the 2-core shared machine (load ~4): one diffusion inference (B=2) took 2.7 s with 2 torch
-    threads and 0.07 s with 1 (threads spin while waiting for busy cores).
-    """
-    if n <= 0:
-        return
-    os.environ.setdefault("LP_NUM_THREADS", str(n))
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(n)
-
-
-def load_policy_ref(ref: Any, device: str = "auto", seed: int = 0) -> Any:
-    """A PolicyAdapter from a reference: a server address (``tcp://``, ``ipc://``), a checkpoint folder, a
-    policy registry name, or a zero-argument callable returning a policy.
-
-    Raises:
-        FileNotFoundError: the reference looks like a path (contains ``/``) but no such folder exists.
-        UnknownNameError: neither an address, a path, nor a registered name.
-        ValueError: a registered name that cannot be built without a checkpoint (``diffusion``, ``flow``).
-    """
-    if callable(ref):
-        return ref()
-    ref = str(ref)
-    if ref.startswith(("tcp://", "ipc://")):
-        from policylink.adapters.transport import RemotePolicy
-
-        return RemotePolicy(ref)
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        from policylink.policies import load_policy
-
-        return load_policy(str(path), device=device, seed=seed)
-    if "/" in ref or os.sep in ref or path.exists():
-        kind = "not a folder" if path.exists() else "not found"
-        raise FileNotFoundError(
-            f"checkpoint folder {kind}: {ref} (policylink train writes <output_dir>/checkpoints/last)"
-        )
-    from policylink.adapters.registry import policy_factory
-
-    factory = policy_factory(ref)  # UnknownNameError lists the available names
-    try:
-        return factory()
-    except (TypeError, ValueError) as e:
-        raise ValueError(
-            f"policy {ref!r} needs a checkpoint: pass the checkpoint folder instead of the name (policylink train "
-            f"writes <output_dir>/checkpoints/last); building it without one failed: {e}"
-        ) from None
 
 
 class RegistryEnvFn:
@@ -358,115 +471,42 @@ def env_spec_of(env: gym.Env) -> EnvSpec:
         ) from None
 
 
-def cell_problems(
-    label: str, policy_spec: Any, env_label: str, env_spec: EnvSpec, executor: ExecutorConfig
-) -> list[str]:
-    """Why policy ``label`` cannot run on env ``env_label`` with ``executor``: the contract's
-    :func:`~policylink.adapters.schema.compatibility_problems` then the executor's, each as
-    ``"<policy> x <env>: <problem>"`` (one format for ``policylink run`` and ``policylink eval``)."""
-    problems = compatibility_problems(policy_spec, env_spec) + executor_problems(policy_spec, executor)
-    return [f"{label} x {env_label}: {p}" for p in problems]
+class _Trace:
+    """Per-slot metrics of the running episode ``index`` (-1: padding, nothing is kept)."""
 
+    def __init__(self, index: int, seed: int):
+        self.index, self.seed, self.task = index, seed, ""
+        self.rewards: list[float] = []
+        self.dones: list[bool] = []
+        self.successes: list[bool] = []
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``policylink run --policy X --env Y --episodes N``: print each episode's result and the success rate.
+    def add(self, reward: float, done: bool, success: bool, batch: Mapping[str, Any], j: int) -> None:
+        if not self.rewards and TASK_KEY in batch:
+            self.task = str(batch[TASK_KEY][j])
+        self.rewards.append(reward)
+        self.dones.append(done)
+        self.successes.append(success)
 
-    Raises:
-        ValueError: missing ``--policy``/``--env``, bad counts or executor settings.
-        IncompatibleSpecError: the policy, env and executor do not fit (checked before any episode runs).
-        FileNotFoundError, UnknownNameError: the policy or env reference cannot be resolved.
-    """
-    from policylink.runtime.cli import parse_config
-
-    cfg = parse_config(RunConfig, list(sys.argv[1:] if argv is None else argv), prog="policylink run")
-    if not cfg.policy or not cfg.env:
-        raise ValueError(
-            f"--policy and --env: expected both (see policylink run --help), received policy={cfg.policy!r} "
-            f"env={cfg.env!r}"
+    def result(self, source: ActionSource, j: int) -> EpisodeResult:
+        n, total, best, ok = episode_metrics(self.rewards, self.dones, self.successes)
+        return EpisodeResult(
+            self.index, self.seed, self.task, n, total, best, ok, int(source.inferences[j]), int(source.stall_steps[j])
         )
-    limit_threads(cfg.threads)
-    env_fn = RegistryEnvFn(cfg.env, **cfg.env_kwargs)
-    probe = env_fn()
-    spec = env_spec_of(probe)
-    probe.close()
-    policy = load_policy_ref(cfg.policy, cfg.device, cfg.seed)
-    limit_threads(cfg.threads)  # torch may have been imported by the load
-    problems = cell_problems(cfg.policy, policy.spec, cfg.env, spec, cfg.executor)
-    if problems:
-        raise IncompatibleSpecError(problems)
-    vec = make_vector_env(env_fn, plan_episodes(cfg.episodes, cfg.seed, cfg.num_envs), spec.max_episode_steps)
-    executor = make_executor(policy, cfg.executor)
-    recorder = None
-    if cfg.record:
-        from policylink.data.recorder import EpisodeRecorder
-
-        recorder = EpisodeRecorder(cfg.record, env_spec=spec)
-    try:
-        results = rollout(
-            vec,
-            executor,
-            cfg.episodes,
-            recorder=recorder,
-            progress=lambda r: print(
-                f"episode {r.index} seed {r.seed}: success={r.success} steps={r.n_steps} sum_reward={r.sum_reward:.3f}"
-            ),
-        )
-    finally:
-        executor.close()
-        vec.close()
-        if recorder is not None:
-            recorder.close()
-    n_ok = sum(r.success for r in results)
-    print(f"success: {n_ok}/{len(results)} ({100.0 * n_ok / max(len(results), 1):.1f}%)")
-    return 0
 
 
-def _new_trace() -> dict[str, Any]:
-    return {"reward": [], "done": [], "success": [], "task": ""}
-
-
-def _begin(j, cur, seeds, recorder, want_video, frames, vec_env, source) -> None:
-    """Open slot ``j``'s new planned episode in the recorder and grab its first frame when filmed."""
-    if cur[j] < 0:
-        return
-    if recorder is not None:
-        from policylink.data.buffer import EpisodeMeta
-
-        recorder.start_episode(EpisodeMeta(seed=int(seeds[j]), source=source), slot=j)
-    if int(cur[j]) in want_video:
-        frames[j] = [_render(vec_env, j)]
-
-
-def _row(batch: Mapping[str, Any], j: int) -> dict[str, Any]:
-    return {k: v[j] for k, v in batch.items()}
-
-
-def _success(info: Mapping[str, Any], done: np.ndarray, b: int) -> np.ndarray:
-    """Per-slot ``is_success`` of this step (the final info for slots that finished and were reset)."""
-    now = np.asarray(info.get("is_success", np.zeros(b, bool)), bool)
-    final = info.get("final_info", {})
-    if "is_success" in final:
-        now = np.where(done, np.asarray(final["is_success"], bool), now)
-    return now
-
-
-def _render(vec_env: gym.vector.VectorEnv, j: int) -> np.ndarray:
-    if isinstance(vec_env, gym.vector.SyncVectorEnv):
-        frame = vec_env.envs[j].render()
-    else:
-        frame = vec_env.call("render")[j]
-    if frame is None:
-        raise ValueError(
-            "video: expected env.render() to return an rgb_array frame, received None; create the "
-            "env with render_mode='rgb_array'"
-        )
-    return np.asarray(frame, dtype=np.uint8)
+def _begin(j: int, info: Mapping[str, Any], subs: Sequence[EpisodeSubscriber]) -> _Trace:
+    """The trace of the episode that slot ``j``'s reset ``info`` announces; subscribers hear of planned ones."""
+    trace = _Trace(int(info[EPISODE_INDEX]), int(info[EPISODE_SEED]))
+    if trace.index >= 0:
+        for s in subs:
+            s.on_reset(j, trace.index, trace.seed, info)
+    return trace
 
 
 class _PlannedEnvFn:
     """Picklable env constructor for vector envs (AsyncVectorEnv sends it to a subprocess)."""
 
-    def __init__(self, env_fn: Callable[[], gym.Env], plan: Sequence[tuple[int, int]], max_episode_steps: int):
+    def __init__(self, env_fn: Callable[[], gym.Env], plan: Sequence[tuple[int, int]], max_episode_steps: int | None):
         self.env_fn, self.plan, self.max_episode_steps = env_fn, list(plan), max_episode_steps
 
     def __call__(self) -> gym.Env:

@@ -24,7 +24,6 @@ from policylink.adapters.rpc import BindError
 from policylink.adapters.transport import PolicyServer
 from policylink.runtime.cli import parse_config
 
-_BOOL_FLAGS = ("stats", "insecure")
 log = logging.getLogger(__name__)
 
 
@@ -125,18 +124,11 @@ def main(argv: Sequence[str]) -> int:
 
 
 def normalise_flags(argv: Sequence[str]) -> list[str]:
-    """``--openpi-port 8000`` -> ``--openpi_port 8000``; a bare ``--stats`` / ``--insecure`` -> ``--stats=true``."""
-    out: list[str] = []
-    args = list(argv)
-    for i, a in enumerate(args):
-        if a.startswith("--") and len(a) > 2:
-            key, eq, value = a[2:].partition("=")
-            a = "--" + key.replace("-", "_") + eq + value
-            nxt = args[i + 1] if i + 1 < len(args) else "--"
-            if key.replace("-", "_") in _BOOL_FLAGS and not eq and nxt.startswith("--"):
-                a += "=true"
-        out.append(a)
-    return out
+    """``policylink serve``'s flags through the one rewriter, :func:`policylink.runtime.cli.normalise_flags`:
+    ``--openpi-port 8000`` -> ``--openpi_port 8000``; a bare ``--stats`` / ``--insecure`` -> ``--stats=true``."""
+    from policylink.runtime.cli import normalise_flags as normalise
+
+    return normalise(ServeConfig, argv)
 
 
 def _load(cfg: ServeConfig):

@@ -76,3 +76,29 @@ def test_user_errors_are_one_line_and_bugs_keep_tracebacks(monkeypatch, capsys):
     monkeypatch.setenv(cli.DEBUG_ENV, "1")
     with pytest.raises(ValueError):
         cli.main(["fake", "value"])
+
+
+@dataclass
+class Flags:
+    obs_mode: str = "state"
+    policies: list[str] = field(default_factory=list)
+    demos: list[int] = field(default_factory=list)
+    force: bool = False
+    opt: Opt = field(default_factory=Opt)
+
+
+def test_one_flag_rewriter_for_every_subcommand():
+    argv = ["--obs-mode", "image", "--policies", "a=ckpt/{env}/x,b", "--demos=1,2", "--force", "--opt.lr", "2"]
+    assert cli.normalise_flags(Flags, argv) == [
+        "--obs_mode",
+        "image",
+        "--policies",
+        '["a=ckpt/{env}/x", "b"]',
+        "--demos=[1,2]",
+        "--force=true",
+        "--opt.lr",
+        "2",
+    ]
+    assert cli.normalise_flags(Flags, ["--force", "false", "--demos", "[3]"]) == ["--force", "false", "--demos", "[3]"]
+    cfg = cli.parse_config(Flags, [*argv[:6], "--force"])
+    assert cfg == Flags(obs_mode="image", policies=["a=ckpt/{env}/x", "b"], demos=[1, 2], force=True)

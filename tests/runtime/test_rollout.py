@@ -1,5 +1,5 @@
-"""The reference rollout loop: terminal-step metrics, planned seeds with SAME_STEP autoreset, videos that start
-at their own episode's first frame, recording through the data recorder, and ``policylink run``."""
+"""The one rollout loop: terminal-step metrics, planned seeds with SAME_STEP autoreset, videos that start at their
+own episode's first frame, recording through the data recorder, subscribers, and ``policylink run``."""
 
 import re
 
@@ -13,6 +13,7 @@ from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, Incompa
 from policylink.data.buffer import EpisodeStore
 from policylink.data.recorder import EpisodeRecorder
 from policylink.runtime import rollout as ro
+from policylink.runtime import run as run_cmd
 from policylink.runtime.executors import ExecutorConfig, make_executor
 
 STATE = "observation.state"
@@ -114,10 +115,81 @@ def test_rollout_records_episodes(tmp_path):
     np.testing.assert_array_equal(first[STATE][:, 1], [0, 1, 2])  # o_t that each action answered
 
 
+class Log(ro.EpisodeSubscriber):
+    """Logs every hook call as a tuple."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_reset(self, slot, index, seed, info):
+        self.events.append(("reset", slot, index, seed))
+
+    def on_step(self, slot, obs, action, reward, done, info):
+        self.events.append(("step", slot, int(obs[STATE][0]), int(obs[STATE][1]), reward, done, info["is_success"]))
+
+    def on_episode_end(self, slot, result):
+        self.events.append(("end", slot, result.index, result.n_steps))
+
+
+def test_a_subscriber_sees_every_step_of_every_planned_episode_once():
+    log = Log()
+    results = _run(5, num_envs=2, seed=10, subscribers=[log])
+    assert [r.seed for r in results] == [10, 11, 12, 13, 14]
+    for r in results:
+        slot = next(e[1] for e in log.events if e[0] == "reset" and e[2] == r.index)
+        assert log.events.count(("reset", slot, r.index, r.seed)) == 1
+        steps = [e for e in log.events if e[0] == "step" and e[2] == r.seed]
+        # o_t of each step once, t = 0 .. n-1; reward t+1-4; done and success only on the last step
+        assert [e[3] for e in steps] == list(range(r.n_steps)) == list(range(3 + r.seed % 3))
+        assert [e[4] for e in steps] == [float(t - 3) for t in range(r.n_steps)]
+        assert [e[5] for e in steps] == [False] * (r.n_steps - 1) + [True]
+        assert [e[6] for e in steps] == [False] * (r.n_steps - 1) + [r.seed % 2 == 0]
+        assert all(e[1] == slot for e in steps)
+        assert log.events.count(("end", slot, r.index, r.n_steps)) == 1
+        # hooks come in order for the episode: reset, its steps, end
+        mine = [e for e in log.events if e[1] == slot]
+        i = mine.index(("reset", slot, r.index, r.seed))
+        assert mine[i + 1 : i + 1 + r.n_steps] == steps and mine[i + 1 + r.n_steps] == ("end", slot, r.index, r.n_steps)
+    assert sum(e[0] == "step" for e in log.events) == sum(r.n_steps for r in results) == 4 + 5 + 3 + 4 + 5
+    assert all(e[2] >= 0 for e in log.events if e[0] != "step")  # padding episodes are never reported
+
+
+def test_video_subscriber_writes_each_filmed_episode(tmp_path):
+    from policylink.data.video import decode_video
+
+    video = ro.VideoSubscriber([1, 2], tmp_path / "videos", fps=10)
+    results = _run(3, num_envs=2, subscribers=[video])
+    assert sorted(video.paths) == [1, 2] and all(r.frames is None for r in results)
+    frames, _ = decode_video(video.paths[2])
+    assert video.paths[2].name == "episode_0002.mp4"
+    assert frames.shape == (results[2].n_steps, 8, 8, 3) == (5, 8, 8, 3)  # reset frame + 4 non-terminal steps
+    assert np.abs(frames[:, 4, 4, 1].astype(int) - np.arange(5)).max() <= 3  # green = t, lossy codec
+
+
+def test_perturb_reaches_the_env_but_subscribers_see_the_clean_action():
+    seen, sent = [], []
+
+    class Spy(Countdown):
+        def step(self, action):
+            sent.append(float(action[0]))
+            return super().step(action)
+
+    class Actions(ro.EpisodeSubscriber):
+        def on_step(self, slot, obs, action, reward, done, info):
+            seen.append(float(action[0]))
+
+    vec = ro.make_vector_env(Spy, ro.plan_episodes(1, 0, 1))
+    try:
+        ro.rollout(vec, make_executor(Zero(), ExecutorConfig()), 1, subscribers=[Actions()], perturb=lambda a: a + 0.5)
+    finally:
+        vec.close()
+    assert seen == [0.0, 0.0, 0.0] and sent == [0.5, 0.5, 0.5]
+
+
 def test_run_command(capsys):
     register_env("countdown_run", Countdown, overwrite=True)
     register_policy("zero_run", Zero, overwrite=True)
-    assert ro.main(["--policy", "zero_run", "--env", "countdown_run", "--episodes", "3", "--num_envs", "2"]) == 0
+    assert run_cmd.main(["--policy", "zero_run", "--env", "countdown_run", "--episodes", "3", "--num_envs", "2"]) == 0
     out = capsys.readouterr().out
     assert "episode 2 seed 2: success=True steps=5" in out and "success: 2/3 (66.7%)" in out
 
@@ -144,17 +216,17 @@ def test_run_rejects_bad_counts_and_executor_settings_by_field():
     register_env("countdown_run", Countdown, overwrite=True)
     register_policy("zero_run", Zero, overwrite=True)
     with pytest.raises(ValueError, match=r"^episodes: expected an integer >= 1, received -1$"):
-        ro.main([*RUN, "--episodes", "-1"])
+        run_cmd.main([*RUN, "--episodes", "-1"])
     with pytest.raises(ValueError, match=r"^num_envs: expected an integer >= 1, received 0$"):
-        ro.main([*RUN, "--num_envs", "0"])
+        run_cmd.main([*RUN, "--num_envs", "0"])
     with pytest.raises(
         ValueError,
         match=r"^executor.kind: expected one of \['receding_horizon', 'temporal_ensemble', 'async'\], "
         r"received 'fastest'$",
     ):
-        ro.main([*RUN, "--executor.kind", "fastest"])
+        run_cmd.main([*RUN, "--executor.kind", "fastest"])
     with pytest.raises(ValueError, match=r"^executor.n_action_steps: expected >= 1 \(or None\), received 0$"):
-        ro.main([*RUN, "--executor.n_action_steps", "0"])
+        run_cmd.main([*RUN, "--executor.n_action_steps", "0"])
 
 
 def test_run_checks_the_pair_and_the_executor_before_running(monkeypatch):
@@ -165,33 +237,33 @@ def test_run_checks_the_pair_and_the_executor_before_running(monkeypatch):
     def never(*a, **k):
         raise AssertionError("episodes started before the check")
 
-    monkeypatch.setattr(ro, "make_vector_env", never)
+    monkeypatch.setattr(run_cmd, "make_vector_env", never)
     with pytest.raises(IncompatibleSpecError) as err:
-        ro.main([*RUN, "--executor.n_action_steps", "99"])
+        run_cmd.main([*RUN, "--executor.n_action_steps", "99"])
     assert str(err.value).endswith(
         "- zero_run x countdown_run: executor.n_action_steps: expected <= the policy's chunk_size (4), received 99"
     )
     with pytest.raises(IncompatibleSpecError, match=r"twod_run x countdown_run: action dimension: expected 2"):
-        ro.main(["--policy", "twod_run", "--env", "countdown_run"])
+        run_cmd.main(["--policy", "twod_run", "--env", "countdown_run"])
 
 
 def test_policy_references_that_cannot_load_say_why(tmp_path):
     missing = str(tmp_path / "nonexistent" / "checkpoints" / "last")
     with pytest.raises(FileNotFoundError, match=f"^checkpoint folder not found: {re.escape(missing)} "):
-        ro.load_policy_ref(missing)
+        run_cmd.load_policy_ref(missing)
     with pytest.raises(ValueError, match=r"^policy 'diffusion' needs a checkpoint: pass the checkpoint folder"):
-        ro.load_policy_ref("diffusion")
+        run_cmd.load_policy_ref("diffusion")
     with pytest.raises(KeyError, match="no_such_policy"):
-        ro.load_policy_ref("no_such_policy")
+        run_cmd.load_policy_ref("no_such_policy")
 
 
 def test_limit_threads_caps_torch():
     torch = pytest.importorskip("torch")
     before = torch.get_num_threads()
     try:
-        ro.limit_threads(1)
+        run_cmd.limit_threads(1)
         assert torch.get_num_threads() == 1
-        ro.limit_threads(0)  # 0 leaves torch's setting alone
+        run_cmd.limit_threads(0)  # 0 leaves torch's setting alone
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

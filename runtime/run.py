@@ -1,0 +1,179 @@
+"""``policylink run``: one policy on one environment through the rollout loop, printing each episode's result;
+plus what every policy-running command shares (count checks, thread caps, policy references, the cell check).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from policylink.adapters.schema import EnvSpec, IncompatibleSpecError, compatibility_problems
+from policylink.runtime.executors import ExecutorConfig, executor_problems, make_executor
+from policylink.runtime.rollout import RegistryEnvFn, env_spec_of, make_vector_env, plan_episodes, rollout
+
+
+@dataclass
+class RunConfig:
+    """``policylink run``: one policy on one environment.
+
+    Attributes:
+        policy: a registry name, a checkpoint folder, or a server address (``tcp://host:port``).
+        env: an environment registry name (``push``, ``reacher``...).
+        episodes: number of episodes.
+        seed: episode ``i`` resets with seed ``seed + i``.
+        num_envs: parallel envs in the vector env.
+        device: torch device for checkpoints (``auto``, ``cpu``, ``cuda:0``).
+        record: optional zarr store path; the episodes are appended to it.
+        env_kwargs: keyword arguments of the env factory (``obs_mode``, ``image_size``...).
+        executor: how chunks are executed (:class:`ExecutorConfig`).
+        threads: torch CPU threads (0 = torch's default). One thread is the default because small chunk
+            policies gain nothing from more on CPU and slow down many times over when the cores are shared.
+
+    Raises:
+        ValueError: ``episodes < 1``, ``num_envs < 1`` or ``threads < 0``.
+    """
+
+    policy: str = ""
+    env: str = ""
+    episodes: int = 1
+    seed: int = 0
+    num_envs: int = 1
+    device: str = "auto"
+    record: str | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        require_counts(self, episodes=1, num_envs=1, threads=0)
+
+
+def require_counts(config: Any, **minimums: int) -> None:
+    """Check integer fields of a config: ``require_counts(cfg, episodes=1)`` requires ``cfg.episodes >= 1``.
+
+    Raises:
+        ValueError: the first field below its minimum (naming the field, the minimum and the value).
+    """
+    for name, low in minimums.items():
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: expected an integer >= {low}, received {value!r}")
+
+
+def limit_threads(n: int = 1) -> None:
+    """Cap torch's CPU threads at ``n`` (0 = leave torch's default) and Mesa's llvmpipe renderer at ``n``
+    (``LP_NUM_THREADS``, before the first GL context; an explicit setting wins).
+
+    Measured on the 2-core shared machine (load ~4): one diffusion inference (B=2) took 2.7 s with 2 torch
+    threads and 0.07 s with 1 (threads spin while waiting for busy cores).
+    """
+    if n <= 0:
+        return
+    os.environ.setdefault("LP_NUM_THREADS", str(n))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
+
+
+def load_policy_ref(ref: Any, device: str = "auto", seed: int = 0) -> Any:
+    """A PolicyAdapter from a reference: a server address (``tcp://``, ``ipc://``), a checkpoint folder, a
+    policy registry name, or a zero-argument callable returning a policy.
+
+    Raises:
+        FileNotFoundError: the reference looks like a path (contains ``/``) but no such folder exists.
+        UnknownNameError: neither an address, a path, nor a registered name.
+        ValueError: a registered name that cannot be built without a checkpoint (``diffusion``, ``flow``).
+    """
+    if callable(ref):
+        return ref()
+    ref = str(ref)
+    if ref.startswith(("tcp://", "ipc://")):
+        from policylink.adapters.transport import RemotePolicy
+
+        return RemotePolicy(ref)
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        from policylink.policies import load_policy
+
+        return load_policy(str(path), device=device, seed=seed)
+    if "/" in ref or os.sep in ref or path.exists():
+        kind = "not a folder" if path.exists() else "not found"
+        raise FileNotFoundError(
+            f"checkpoint folder {kind}: {ref} (policylink train writes <output_dir>/checkpoints/last)"
+        )
+    from policylink.adapters.registry import policy_factory
+
+    factory = policy_factory(ref)  # UnknownNameError lists the available names
+    try:
+        return factory()
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"policy {ref!r} needs a checkpoint: pass the checkpoint folder instead of the name (policylink train "
+            f"writes <output_dir>/checkpoints/last); building it without one failed: {e}"
+        ) from None
+
+
+def cell_problems(
+    label: str, policy_spec: Any, env_label: str, env_spec: EnvSpec, executor: ExecutorConfig
+) -> list[str]:
+    """Why policy ``label`` cannot run on env ``env_label`` with ``executor``: the contract's
+    :func:`~policylink.adapters.schema.compatibility_problems` then the executor's, each as
+    ``"<policy> x <env>: <problem>"`` (one format for ``policylink run`` and ``policylink eval``)."""
+    problems = compatibility_problems(policy_spec, env_spec) + executor_problems(policy_spec, executor)
+    return [f"{label} x {env_label}: {p}" for p in problems]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``policylink run --policy X --env Y --episodes N``: print each episode's result and the success rate.
+
+    Raises:
+        ValueError: missing ``--policy``/``--env``, bad counts or executor settings.
+        IncompatibleSpecError: the policy, env and executor do not fit (checked before any episode runs).
+        FileNotFoundError, UnknownNameError: the policy or env reference cannot be resolved.
+    """
+    from policylink.runtime.cli import parse_config
+
+    cfg = parse_config(RunConfig, list(sys.argv[1:] if argv is None else argv), prog="policylink run")
+    if not cfg.policy or not cfg.env:
+        raise ValueError(
+            f"--policy and --env: expected both (see policylink run --help), received policy={cfg.policy!r} "
+            f"env={cfg.env!r}"
+        )
+    limit_threads(cfg.threads)
+    env_fn = RegistryEnvFn(cfg.env, **cfg.env_kwargs)
+    probe = env_fn()
+    spec = env_spec_of(probe)
+    probe.close()
+    policy = load_policy_ref(cfg.policy, cfg.device, cfg.seed)
+    limit_threads(cfg.threads)  # torch may have been imported by the load
+    problems = cell_problems(cfg.policy, policy.spec, cfg.env, spec, cfg.executor)
+    if problems:
+        raise IncompatibleSpecError(problems)
+    vec = make_vector_env(env_fn, plan_episodes(cfg.episodes, cfg.seed, cfg.num_envs), spec.max_episode_steps)
+    executor = make_executor(policy, cfg.executor)
+    recorder = None
+    if cfg.record:
+        from policylink.data.recorder import EpisodeRecorder
+
+        recorder = EpisodeRecorder(cfg.record, env_spec=spec)
+    try:
+        results = rollout(
+            vec,
+            executor,
+            cfg.episodes,
+            recorder=recorder,
+            progress=lambda r: print(
+                f"episode {r.index} seed {r.seed}: success={r.success} steps={r.n_steps} sum_reward={r.sum_reward:.3f}"
+            ),
+        )
+    finally:
+        executor.close()
+        vec.close()
+        if recorder is not None:
+            recorder.close()
+    n_ok = sum(r.success for r in results)
+    print(f"success: {n_ok}/{len(results)} ({100.0 * n_ok / max(len(results), 1):.1f}%)")
+    return 0
