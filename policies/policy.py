@@ -196,7 +196,8 @@ class ChunkPolicy(HistoryPolicy):
         self._ensure_row_state()
         lab = np.broadcast_to(np.asarray(NULL_LABEL if labels is None else labels, np.int64), (len(ids),))
         if labels is not None and ((lab < NULL_LABEL) | (lab >= spec.num_labels)).any():
-            raise ValueError(f"conditioning.labels: expected values in [-1, {spec.num_labels}), received {lab.tolist()}")
+            n = spec.num_labels
+            raise ValueError(f"conditioning.labels: expected values in [-1, {n}), received {lab.tolist()}")
         self._labels[ids] = lab
         if spec.token_dim:
             vec = np.nan if tokens is None else np.asarray(tokens, np.float32)

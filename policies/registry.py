@@ -91,9 +91,7 @@ def policy_type(name: str) -> PolicyType:
         if name in eps:
             eps[name].load()  # importing the policy folder registers its type
     if name not in _TYPES:
-        raise UnknownPolicyTypeError(
-            f"policy.type: expected one of {sorted(known_policy_types())}, received {name!r}"
-        )
+        raise UnknownPolicyTypeError(f"policy.type: expected one of {sorted(known_policy_types())}, received {name!r}")
     return _TYPES[name]
 
 

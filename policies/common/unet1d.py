@@ -280,9 +280,7 @@ class ConditionalUnet1D(nn.Module):
     @classmethod
     def from_config(cls, cfg: UNetConfig, action_dim: int, global_cond_dim: int) -> ConditionalUnet1D:
         """The U-Net of ``cfg`` for ``action_dim`` channels and a ``global_cond_dim`` conditioning vector."""
-        return cls(
-            action_dim, global_cond_dim, tuple(cfg.down_dims), cfg.kernel_size, cfg.n_groups, cfg.time_embed_dim
-        )
+        return cls(action_dim, global_cond_dim, tuple(cfg.down_dims), cfg.kernel_size, cfg.n_groups, cfg.time_embed_dim)
 
     @property
     def horizon_multiple(self) -> int:
