@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from policylink.adapters.obs_modes import OBS_MODES, obs_mode_env_kwargs
 from policylink.adapters.registry import available_envs, make_env
 from policylink.adapters.schema import ACTION_KEY, PolicySpec
 from policylink.data.buffer import EpisodeStore, StoreError
@@ -35,7 +36,6 @@ from policylink.policies.ema import EMA
 from policylink.policies.model import ChunkModel, build_model
 from policylink.policies.policy import ChunkPolicy
 from policylink.policies.processing import chunk_from_window, normalizer_modes, window_horizon
-from policylink.runtime.record import OBS_MODES
 
 METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
@@ -467,42 +467,30 @@ def validation_loss(
 def evaluate_success(
     policy: ChunkPolicy, dataset: DatasetConfig, episodes: int, seed: int, n_action_steps: int | None = None
 ) -> float:
-    """Success rate of ``policy`` over ``episodes`` rollouts (reset seeds ``seed .. seed + episodes - 1``).
+    """Success rate of ``policy`` over ``episodes`` rollouts (reset seeds ``seed .. seed + episodes - 1``),
+    in [0, 1].
 
-    A minimal receding-horizon loop: all episodes run as one batch (one env each, batched inference); every
-    ``n_action_steps`` (default: the spec's) a new chunk is predicted; an episode counts as a success when
-    ``info["is_success"]`` is True at any step, and stops stepping when it terminates or truncates.
+    The rollout loop (:func:`policylink.runtime.rollout.rollout`) with a receding-horizon executor: all episodes
+    run as one batch (one env each, batched inference) and a new chunk is predicted every ``n_action_steps``
+    (default: the spec's); an episode counts as a success when ``info["is_success"]`` is True at any step.
     """
-    envs = [make_env(dataset.env, **_env_kwargs(dataset)) for _ in range(episodes)]
+    from policylink.runtime.executors import ExecutorConfig, make_executor
+    from policylink.runtime.rollout import RegistryEnvFn, make_vector_env, plan_episodes, rollout
+
+    env_fn = RegistryEnvFn(dataset.env, **_env_kwargs(dataset))
+    vec = make_vector_env(env_fn, plan_episodes(episodes, seed, episodes))
+    executor = make_executor(policy, ExecutorConfig(n_action_steps=n_action_steps))
     try:
-        n_exec = n_action_steps or policy.spec.n_action_steps
-        obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
-        active = np.ones(episodes, bool)
-        success = np.zeros(episodes, bool)
-        policy.reset()
-        keys = list(policy.spec.observation_features)
-        chunk = None
-        for t in range(envs[0].env_spec.max_episode_steps):
-            policy.update_observation({k: np.stack([o[k] for o in obs]) for k in keys})
-            if t % n_exec == 0:
-                chunk = policy.predict_action_chunk()
-            for i in np.flatnonzero(active):
-                obs[i], _, terminated, truncated, info = envs[i].step(chunk[i, t % n_exec])
-                success[i] |= bool(info["is_success"])
-                active[i] = not (terminated or truncated)
-            if not active.any():
-                break
-        return float(success.mean())
+        results = rollout(vec, executor, episodes)
     finally:
-        for env in envs:
-            env.close()
+        executor.close()
+        vec.close()
+    return float(np.mean([r.success for r in results]))
 
 
 def _env_kwargs(d: DatasetConfig) -> dict[str, Any]:
-    kw: dict[str, Any] = {"obs_mode": d.obs_mode}
-    if d.obs_mode != "state":
-        kw["image_size"] = d.image_size
-    return kw
+    """Env-factory kwargs of the dataset's observation mode (see :func:`obs_mode_env_kwargs`)."""
+    return obs_mode_env_kwargs(d.obs_mode, d.image_size)
 
 
 def _step_draws(
