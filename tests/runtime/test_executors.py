@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from policylink.adapters.capabilities import Guidance, GuidedSampler, PrefixConditioned
+from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidedSampler, PrefixConditioned
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
+from policylink.policies.common.rtc import rtc_guidance
 from policylink.runtime.executors import (
     AsyncExecutor,
     ChunkQueue,
@@ -22,7 +23,7 @@ from policylink.runtime.executors import (
     make_executor,
     rtc_weights,
 )
-from policylink.runtime.executors.rtc import guidance_scale, make_flow_guidance
+from policylink.runtime.executors.rtc import guidance_scale
 
 STATE = "observation.state"
 
@@ -268,19 +269,22 @@ def test_rtc_guidance_known_values():
     # t = 0.5: r^2 = 0.25 / 0.5 = 0.5, (1 - t) / (t r^2) = 0.5 / 0.25 = 2
     assert guidance_scale(0.5, 5.0) == pytest.approx(2.0)
     target = torch.ones(1, 3, 1)
-    g = make_flow_guidance(target, torch.tensor([1.0, 0.5, 0.0]), max_guidance=5.0)
-    x, v = torch.zeros(1, 3, 1), torch.zeros(1, 3, 1)
-    out = g(x, torch.tensor([0.5]), v)  # a_hat = 0, so v' = 2 * W * (1 - 0)
+    from policylink.policies.common.samplers import FlowEulerSampler
+
+    g = rtc_guidance(target, torch.tensor([1.0, 0.5, 0.0]), max_guidance=5.0)
+    x, v = torch.zeros(1, 3, 1, requires_grad=True), torch.zeros(1, 3, 1)  # v independent of x: identity Jacobian
+    out = g(x, torch.tensor([0.5]), v, None, FlowEulerSampler(None))  # a_hat = 0, so v' = 2 * W * (1 - 0)
     np.testing.assert_allclose(out[0, :, 0].numpy(), [2.0, 1.0, 0.0])
 
 
 def _tiny_flow_policy():
     from policylink.data.normalize import Normalizer
-    from policylink.policies.config import PolicyConfig, UNetConfig
+    from policylink.policies.common.unet1d import UNetConfig
     from policylink.policies.policy import make_chunk_policy
+    from policylink.policies.registry import make_config
 
-    cfg = PolicyConfig(
-        type="flow",
+    cfg = make_config(
+        "flow",
         observation_keys=[STATE],
         chunk_size=8,
         n_action_steps=3,
@@ -303,14 +307,12 @@ def _tiny_flow_policy():
 
 @pytest.mark.slow
 def test_rtc_with_a_flow_policy_pins_the_committed_prefix():
-    from policylink.runtime.executors.guided import sample_with_rtc
-
     policy = _tiny_flow_policy()  # untrained: its chunks are noise-driven, far from any given target
     policy.update_observation({STATE: np.random.default_rng(0).uniform(0, 1, (4, 3)).astype(np.float32)})
     committed = np.random.default_rng(1).uniform(-1, 1, (4, 8, 2)).astype(np.float32)
     weights = np.broadcast_to(rtc_weights(8, 2, 3), (4, 8))
     policy.reseed(5)
-    guided = sample_with_rtc(policy, committed, weights, max_guidance=5.0)
+    guided = policy.predict_action_chunk_with_prefix(ChunkPrefix(committed, weights.astype(np.float32), 5.0))
     policy.reseed(5)
     free = policy.sample(policy.history)
     err_guided = np.abs(guided[:, :2] - committed[:, :2]).mean()  # frozen prefix: W = 1
