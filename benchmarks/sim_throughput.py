@@ -24,8 +24,8 @@ import time
 import mujoco
 import numpy as np
 
-from policylink.adapters.registry import env_factory, make_env
-from policylink.sim.mujoco.base import vector_env
+from policylink.adapters.registry import make_env
+from policylink.runtime.rollout import RegistryEnvFn, make_vector_env
 
 TASKS = ("reach", "push", "pick_place", "insert", "multitask")
 
@@ -63,7 +63,7 @@ def time_env(env, steps: int, seed: int = 0) -> tuple[float, float]:
 
 def time_vector(name: str, n: int, asynchronous: bool, steps: int) -> float:
     """Total env steps per second of ``n`` sub-envs stepping ``steps`` times together."""
-    venv = vector_env(env_factory(name), n, asynchronous=asynchronous)
+    venv = make_vector_env(RegistryEnvFn(name), n, asynchronous=asynchronous)
     try:
         venv.reset(seed=0)
         rng = np.random.default_rng(0)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import yaml
 
+from policylink.adapters.obs_modes import obs_mode_env_kwargs
 from policylink.adapters.schema import PolicySpec
 from policylink.data.normalize import Normalizer
 from policylink.policies.config import PolicyConfig
@@ -77,9 +78,7 @@ def checkpoint_env_kwargs(path: str | Path) -> dict[str, Any] | None:
     mode = dataset.get("obs_mode")
     if not isinstance(mode, str):
         return None
-    if mode == "state" or "image_size" not in dataset:
-        return {"obs_mode": mode}
-    return {"obs_mode": mode, "image_size": int(dataset["image_size"])}
+    return obs_mode_env_kwargs(mode, dataset.get("image_size"))
 
 
 def save_checkpoint(

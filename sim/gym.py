@@ -16,6 +16,7 @@ import mujoco
 import numpy as np
 
 from policylink.adapters.env import GymEnvAdapter, ObsMap
+from policylink.adapters.obs_modes import OBS_MODES as ALL_OBS_MODES
 from policylink.adapters.schema import IMAGE_PREFIX, STATE_KEY, ActionSpec, ControlMode, EnvSpec, FeatureSpec
 from policylink.sim.mujoco.rendering import load_llvm_before_gl
 
@@ -27,7 +28,7 @@ PUSHER_SUCCESS_TOLERANCE_M = 0.08
 goal's centre, i.e. over the red goal disk (radius 0.08 m; the object's radius is 0.05 m)."""
 
 TOP_CAMERA = "top"
-OBS_MODES = ("state", "image", "state+image")
+OBS_MODES = tuple(m for m in ALL_OBS_MODES if m != "image+proprio")  # a flat gym state has no proprio split
 
 
 def reacher_success(raw_obs: np.ndarray, info: dict, env: gym.Env) -> bool:

@@ -11,11 +11,11 @@ import math
 from importlib.resources import files
 from typing import Any, ClassVar
 
-import gymnasium as gym
 import mujoco
 import numpy as np
 
 from policylink.adapters.env import EnvAdapter
+from policylink.adapters.obs_modes import OBS_MODES
 from policylink.adapters.schema import (
     IMAGE_PREFIX,
     STATE_KEY,
@@ -30,7 +30,6 @@ from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
 from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_quality
 
-OBS_MODES = ("state", "image", "state+image", "image+proprio")
 CONTROL_FREQUENCY_HZ = 10.0
 MAX_IMAGE_SIDE = 4096  # pixels; camera frames and the offscreen buffer are allocated at this size
 
@@ -340,16 +339,3 @@ def sample_separated(
         f"sample_separated: expected {n} points {min_distance} m apart in [{low}, {high}], "
         f"found {len(points)} after {max_tries} draws"
     )
-
-
-def vector_env(factory, n: int, asynchronous: bool = False, **kwargs: Any) -> gym.vector.VectorEnv:
-    """``n`` copies of ``factory(**kwargs)`` as a gymnasium ``SyncVectorEnv`` or ``AsyncVectorEnv``.
-
-    The async variant uses ``shared_memory=False`` (gymnasium's shared-memory buffers garble ``Text``
-    observations such as ``task``; pipes carry them intact) and the ``forkserver`` start method (a child forked
-    from a process that already holds an EGL context hangs on its first render).
-    """
-    fns = [lambda: factory(**kwargs) for _ in range(n)]
-    if asynchronous:
-        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="forkserver")
-    return gym.vector.SyncVectorEnv(fns)

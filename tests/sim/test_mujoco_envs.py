@@ -9,7 +9,7 @@ import pytest
 
 from policylink.adapters import registry
 from policylink.adapters.schema import STATE_KEY, TASK_KEY, ActionError, validate_observation
-from policylink.sim.mujoco.base import vector_env
+from policylink.runtime.rollout import RegistryEnvFn, make_vector_env
 from policylink.sim.mujoco.perturbations import PerturbationConfig
 
 TASKS = ("reach", "push", "pick_place", "insert", "multitask")
@@ -138,7 +138,7 @@ def test_force_pulses_move_a_resting_block():
 
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_vector_partial_reset_leaves_other_envs_untouched(asynchronous):
-    venv = vector_env(registry.env_factory("reach"), 2, asynchronous=asynchronous)
+    venv = make_vector_env(RegistryEnvFn("reach"), 2, asynchronous=asynchronous)
     try:
         venv.reset(seed=[1, 2])
         obs, *_ = venv.step(np.full((2, 3), 0.01, np.float32))
@@ -176,7 +176,7 @@ def test_async_image_envs_render_after_the_parent_rendered():
     key = "observation.images.top"
     local = registry.make_env("push", obs_mode="image", image_size=32)
     expected = local.reset(seed=0)[0][key]
-    venv = vector_env(registry.env_factory("push"), 2, asynchronous=True, obs_mode="image", image_size=32)
+    venv = make_vector_env(RegistryEnvFn("push", obs_mode="image", image_size=32), 2, asynchronous=True)
     try:
         obs, _ = venv.reset(seed=[0, 5])
         np.testing.assert_array_equal(obs[key][0], expected)
