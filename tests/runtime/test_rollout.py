@@ -186,6 +186,20 @@ def test_perturb_reaches_the_env_but_subscribers_see_the_clean_action():
     assert seen == [0.0, 0.0, 0.0] and sent == [0.5, 0.5, 0.5]
 
 
+def test_a_monitor_subscriber_can_truncate_the_executing_chunk():
+    class TruncateEveryStep(ro.EpisodeSubscriber):
+        def on_start(self, vec_env, source):
+            self.executor = source
+
+        def on_step(self, slot, obs, action, reward, done, info):
+            self.executor.truncate([slot])
+
+    plain = _run(3, num_envs=2)
+    monitored = _run(3, num_envs=2, subscribers=[TruncateEveryStep()])
+    assert [r.inferences for r in plain] == [2, 2, 3]  # a chunk every 2 steps
+    assert [r.inferences for r in monitored] == [r.n_steps for r in monitored] == [3, 4, 5]  # a plan every step
+
+
 def test_run_command(capsys):
     register_env("countdown_run", Countdown, overwrite=True)
     register_policy("zero_run", Zero, overwrite=True)
