@@ -261,11 +261,14 @@ _ENVELOPES = ({"id", "type", "body"}, {"id", "type", "body", "v"})
 
 
 def _fields_problem(schema: Mapping[str, Field], value: Any, path: str, what: str) -> tuple[str, str] | None:
-    """``(field path, reason)`` of the first field of map ``value`` that breaks ``schema``, or None."""
-    if not isinstance(value, dict):
+    """``(field path, reason)`` of the first field of map ``value`` that breaks ``schema``, or None.
+
+    Runs on every message, so the common case is kept to C-level operations: exact-type tests first, the full
+    ``isinstance`` rules only when those fail."""
+    if type(value) is not dict:
         return path, f"{path.rsplit('.', 1)[-1]}: expected a map, received {type(value).__name__}"
-    unknown = sorted(set(value) - set(schema))
-    if unknown:
+    if not value.keys() <= schema.keys():
+        unknown = sorted(value.keys() - schema.keys())
         return f"{path}.{unknown[0]}", f"unknown field(s) {unknown}; {what} accepts {sorted(schema)}"
     for name, (kind, optional) in schema.items():
         item = value.get(name)
@@ -273,48 +276,59 @@ def _fields_problem(schema: Mapping[str, Field], value: Any, path: str, what: st
             if not optional:
                 return f"{path}.{name}", f"missing required field {name!r}"
             continue
-        if isinstance(kind, Mapping):
+        if type(kind) is tuple:
+            if type(item) in kind:  # exact type (a bool is only accepted where bool is listed)
+                continue
+            reason = _scalar_problem(kind, item)
+        elif type(kind) is dict:
             problem = _fields_problem(kind, item, f"{path}.{name}", name)
             if problem:
                 return problem
             continue
-        reason = _type_problem(kind, item)
+        else:
+            reason = _KIND_CHECKS[kind](item)
         if reason:
             return f"{path}.{name}", f"{name}: {reason}"
     return None
 
 
-def _type_problem(kind: Any, value: Any) -> str | None:
-    if isinstance(kind, tuple):
-        if kind == (float,) and isinstance(value, int) and not isinstance(value, bool):
-            return None
-        if not isinstance(value, kind) or (kind == _INT and isinstance(value, bool)):
-            return f"expected {kind[0].__name__}, received {type(value).__name__}"
+def _scalar_problem(kind: tuple, value: Any) -> str | None:
+    if kind == (float,) and isinstance(value, int) and not isinstance(value, bool):
         return None
-    if kind == "array":
-        return None if isinstance(value, np.ndarray) else f"expected an array, received {type(value).__name__}"
-    if kind == "any_map":
-        return None if isinstance(value, dict) else f"expected a map, received {type(value).__name__}"
-    if kind == "int_list":
-        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        return None if ok else "expected a list of int"
-    if kind == "str_list":
-        return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "expected a list of str"
-    if kind == "obs":
-        return _obs_problem(value)
-    if kind == "obs_list":
-        if not isinstance(value, list):
-            return f"expected a list of observation maps, received {type(value).__name__}"
-        for i, obs in enumerate(value):
-            problem = _obs_problem(obs)
-            if problem:
-                return f"[{i}] {problem}"
-        return None
-    raise AssertionError(f"unknown schema kind {kind!r}")
+    if not isinstance(value, kind) or (kind == _INT and isinstance(value, bool)):
+        return f"expected {kind[0].__name__}, received {type(value).__name__}"
+    return None
+
+
+def _array_problem(value: Any) -> str | None:
+    return None if isinstance(value, np.ndarray) else f"expected an array, received {type(value).__name__}"
+
+
+def _map_problem(value: Any) -> str | None:
+    return None if isinstance(value, dict) else f"expected a map, received {type(value).__name__}"
+
+
+def _int_list_problem(value: Any) -> str | None:
+    ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return None if ok else "expected a list of int"
+
+
+def _str_list_problem(value: Any) -> str | None:
+    return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "expected a list of str"
+
+
+def _obs_list_problem(value: Any) -> str | None:
+    if type(value) is not list:
+        return f"expected a list of observation maps, received {type(value).__name__}"
+    for i, obs in enumerate(value):
+        problem = _obs_problem(obs)
+        if problem:
+            return f"[{i}] {problem}"
+    return None
 
 
 def _obs_problem(obs: Any) -> str | None:
-    if not isinstance(obs, dict):
+    if type(obs) is not dict:
         return f"expected an observation map, received {type(obs).__name__}"
     for key, value in obs.items():
         if type(value) is np.ndarray:
@@ -323,3 +337,13 @@ def _obs_problem(obs: Any) -> str | None:
         if not is_text:
             return f"{key}: expected an array, a str or a list of str, received {type(value).__name__}"
     return None
+
+
+_KIND_CHECKS = {
+    "array": _array_problem,
+    "any_map": _map_problem,
+    "int_list": _int_list_problem,
+    "str_list": _str_list_problem,
+    "obs": _obs_problem,
+    "obs_list": _obs_list_problem,
+}

@@ -35,6 +35,7 @@ from policylink.adapters.protocol import (
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 _POLL_MS = 100
+_INLINE_AFTER = 8  # consecutive fast calls of a verb before the serving loop runs that verb inline
 _server_ids = itertools.count()
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,14 @@ class Server:
     :meth:`spec_dict` (and :meth:`hello_extras` for fields a protocol-2 ``hello`` adds).
 
     One serving loop: the serving thread owns the ROUTER socket and polls it together with an ``inproc`` pipe
-    from one worker thread. It answers ``hello``/``ping`` and malformed requests itself, at once, and hands every
-    other request to the worker, which runs :meth:`handle` (one call at a time, in arrival order), encodes the
-    reply and sends it back through the pipe; the loop forwards it to the client. So ``hello``/``ping`` are
-    answered while a slow call runs, and neither thread wakes unless a message arrives.
+    from one worker thread. It answers ``hello``/``ping`` and malformed requests itself, at once, and hands other
+    requests to the worker, which runs :meth:`handle` (one call at a time, in arrival order), encodes the reply
+    and sends it back through the pipe; the loop forwards it to the client. So ``hello``/``ping`` are answered
+    while a slow call runs, and neither thread wakes unless a message arrives. A thread hand-off costs two
+    thread wake-ups per call (tens of microseconds; far more on a loaded machine), so a call whose verb has been
+    fast (its last 8 calls each under ``inline_below_s``) runs inline on the serving loop when the worker is idle:
+    ``hello``/``ping`` then wait at most for that call. The first calls of every verb, and every call after a slow
+    one, go to the worker.
 
     Replies use the request's protocol (envelope ``v``); a reply body holding ``"timing"`` (see
     :data:`~policylink.adapters.protocol.TIMING_FIELDS`) gets ``queue_s`` and ``receive_to_reply_s`` filled in
@@ -116,6 +121,7 @@ class Server:
         max_message_bytes: requests larger than this get a ``too_large`` error reply; single frames over twice
             this are dropped by ZeroMQ before allocation (the client then times out).
         name: shown in ``hello`` replies and logs.
+        inline_below_s: a verb whose last 8 calls each ran under this many seconds runs inline (0 = never).
 
     Raises:
         EndpointError: ``bind`` is malformed (no ``tcp://``, port outside 1..65535...); a ``ValueError``.
@@ -136,14 +142,17 @@ class Server:
         insecure: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         name: str | None = None,
+        inline_below_s: float = 0.002,
     ):
         if bind.startswith("tcp://") and bind.endswith(":0"):
             bind = bind[:-1] + "*"
         keys = security.load_server_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
         security.check_bind(bind, keys, insecure)
         self.bind, self.name, self.max_message_bytes = bind, name or f"policylink-{self.kind}", max_message_bytes
+        self.inline_below_s = float(inline_below_s)
         self.stats = ServerStats()
         self.endpoint: str | None = None
+        self._recent: dict[str, tuple[float, ...]] = {}  # verb -> durations of its latest calls, seconds
         self._keys = keys
         self._ctx: zmq.Context | None = None
         self._auth = None
@@ -243,20 +252,28 @@ class Server:
             self._ctx = None
 
     def _serve_loop(self, pipe: zmq.Socket) -> None:
-        """Poll the ROUTER socket and the worker's pipe; answer hello/ping, hand other verbs to the worker."""
+        """Poll the ROUTER socket and the worker's pipe; answer hello/ping, run a call inline when the worker is
+        idle and the verb has been fast (:meth:`_inline`), else queue it for the worker; forward finished calls."""
         router = self._router
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(pipe, zmq.POLLIN)
+        queued = 0  # calls handed to the worker and not yet answered
         try:
             while not self._stop.is_set():
                 for sock, _ in poller.poll(_POLL_MS):
                     if sock is pipe:  # a finished call: [identity, *reply frames]
                         router.send_multipart(pipe.recv_multipart(copy=False), copy=False)
+                        queued -= 1
                         continue
                     job = self._receive(router)
-                    if job is not None:
+                    if job is None:
+                        continue
+                    if not queued and self._inline(job[1].type):  # nothing to overtake: no hand-off
+                        router.send_multipart(self._call(*job), copy=False)
+                    else:
                         self._jobs.append(job)
+                        queued += 1
                         pipe.send(b"")
         finally:
             self._jobs.append(None)
@@ -271,14 +288,26 @@ class Server:
                 job = self._jobs.popleft()
                 if job is None or self._stop.is_set():
                     return
-                identity, msg, t0 = job
-                out, error = self._run(msg, t0)
-                self.stats.record(msg.type, time.perf_counter() - t0, error)  # before the client can see it
+                frames = self._call(*job)
                 if self._stop.is_set():
                     return  # the serving loop is gone: nobody would forward the reply
-                pipe.send_multipart([identity, *out], copy=False)
+                pipe.send_multipart(frames, copy=False)
         finally:
             pipe.close(linger=0)
+
+    def _inline(self, verb: str) -> bool:
+        """True when the last :data:`_INLINE_AFTER` calls of ``verb`` each ran under ``inline_below_s``."""
+        recent = self._recent.get(verb, ())
+        return len(recent) == _INLINE_AFTER and max(recent) < self.inline_below_s
+
+    def _call(self, identity: Any, msg: Message, t0: float) -> list:
+        """Run one call (:meth:`_run`), record its statistics and duration; returns ``[identity, *reply]``."""
+        started = time.perf_counter()
+        out, error = self._run(msg, t0)
+        now = time.perf_counter()
+        self._recent[msg.type] = (*self._recent.get(msg.type, ())[1 - _INLINE_AFTER :], now - started)
+        self.stats.record(msg.type, now - t0, error)  # before the client can see the reply
+        return [identity, *out]
 
     def _receive(self, router: zmq.Socket) -> tuple | None:
         """Receive one request; answer hello/ping/errors at once, return ``(identity, Message, t0)`` for others."""

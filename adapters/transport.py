@@ -51,7 +51,8 @@ class PolicyServer(Server):
 
     Args:
         policy: the policy to serve.
-        bind, curve_keys, insecure, max_message_bytes, name: see :class:`~policylink.adapters.rpc.Server`.
+        bind, curve_keys, insecure, max_message_bytes, name, inline_below_s: see
+            :class:`~policylink.adapters.rpc.Server`.
         lock: the lock serialising policy calls (default: a new one).
     """
 
@@ -70,8 +71,16 @@ class PolicyServer(Server):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         name: str | None = None,
         lock: threading.Lock | None = None,
+        inline_below_s: float = 0.002,
     ):
-        super().__init__(bind, curve_keys=curve_keys, insecure=insecure, max_message_bytes=max_message_bytes, name=name)
+        super().__init__(
+            bind,
+            curve_keys=curve_keys,
+            insecure=insecure,
+            max_message_bytes=max_message_bytes,
+            name=name,
+            inline_below_s=inline_below_s,
+        )
         self.policy = policy
         self.lock = lock or threading.Lock()
         self.capabilities: list[str] = [c for c in capabilities_of(policy) if c in WIRE_CAPABILITIES]

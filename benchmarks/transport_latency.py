@@ -70,8 +70,8 @@ class NoopPolicy:
     def update_observation(self, obs):
         self._b = len(obs["observation.state"])
 
-    def predict_action_chunk(self):
-        return np.zeros((self._b, *CHUNK), np.float32)
+    def predict_action_chunk(self, env_ids=None):
+        return np.zeros((self._b if env_ids is None else len(env_ids), *CHUNK), np.float32)
 
 
 # ------------------------------------------------------------------------------------------------- servers
@@ -241,16 +241,17 @@ def run(rounds: int, block: int, stacks: tuple[str, ...]) -> dict[tuple[str, str
 def python_cpu_us(case: str, n: int = 2000) -> float:
     """CPU time (process_time, microseconds) of policylink's per-round-trip Python work for ``case``, in one
     thread and without sockets: client encode, server decode + checks + policy + encode, client decode."""
-    from policylink.adapters.protocol import POLICY_REPLIES, POLICY_REQUESTS, encode_message, parse_message
+    from policylink.adapters import protocol as p
     from policylink.adapters.transport import PolicyServer
 
-    server = PolicyServer(NoopPolicy(_spec(case)), "tcp://127.0.0.1:0")  # never started: handle() only
+    server = PolicyServer(NoopPolicy(_spec(case)), "tcp://127.0.0.1:0")  # never started: _run() only
     obs = make_obs(case)
 
     def once():
-        request = parse_message(encode_message(1, "infer", {"updates": [dict(obs)]}), POLICY_REQUESTS)
-        reply = encode_message(request.id, "infer", server.handle("infer", request.body))
-        return parse_message(reply, POLICY_REPLIES, allow_error=True)
+        frames = p.encode_message(1, "infer", {"updates": [dict(obs)], "env_ids": None}, p.PROTOCOL_VERSION)
+        request = p.parse_message(frames, p.POLICY_REQUESTS, by_protocol=p.POLICY_REQUESTS_BY_PROTOCOL)
+        reply, _ = server._run(request, time.perf_counter())
+        return p.parse_message(reply, p.POLICY_REPLIES, allow_error=True, by_protocol=p.POLICY_REPLIES_BY_PROTOCOL)
 
     for _ in range(200):
         once()

@@ -444,3 +444,34 @@ def test_policy_can_normalise_received_arrays_in_place():
         remote.close()
     finally:
         srv.stop()
+
+
+class ThreadRecordingPolicy(WindowMeanPolicy):
+    """Records the serving thread of every call (``-serve`` = inline on the loop, ``-worker`` = handed off)."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads = []
+
+    def _predict(self, history, pad_mask, tasks):
+        self.threads.append(threading.current_thread().name.rsplit("-", 1)[-1])
+        return super()._predict(history, pad_mask, tasks)
+
+
+def test_fast_calls_run_inline_on_the_serving_loop_and_a_slow_one_sends_the_next_to_the_worker():
+    policy = ThreadRecordingPolicy()
+    srv = PolicyServer(policy, "tcp://127.0.0.1:0", inline_below_s=0.25).start()
+    try:
+        remote = RemotePolicy(srv.endpoint, timeout_s=5)
+        remote.update_observation(_obs([1, 1]))
+        for _ in range(10):
+            remote.predict_action_chunk()
+        assert policy.threads == ["worker"] * 8 + ["serve"] * 2  # 8 fast calls seen: no more hand-offs
+        policy.delay_s = 0.3
+        remote.predict_action_chunk()  # predicted fast: inline, but slow
+        policy.delay_s = 0.0
+        remote.predict_action_chunk()
+        assert policy.threads[10:] == ["serve", "worker"]  # the slow call sent the next one to the worker
+        remote.close()
+    finally:
+        srv.stop()

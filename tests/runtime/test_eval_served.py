@@ -49,3 +49,66 @@ def test_served_policy_matches_in_process(tmp_path):
     assert local["pc_success"] == served["pc_success"] == 100.0
     for key in ("avg_sum_reward", "avg_max_reward", "avg_steps"):
         assert local[key] == served[key], key
+
+
+def _tiny_flow_policy():
+    """An untrained tiny flow ChunkPolicy (U-Net [16, 32]); the same weights and noise seed on every call."""
+    import torch
+
+    from policylink.adapters.schema import ActionSpec, FeatureSpec
+    from policylink.data.normalize import Normalizer
+    from policylink.policies.config import PolicyConfig, UNetConfig
+    from policylink.policies.policy import make_chunk_policy
+
+    state = "observation.state"
+    cfg = PolicyConfig(
+        type="flow",
+        observation_keys=[state],
+        chunk_size=8,
+        n_action_steps=3,
+        n_obs_steps=1,
+        unet=UNetConfig(down_dims=[16, 32], time_embed_dim=16),
+    )
+    spec = PolicySpec(
+        {state: FeatureSpec("float32", (3,))},
+        ActionSpec(("x", "y"), "ee_delta", ("m", "m"), (-10, -10), (10, 10)),
+        n_obs_steps=1,
+        chunk_size=8,
+        n_action_steps=3,
+        control_frequency=10.0,
+    )
+    stats = {state: {"min": np.zeros(3), "max": np.ones(3)}, "action": {"min": -np.ones(2), "max": np.ones(2)}}
+    torch.manual_seed(0)
+    norm = Normalizer(stats, {state: "min_max", "action": "min_max"})
+    return make_chunk_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu", seed=0)
+
+
+def test_rtc_prefix_over_the_wire_matches_in_process_for_a_flow_policy():
+    """The same untrained flow policy, seed and prefix give the same chunk served over ZMQ as in-process."""
+    from policylink.adapters.capabilities import ChunkPrefix, Embedder, PrefixConditioned
+    from policylink.adapters.transport import RemotePolicy
+
+    local, served = _tiny_flow_policy(), _tiny_flow_policy()
+    if not isinstance(local, PrefixConditioned):
+        pytest.skip("ChunkPolicy does not implement PrefixConditioned yet")
+    obs = {"observation.state": np.random.default_rng(0).uniform(0, 1, (3, 3)).astype(np.float32)}
+    committed = np.random.default_rng(1).uniform(-1, 1, (2, 8, 2)).astype(np.float32)
+    weights = np.tile(np.linspace(1, 0, 8, dtype=np.float32), (2, 1))
+    prefix = ChunkPrefix(committed, weights, max_guidance=5.0)
+    server = PolicyServer(served, "tcp://127.0.0.1:0").start()
+    try:
+        remote = RemotePolicy(server.endpoint, timeout_s=60)
+        assert isinstance(remote, PrefixConditioned)
+        assert isinstance(remote, Embedder) == isinstance(local, Embedder)
+        local.update_observation(obs)
+        remote.update_observation(obs)
+        expected = local.predict_action_chunk_with_prefix(prefix, [2, 0])
+        got = remote.predict_action_chunk_with_prefix(prefix, [2, 0])
+        assert got.shape == (2, 8, 2) and got.dtype == np.float32
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
+        if isinstance(local, Embedder):
+            np.testing.assert_array_equal(remote.embed(None, [1]), local.embed(None, [1]))
+        remote.close()
+    finally:
+        server.stop()
