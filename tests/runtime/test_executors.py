@@ -449,3 +449,21 @@ def test_async_rtc_sends_the_committed_prefix():
     no_rtc = make_executor(policy, ExecutorConfig(kind="async", rtc=False))
     assert not no_rtc.uses_rtc
     no_rtc.close()
+
+
+@pytest.mark.slow
+def test_replan_with_guidance_on_a_flow_policy_samples_only_that_row():
+    policy = _tiny_flow_policy()
+    assert isinstance(policy, GuidedSampler)
+    ex = make_executor(policy, ExecutorConfig(kind="receding_horizon"))
+    rng = np.random.default_rng(3)
+    ex.act({STATE: rng.uniform(0, 1, (2, 3)).astype(np.float32)})
+    shapes = []
+
+    def hook(x_t, t, out, cond, model):
+        shapes.append((tuple(x_t.shape), x_t.requires_grad))
+        return out
+
+    assert ex.replan([1], guidance=Guidance(hook, autograd=True)) is True
+    assert shapes and set(shapes) == {((1, 8, 2), True)}  # row 1 only, with autograd
+    assert ex.inferences.tolist() == [1, 2] and ex.queue.offset.tolist() == [1, 1]
