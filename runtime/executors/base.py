@@ -95,7 +95,8 @@ class ChunkExecutor(ABC):
 
     Subclasses implement :meth:`act` (usually ``_begin_step`` -> plan -> ``_end_step(queue.pop())``) and
     :meth:`_install`; sync executors call the policy directly, the asynchronous one routes every policy call
-    through its inference worker by overriding :meth:`_infer` and :meth:`_policy_reset`.
+    through its inference worker by overriding :meth:`_infer` and :meth:`_policy_reset`. An executor's own methods
+    are called from one thread (the control loop and its subscribers).
 
     Args:
         policy: the policy; its ``spec.chunk_size`` is ``H``.
