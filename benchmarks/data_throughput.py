@@ -137,7 +137,8 @@ def bench_training(store_path: Path, args) -> list[str]:
     from policylink.data.stats import compute_stats
     from policylink.policies.config import PolicyConfig
     from policylink.policies.model import build_model
-    from policylink.policies.processing import normalizer_modes
+    from policylink.policies.processing import normalizer_modes, window_horizon
+    from policylink.runtime.losses import BatchFields, training_batch
 
     torch.set_num_threads(2)
     env = make_env(args.env, obs_mode=args.obs_mode, image_size=args.image_size)
@@ -147,17 +148,18 @@ def bench_training(store_path: Path, args) -> list[str]:
     cfg = PolicyConfig(observation_keys=keys)
     stats = compute_stats(store, keys=[*keys, "action"])
     norm = Normalizer(stats, normalizer_modes(feats, cfg.state_norm_mode, cfg.action_norm_mode, cfg.image_norm_mode))
-    ds = SequenceDataset(store, n_obs_steps=cfg.n_obs_steps, horizon=cfg.chunk_size, obs_keys=keys, normalizer=norm)
+    horizon = window_horizon(cfg.n_obs_steps, cfg.chunk_size)  # as runtime/train.py: the chunk starts at t
+    ds = SequenceDataset(store, n_obs_steps=cfg.n_obs_steps, horizon=horizon, obs_keys=keys, normalizer=norm)
     b = args.batch
     rng = np.random.default_rng(0)
 
-    def per_item():  # items, then torch.stack (the collate runtime/train.py uses)
+    def per_item():  # items, then torch.stack (runtime/train.py's former collate)
         items = [ds[int(i)] for i in rng.integers(0, len(ds), b)]
         return ({k: torch.stack([it[k] for it in items]) for k in keys}, torch.stack([it["action"] for it in items]))
 
-    def batched():  # numpy stacking inside SequenceDataset.get_batch
-        out = ds.get_batch(rng.integers(0, len(ds), b))
-        return {k: out[k] for k in keys}, out["action"]
+    def batched():  # numpy stacking inside SequenceDataset.get_batch: the batch runtime/train.py trains on
+        out = training_batch(ds, rng.integers(0, len(ds), b), BatchFields(), "cpu")
+        return out["obs"], out["action"]
 
     t_data = {}
     for name, fn in (("per_item", per_item), ("get_batch", batched)):
@@ -184,14 +186,15 @@ def bench_training(store_path: Path, args) -> list[str]:
     return [
         "## Sampler vs training step",
         "",
-        f"Diffusion Policy (default config, obs {keys}), batch {b}, n_obs_steps 2, horizon 16, CPU "
+        f"Diffusion Policy (default config, obs {keys}), batch {b}, n_obs_steps 2, chunk 16 (window {horizon}), CPU "
         f"2 threads, mean of {args.steps} batches.",
         "",
         "| work per batch | seconds | samples/s | ratio (data / step) |",
         "|---|---:|---:|---:|",
         f"| SequenceDataset `ds[i]` x {b} + `torch.stack` | {t_data['per_item']:.4f} | "
         f"{b / t_data['per_item']:.0f} | {t_data['per_item'] / t_step:.4f} |",
-        f"| SequenceDataset `get_batch` ({b} windows, numpy stacking) | {t_data['get_batch']:.4f} | "
+        f"| `training_batch` via SequenceDataset `get_batch` ({b} windows, numpy stacking) | "
+        f"{t_data['get_batch']:.4f} | "
         f"{b / t_data['get_batch']:.0f} | {t_data['get_batch'] / t_step:.4f} |",
         f"| training step (forward + backward + AdamW) | {t_step:.3f} | {b / t_step:.0f} | 1.000 |",
         "",

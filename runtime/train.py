@@ -1,6 +1,8 @@
-"""``policylink train``: imitation training of the chunk policies (Diffusion Policy, flow matching) from an
-episode store, with AdamW, cosine LR with warm-up, EMA, validation loss, evaluation rollouts, resumable
-checkpoints, a metrics CSV (+ TensorBoard when installed) and PyTorch DDP (``torchrun``; gloo on CPU).
+"""``policylink train``: one trainer for the chunk policies (Diffusion Policy, flow matching) from an episode
+store, with a pluggable loss (``loss: imitation`` by default; :mod:`policylink.runtime.losses`), AdamW, cosine LR
+with warm-up (diffusers' schedule), EMA, validation loss, evaluation rollouts, resumable checkpoints, a metrics
+CSV (+ TensorBoard when installed) and PyTorch DDP (``torchrun``; gloo on CPU). The PolicySpec comes from the
+store (:mod:`policylink.runtime.store_spec`), so a store with no registered env trains too.
 
 Every random draw of a step is a function of ``(seed, step)``: the global batch's window indices and the
 generative noise are drawn for the whole global batch and each DDP rank takes its slice, so N processes at
@@ -11,11 +13,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,17 +27,20 @@ import torch
 
 from policylink.adapters.obs_modes import OBS_MODES, obs_mode_env_kwargs
 from policylink.adapters.registry import available_envs, make_env
-from policylink.adapters.schema import ACTION_KEY, PolicySpec
+from policylink.adapters.schema import ACTION_KEY, ControlMode, EnvSpec, PolicySpec
 from policylink.data.buffer import EpisodeStore, StoreError
 from policylink.data.normalize import Normalizer
-from policylink.data.sampler import ACTION_PAD_KEY, SequenceDataset, split_episodes
+from policylink.data.sampler import SequenceDataset, split_episodes
 from policylink.data.stats import compute_stats
 from policylink.policies.checkpoint import load_training_state, resolve_device, save_checkpoint
+from policylink.policies.common.ema import EMA
 from policylink.policies.config import PolicyConfig
-from policylink.policies.ema import EMA
-from policylink.policies.model import ChunkModel, build_model
+from policylink.policies.model import ChunkModel
 from policylink.policies.policy import ChunkPolicy
-from policylink.policies.processing import chunk_from_window, normalizer_modes, window_horizon
+from policylink.policies.processing import normalizer_modes, window_horizon
+from policylink.policies.registry import build_model, default_config
+from policylink.runtime.losses import Loss, available_losses, make_loss, training_batch
+from policylink.runtime.store_spec import store_action_spec, store_control_frequency, store_features
 
 METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
@@ -46,9 +51,13 @@ class DatasetConfig:
     """Where the demonstrations come from.
 
     Attributes:
-        path: episode store (zarr folder) written by ``policylink record``.
-        env: registry name of the environment the demos come from; its EnvSpec gives the policy's features,
-            ActionSpec and control frequency, and evaluation rollouts run on it.
+        path: episode store (zarr folder) written by ``policylink record`` or ``policylink dataset import``;
+            its ``info`` gives the policy's features, ActionSpec and control frequency.
+        env: registry name of the environment the demos come from (optional): evaluation rollouts run on it, a
+            store recorded on another env is rejected, and its EnvSpec fills in what the store does not record.
+        control_mode: control mode of the stored actions (a :class:`~policylink.adapters.schema.ControlMode`
+            value), used only when the store records no ActionSpec (a LeRobot import) and ``env`` is empty: the
+            ActionSpec is then built from the stored action names and range, with unknown units.
         obs_mode: env observation mode (``"state"``, ``"image"``, ``"state+image"``, ``"image+proprio"``).
         image_size: camera image side, px (image modes).
         val_fraction: fraction of episodes held out for the validation loss (episode split).
@@ -57,6 +66,7 @@ class DatasetConfig:
 
     path: str = ""
     env: str = ""
+    control_mode: str = ""
     obs_mode: str = "state"
     image_size: int = 96
     val_fraction: float = 0.1
@@ -84,6 +94,7 @@ class TrainConfig:
 
     Attributes:
         policy: the :class:`PolicyConfig` (type, observation keys, horizons, encoder, U-Net, sampler).
+        loss: registered training loss (:func:`policylink.runtime.losses.available_losses`; ``imitation``).
         dataset: :class:`DatasetConfig`.
         eval: :class:`EvalConfig`.
         output_dir: run folder: ``metrics.csv``, ``checkpoints/last`` (+ ``checkpoints/step_NNNNNN`` every
@@ -102,7 +113,8 @@ class TrainConfig:
         torch_threads: intra-op CPU threads (0 = torch's default).
     """
 
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    policy: PolicyConfig = field(default_factory=default_config)
+    loss: str = "imitation"
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "outputs/train/run"
@@ -165,7 +177,7 @@ def train(cfg: TrainConfig) -> Path:
     out_dir = Path(cfg.output_dir)
     ckpt_dir = out_dir / "checkpoints" / "last"
 
-    spec = policy_spec_for(cfg)
+    env_spec = env_spec_for(cfg.dataset)
     try:
         store = EpisodeStore(cfg.dataset.path, "r")
     except StoreError as e:
@@ -176,17 +188,27 @@ def train(cfg: TrainConfig) -> Path:
             "continue it, or another --output_dir to keep it)",
             file=sys.stderr,
         )
-    check_store_matches(store, cfg, spec)
+    check_store_matches(store, cfg, env_spec)
     train_eps, val_eps = split_episodes(store.n_episodes, cfg.dataset.val_fraction, cfg.dataset.split_seed)
     keys = list(cfg.policy.observation_keys)
     stats = compute_stats(store, keys=[*keys, ACTION_KEY], episodes=train_eps)
+    spec = policy_spec_for(cfg, store, env_spec, (stats[ACTION_KEY]["min"], stats[ACTION_KEY]["max"]))
     p = cfg.policy
     normalizer = Normalizer(
         stats, normalizer_modes(spec.observation_features, p.state_norm_mode, p.action_norm_mode, p.image_norm_mode)
     )
     # Default padding: every step of every episode anchors a window (episodes can be shorter than H).
     horizon = window_horizon(p.n_obs_steps, p.chunk_size)
-    window = dict(n_obs_steps=p.n_obs_steps, horizon=horizon, obs_keys=keys, normalizer=normalizer)
+    loss_fn = make_loss(cfg)
+    fields = loss_fn.fields
+    window = dict(
+        n_obs_steps=p.n_obs_steps,
+        horizon=horizon,
+        obs_keys=keys,
+        normalizer=normalizer,
+        step_fields=fields.step_keys(),
+        episode_fields=fields.episode,
+    )
     train_ds = SequenceDataset(store, episodes=train_eps, **window)
     if len(train_ds) == 0:
         raise ValueError(
@@ -220,19 +242,20 @@ def train(cfg: TrainConfig) -> Path:
 
         train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-    logger = _MetricsLogger(out_dir, enabled=rank == 0, resume=step > 0)
+    logger = _MetricsLogger(out_dir, enabled=rank == 0, resume=step > 0, extra=loss_fn.metrics)
     local_b = cfg.batch_size // world
     bar = _progress(cfg, step)
     t_last, samples = time.perf_counter(), 0
     loss_sum, loss_n = 0.0, 0
+    metric_sums: dict[str, float] = dict.fromkeys(loss_fn.metrics, 0.0)
     while step < cfg.steps:
         model.train()
-        idx, noise = _step_draws(cfg, model, len(train_ds), step)
+        idx, noise = _step_draws(cfg, loss_fn, model, len(train_ds), step)
         sl = slice(rank * local_b, (rank + 1) * local_b)
-        batch = collate([train_ds[int(i)] for i in idx[sl]], keys, p.n_obs_steps, device)
+        batch = training_batch(train_ds, idx[sl], fields, device)
+        batch["noise"] = {k: v[sl].to(device) for k, v in noise.items()}
         torch.manual_seed(_mix(cfg.seed, step, rank))  # augmentation (random crops) of this rank's slice
-        valid = batch["valid"] if p.mask_padded_actions else None
-        loss = train_model(batch["obs"], batch["action"], {k: v[sl].to(device) for k, v in noise.items()}, valid)
+        loss, metrics = loss_fn(train_model, batch, step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = _clip(model, cfg.grad_clip)
@@ -243,6 +266,8 @@ def train(cfg: TrainConfig) -> Path:
         samples += cfg.batch_size
         loss_sum += _mean_over_ranks(loss.detach(), world)
         loss_n += 1
+        for k in loss_fn.metrics:
+            metric_sums[k] += float(metrics[k])
         row: dict[str, Any] = {}
         if cfg.log_every and step % cfg.log_every == 0 or step == cfg.steps:
             now = time.perf_counter()
@@ -252,9 +277,11 @@ def train(cfg: TrainConfig) -> Path:
                 grad_norm=grad_norm,
                 samples_per_s=samples / max(now - t_last, 1e-9),
             )
+            row.update(_metric_means(metric_sums, loss_n, world, device))
             t_last, samples, loss_sum, loss_n = now, 0, 0.0, 0
+            metric_sums = dict.fromkeys(loss_fn.metrics, 0.0)
         if val_ds is not None and cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
-            row["val_loss"] = validation_loss(ema.model, val_ds, keys, cfg, device)
+            row["val_loss"] = validation_loss(ema.model, val_ds, loss_fn, cfg, device)
         if rank == 0 and cfg.eval.every and cfg.eval.episodes and (step % cfg.eval.every == 0 or step == cfg.steps):
             policy = ChunkPolicy(ema.model, normalizer, spec, device=device, seed=cfg.eval.seed)
             row["success_rate"] = evaluate_success(policy, cfg.dataset, cfg.eval.episodes, cfg.eval.seed)
@@ -300,23 +327,32 @@ def validate_config(cfg: TrainConfig) -> None:
 
     Raises:
         ValueError: the first bad field, named with the expected and the received value (empty dataset
-            path/env, unknown ``obs_mode``/``device``, ``steps``/``batch_size``/``val_windows`` < 1, ``lr`` <= 0,
-            negative periods, ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), or a bad policy
-            config.
+            path, unregistered env, evaluation rollouts without an env, unknown ``loss``/``obs_mode``/``device``/
+            ``control_mode``, ``steps``/``batch_size``/``val_windows`` < 1, ``lr`` <= 0, negative periods,
+            ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), or a bad policy config.
         FileNotFoundError: ``dataset.path`` does not exist.
     """
     cfg.policy.validate()
     d = cfg.dataset
-    if not d.path or not d.env:
-        raise ValueError(
-            f"dataset.path and dataset.env: expected a store path and an env name, received {d.path!r} and {d.env!r}"
-        )
+    if not d.path:
+        raise ValueError(f"dataset.path: expected an episode store path, received {d.path!r}")
     if not Path(d.path).exists():
         raise FileNotFoundError(
             f"dataset.path: expected an episode store (policylink record --out), {d.path!r} not found"
         )
-    if d.env not in available_envs():
+    if d.env and d.env not in available_envs():
         raise ValueError(f"dataset.env: expected a registered env ({', '.join(available_envs())}), received {d.env!r}")
+    if not d.env and cfg.eval.every and cfg.eval.episodes:
+        raise ValueError(
+            f"dataset.env: evaluation rollouts (eval.every={cfg.eval.every}) need a registered env, received '' "
+            "(set dataset.env, or eval.every=0)"
+        )
+    if d.control_mode and d.control_mode not in {m.value for m in ControlMode}:
+        raise ValueError(
+            f"dataset.control_mode: expected one of {[m.value for m in ControlMode]}, received {d.control_mode!r}"
+        )
+    if cfg.loss not in available_losses():
+        raise ValueError(f"loss: expected one of {available_losses()}, received {cfg.loss!r}")
     if d.obs_mode not in OBS_MODES:
         raise ValueError(f"dataset.obs_mode: expected one of {OBS_MODES}, received {d.obs_mode!r}")
     if not 0.0 <= d.val_fraction < 1.0:
@@ -351,13 +387,16 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ValueError(f"betas: expected two values in [0, 1), received {cfg.betas}")
 
 
-def check_store_matches(store: EpisodeStore, cfg: TrainConfig, spec: PolicySpec) -> None:
-    """Check that the demos in ``store`` were recorded on ``cfg.dataset.env`` with the policy's observation
-    shapes and the env's action size (from the store's ``info``; a foreign store without it is not checked).
+def check_store_matches(store: EpisodeStore, cfg: TrainConfig, env_spec: EnvSpec | None) -> None:
+    """Check that the demos in ``store`` were recorded on ``cfg.dataset.env`` with that env's observation shapes
+    and action size (from the store's ``info``; a foreign store without it is not checked). Nothing to check
+    without an env.
 
     Raises:
         ValueError: names the field (``dataset.env``, an observation key, ``action``), expected and received.
     """
+    if env_spec is None:
+        return
     info = store.info
     recorded_env = info.get("env")
     if recorded_env is not None and recorded_env != cfg.dataset.env:
@@ -365,101 +404,109 @@ def check_store_matches(store: EpisodeStore, cfg: TrainConfig, spec: PolicySpec)
             f"dataset.env: the store {cfg.dataset.path!r} was recorded on env {recorded_env!r}, received "
             f"dataset.env={cfg.dataset.env!r}"
         )
-    features = info.get("features", {})
-    for key, feature in spec.observation_features.items():
-        if key not in store.keys:
-            raise ValueError(
-                f"{key}: expected in the store {cfg.dataset.path!r} (policy.observation_keys), it holds "
-                f"{sorted(k for k in store.keys if k.startswith('observation.'))}"
-            )
-        recorded = features.get(key, {}).get("shape")
-        if recorded is not None and tuple(recorded) != tuple(feature.shape):
+    features = info.get("features") or {}
+    for key in cfg.policy.observation_keys:
+        feature = env_spec.observation_features.get(key)
+        recorded = (features.get(key) or {}).get("shape")
+        if feature is not None and recorded is not None and tuple(recorded) != tuple(feature.shape):
             raise ValueError(
                 f"{key}: env {cfg.dataset.env!r} with obs_mode={cfg.dataset.obs_mode!r} gives shape "
                 f"{tuple(feature.shape)}, the store {cfg.dataset.path!r} holds {tuple(recorded)} (record it with "
                 f"the same obs_mode / image_size, or set dataset.obs_mode / dataset.image_size to match)"
             )
-    recorded_action = info.get("action", {}).get("names")
-    if recorded_action is not None and len(recorded_action) != spec.action.dim:
+    recorded_action = (info.get("action") or {}).get("names")
+    if recorded_action is not None and len(recorded_action) != env_spec.action.dim:
         raise ValueError(
-            f"action: env {cfg.dataset.env!r} has {spec.action.dim} action dimensions, the store holds "
+            f"action: env {cfg.dataset.env!r} has {env_spec.action.dim} action dimensions, the store holds "
             f"{len(recorded_action)} ({recorded_action})"
         )
 
 
-def policy_spec_for(cfg: TrainConfig) -> PolicySpec:
-    """The PolicySpec of a run: the env's features for ``policy.observation_keys``, its ActionSpec and rate.
-
-    Raises:
-        ValueError: an observation key the env does not provide (named, with what it provides).
-    """
-    env = make_env(cfg.dataset.env, **_env_kwargs(cfg.dataset))
+def env_spec_for(dataset: DatasetConfig) -> EnvSpec | None:
+    """The EnvSpec of ``dataset.env`` with its ``obs_mode`` / ``image_size``, or None when no env is named."""
+    if not dataset.env:
+        return None
+    env = make_env(dataset.env, **_env_kwargs(dataset))
     try:
-        env_spec = env.env_spec
+        return env.env_spec
     finally:
         env.close()
-    missing = [k for k in cfg.policy.observation_keys if k not in env_spec.observation_features]
-    if missing:
-        raise ValueError(
-            f"policy.observation_keys: {missing} not provided by env {cfg.dataset.env!r} with "
-            f"obs_mode={cfg.dataset.obs_mode!r}; it provides {sorted(env_spec.observation_features)}"
-        )
+
+
+def policy_spec_for(
+    cfg: TrainConfig,
+    store: EpisodeStore,
+    env_spec: EnvSpec | None = None,
+    action_range: tuple[np.ndarray, np.ndarray] | None = None,
+) -> PolicySpec:
+    """The PolicySpec of a run, from the store (:mod:`policylink.runtime.store_spec`): its features for
+    ``policy.observation_keys``, its ActionSpec and control rate; the env (when named) fills in what the store
+    does not record, and ``dataset.control_mode`` + ``action_range`` (the stored actions' per-dimension
+    ``(min, max)``) build an ActionSpec for a store that records none.
+
+    Raises:
+        ValueError: an observation key the env does not provide or the store does not hold (named, with what
+            they provide), a recorded shape that differs from the stored array's.
+        StoreInfoError: the store lacks the action spec or the control rate and nothing supplies it (names it).
+    """
     p = cfg.policy
+    if env_spec is not None:
+        missing = [k for k in p.observation_keys if k not in env_spec.observation_features]
+        if missing:
+            raise ValueError(
+                f"policy.observation_keys: {missing} not provided by env {cfg.dataset.env!r} with "
+                f"obs_mode={cfg.dataset.obs_mode!r}; it provides {sorted(env_spec.observation_features)}"
+            )
     return PolicySpec(
-        {k: env_spec.observation_features[k] for k in p.observation_keys},
-        env_spec.action,
+        store_features(store, p.observation_keys, env_spec),
+        store_action_spec(store, env_spec, cfg.dataset.control_mode, action_range),
         n_obs_steps=p.n_obs_steps,
         chunk_size=p.chunk_size,
         n_action_steps=p.n_action_steps,
-        control_frequency=env_spec.control_frequency,
+        control_frequency=store_control_frequency(store, env_spec),
     )
 
 
-def cosine_with_warmup(warmup_steps: int, total_steps: int):
-    """LR multiplier ``f(step)``: linear ``0 -> 1`` over ``warmup_steps``, then cosine ``1 -> 0`` at ``total_steps``."""
+def cosine_with_warmup(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """LR multiplier ``f(step)``: linear ``1 / warmup_steps -> 1`` over the first ``warmup_steps`` steps, then
+    cosine ``1 -> 0`` at ``total_steps``.
+
+    This is diffusers' ``get_cosine_schedule_with_warmup`` multiplier ``g`` with its warm-up one step earlier:
+    ``f(s) = g(s + 1)`` for ``s < warmup_steps`` and ``f(s) = g(s)`` after. diffusers' warm-up is ``s / warmup``,
+    so its first step has LR 0 (a step that only moves Adam's moments); ours has always been ``(s + 1) / warmup``,
+    and the cosine part ``0.5 (1 + cos(pi (s - w) / (T - w)))`` is the same formula.
+    """
+    from diffusers.optimization import get_cosine_schedule_with_warmup
+
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # diffusers builds g on an optimizer
+    g = get_cosine_schedule_with_warmup(dummy, warmup_steps, total_steps).lr_lambdas[0]
 
     def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return g(step + 1) if step < warmup_steps else g(step)
 
     return f
-
-
-def collate(items: list[dict[str, Any]], keys: list[str], n_obs_steps: int, device: torch.device) -> dict[str, Any]:
-    """Stack dataset items into ``{"obs": {key: (B, T, ...)}, "action": (B, H, A), "valid": bool (B, H)}`` on
-    ``device``; the action chunk starts at the newest observation's step (see
-    :func:`~policylink.policies.processing.window_horizon`) and ``valid`` is False past the episode's end."""
-    actions = chunk_from_window(torch.stack([it[ACTION_KEY] for it in items]), n_obs_steps)
-    pad = torch.stack([it[ACTION_PAD_KEY] for it in items])[:, n_obs_steps - 1 :]
-    return {
-        "obs": {k: torch.stack([it[k] for it in items]).to(device) for k in keys},
-        "action": actions.to(device),
-        "valid": (~pad).to(device),
-    }
 
 
 @torch.no_grad()
 def validation_loss(
     model: ChunkModel,
     ds: SequenceDataset,
-    keys: list[str],
+    loss_fn: Loss,
     cfg: TrainConfig,
     device: torch.device,
     batch_size: int = 64,
 ) -> float:
-    """Mean loss of ``model`` (eval mode) over ``cfg.val_windows`` evenly spaced windows with fixed noise."""
+    """Mean ``loss_fn`` of ``model`` (eval mode) over ``cfg.val_windows`` evenly spaced windows of ``ds`` with
+    fixed draws (generator seeded ``cfg.seed + 7``)."""
     model.eval()
     idx = np.unique(np.linspace(0, len(ds) - 1, min(cfg.val_windows, len(ds))).astype(np.int64))
     g = torch.Generator().manual_seed(cfg.seed + 7)
     total, n = 0.0, 0
     for start in range(0, len(idx), batch_size):
         chunk = idx[start : start + batch_size]
-        batch = collate([ds[int(i)] for i in chunk], keys, cfg.policy.n_obs_steps, device)
-        noise = model.draw_noise(len(chunk), g, device)
-        valid = batch["valid"] if cfg.policy.mask_padded_actions else None
-        total += float(model(batch["obs"], batch["action"], noise, valid)) * len(chunk)
+        batch = training_batch(ds, chunk, loss_fn.fields, device)
+        batch["noise"] = loss_fn.draw(model, len(chunk), g, device)
+        total += float(loss_fn(model, batch, cfg.steps)[0]) * len(chunk)
         n += len(chunk)
     return total / max(n, 1)
 
@@ -494,12 +541,13 @@ def _env_kwargs(d: DatasetConfig) -> dict[str, Any]:
 
 
 def _step_draws(
-    cfg: TrainConfig, model: ChunkModel, n_windows: int, step: int
+    cfg: TrainConfig, loss_fn: Loss, model: torch.nn.Module, n_windows: int, step: int
 ) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
-    """Global-batch window indices ``(batch_size,)`` and noise for ``step`` (a function of seed and step)."""
+    """Global-batch window indices ``(batch_size,)`` and the loss's draws for ``step`` (a function of seed and
+    step)."""
     idx = np.random.default_rng([cfg.seed, step]).integers(0, n_windows, cfg.batch_size)
     g = torch.Generator().manual_seed(_mix(cfg.seed, step, 0xD1FF))
-    return idx, model.draw_noise(cfg.batch_size, g)
+    return idx, loss_fn.draw(model, cfg.batch_size, g)
 
 
 def _mix(*parts: int) -> int:
@@ -511,6 +559,19 @@ def _clip(model: torch.nn.Module, max_norm: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     grads = [p.grad.norm() for p in model.parameters() if p.grad is not None]
     return float(torch.stack(grads).norm()) if grads else 0.0
+
+
+def _metric_means(sums: dict[str, float], n: int, world: int, device: torch.device) -> dict[str, float]:
+    """Per-step means of a loss's metrics over a logging period, averaged over DDP ranks (one all-reduce)."""
+    if not sums:
+        return {}
+    means = torch.tensor([v / max(n, 1) for v in sums.values()], dtype=torch.float64, device=device)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(means)
+        means /= world
+    return dict(zip(sums, means.tolist()))
 
 
 def _mean_over_ranks(x: torch.Tensor, world: int) -> float:
@@ -542,7 +603,7 @@ def _progress(cfg: TrainConfig, step: int):
 class _MetricsLogger:
     """Rank 0 writes ``metrics.csv`` (appending on resume) and, when tensorboard is installed, ``tb/``."""
 
-    def __init__(self, out_dir: Path, enabled: bool, resume: bool):
+    def __init__(self, out_dir: Path, enabled: bool, resume: bool, extra: tuple[str, ...] = ()):
         self.enabled = enabled
         self.file = self.writer = self.tb = None
         if not enabled:
@@ -551,7 +612,7 @@ class _MetricsLogger:
         path = out_dir / METRICS_FILE
         fresh = not (resume and path.exists())
         self.file = path.open("w" if fresh else "a", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=METRIC_FIELDS)
+        self.writer = csv.DictWriter(self.file, fieldnames=[*METRIC_FIELDS, *extra])
         if fresh:
             self.writer.writeheader()
         try:

@@ -1,4 +1,5 @@
-"""Training loop: schedule values, loss goes down, resume continues exactly, DDP 2-process parity."""
+"""Training loop: schedule values, loss goes down, resume continues exactly, DDP 2-process parity, batches of the
+get_batch path, pluggable losses, and training from a store with no registered env (a LeRobot import)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from policylink.adapters.registry import make_env
 from policylink.data.buffer import EpisodeStore
+from policylink.data.lerobot import export_lerobot, import_lerobot
+from policylink.data.normalize import Normalizer
+from policylink.data.sampler import SequenceDataset
+from policylink.data.stats import compute_stats
 from policylink.policies.checkpoint import load_training_state
-from policylink.policies.config import PolicyConfig, UNetConfig
+from policylink.policies.common.unet1d import UNetConfig
+from policylink.policies.registry import make_config
+from policylink.runtime.losses import BatchFields, ImitationLoss, register_loss, training_batch
+from policylink.runtime.store_spec import StoreInfoError
 from policylink.runtime.train import DatasetConfig, TrainConfig, cosine_with_warmup, train
 
 STATE = "observation.state"
@@ -36,8 +45,8 @@ def reach_store(tmp_path_factory):
 
 
 def _cfg(store: Path, out: Path, **kw) -> TrainConfig:
-    policy = PolicyConfig(
-        type="flow", chunk_size=8, n_action_steps=4, unet=UNetConfig(down_dims=[16, 32], time_embed_dim=16)
+    policy = make_config(
+        "flow", chunk_size=8, n_action_steps=4, unet=UNetConfig(down_dims=[16, 32], time_embed_dim=16)
     )
     fields = dict(
         policy=policy,
@@ -64,6 +73,65 @@ def test_cosine_with_warmup_values():
     f = cosine_with_warmup(10, 110)
     assert [f(0), f(4), f(9)] == [0.1, 0.5, 1.0]
     assert f(10) == 1.0 and f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0.0)
+    # diffusers' schedule g: the same cosine, a warm-up one step later (g(0) = 0: its first step has LR 0)
+    from diffusers.optimization import get_cosine_schedule_with_warmup
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    g = get_cosine_schedule_with_warmup(opt, 10, 110).lr_lambdas[0]
+    assert [g(0), g(5), g(10)] == [0.0, 0.5, 1.0]
+    assert [f(s) for s in range(10)] == [g(s + 1) for s in range(10)]
+    assert [f(s) for s in range(10, 111)] == [g(s) for s in range(10, 111)]
+
+
+def test_training_batch_is_bit_identical_to_the_per_item_collate(reach_store):
+    """The get_batch path gives exactly the batch of the former ``collate`` (items, torch.stack, chunk slice)."""
+    with EpisodeStore(reach_store) as store:
+        stats = compute_stats(store, keys=[STATE, "action"])
+    norm = Normalizer(stats, {STATE: "mean_std", "action": "min_max"})
+    ds = SequenceDataset(reach_store, n_obs_steps=2, horizon=9, obs_keys=[STATE], normalizer=norm)
+    idx = np.random.default_rng([0, 3]).integers(0, len(ds), 16)
+    items = [ds[int(i)] for i in idx]
+    old = {  # runtime/train.py's collate before the get_batch path
+        "obs": torch.stack([it[STATE] for it in items]),
+        "action": torch.stack([it["action"] for it in items])[:, 1:],
+        "valid": ~torch.stack([it["action_is_pad"] for it in items])[:, 1:],
+    }
+    new = training_batch(ds, idx, BatchFields(), "cpu")
+    assert torch.equal(new["obs"][STATE], old["obs"]) and torch.equal(new["action"], old["action"])
+    assert torch.equal(new["valid"], old["valid"]) and new["action"].shape == (16, 8, 3)
+    assert not new["valid"].all()  # some windows reach past an episode's end
+
+
+class _ProbeLoss(ImitationLoss):
+    """Imitation plus a metric read from the requested fields: the largest chunk return in the batch."""
+
+    fields = BatchFields(step=("reward",), episode=("source",), transition_gamma=0.5)
+    metrics = ("max_return",)
+
+    def __call__(self, model, batch, step):
+        b = len(batch["task"])  # 8 in training, the validation windows at validation
+        assert batch["reward"].shape == batch["valid"].shape == (b, 8)  # (B, H) aligned with the chunk
+        assert batch["source"] == ["expert"] * b and batch["next_obs"][STATE].shape == batch["obs"][STATE].shape
+        loss, _ = super().__call__(model, batch, step)
+        return loss, {"max_return": float(batch["return"].max())}
+
+
+def test_a_registered_loss_gets_its_fields_and_logs_its_metrics(reach_store, tmp_path):
+    from policylink.data.buffer import EpisodeMeta
+
+    path = tmp_path / "rewarded.zarr"
+    with EpisodeStore(reach_store) as src, EpisodeStore(path, "w") as dst:
+        for i in range(src.n_episodes):
+            ep = src.get_episode(i, [STATE, "action"])
+            dst.add_episode({**ep, "reward": np.ones(len(ep[STATE]), np.float32)}, EpisodeMeta(source="expert"))
+    register_loss("probe", _ProbeLoss, overwrite=True)
+    out = tmp_path / "run"
+    train(_cfg(path, out, loss="probe", steps=3, val_every=3))
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    # every batch holds a full 8-step chunk of rewards 1: R = sum_k 0.5^k = 2 (1 - 0.5^8) = 1.9921875
+    assert [float(r["max_return"]) for r in rows] == [1.9921875] * 3 and rows[-1]["val_loss"]
+    with pytest.raises(ValueError, match=r"loss: expected one of \[.*'imitation'.*\], received 'q_magic'"):
+        train(_cfg(path, tmp_path / "bad", loss="q_magic"))
 
 
 @pytest.mark.slow
@@ -222,3 +290,66 @@ def test_validation_without_held_out_episodes_warns(reach_store, tmp_path, capsy
     train(cfg)
     assert "val_every=1 but no episode is held out (dataset.val_fraction=0.0, 4 episodes)" in capsys.readouterr().err
     assert not any(r["val_loss"] for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+
+
+@pytest.fixture
+def lerobot_store(tmp_path):
+    """A store recorded on an env that does not exist here ('bench_arm'), exported to LeRobot v3.0 and imported
+    back: its info keeps fps, features and action names, but no env and no complete ActionSpec."""
+    src = tmp_path / "robot.zarr"
+    rng = np.random.default_rng(1)
+    with EpisodeStore(src, "w") as store:
+        store.update_info(
+            fps=15.0,
+            env="bench_arm",
+            features={STATE: {"dtype": "float32", "shape": [3], "names": ["j0", "j1", "j2"], "unit": "rad"}},
+            action={"names": ["dx", "dy"]},
+        )
+        for length in (10, 12, 14):
+            state = np.cumsum(rng.normal(0, 0.1, (length, 3)), 0).astype(np.float32)
+            store.add_episode({STATE: state, "action": np.tanh(state[:, :2]).astype(np.float32)})
+    with EpisodeStore(src) as store:
+        root = export_lerobot(store, tmp_path / "lerobot")
+    return import_lerobot(root, tmp_path / "imported.zarr").path
+
+
+def test_train_on_a_lerobot_import_with_no_registered_env(lerobot_store, tmp_path):
+    from policylink.policies import load_policy
+
+    with EpisodeStore(lerobot_store) as store:
+        assert "env" not in store.info and store.info["fps"] == 15.0
+        actions = store.load(["action"])["action"]
+    cfg = _cfg(lerobot_store, tmp_path / "run", steps=3, val_every=0)
+    cfg.dataset = DatasetConfig(path=str(lerobot_store), control_mode="ee_delta", val_fraction=0.0)
+    ckpt = train(cfg)
+    policy = load_policy(ckpt, device="cpu", seed=0)
+    spec = policy.spec
+    assert spec.control_frequency == 15.0 and spec.observation_features[STATE].names == ("j0", "j1", "j2")
+    assert spec.action.names == ("dx", "dy") and spec.action.control_mode == "ee_delta"
+    np.testing.assert_allclose(spec.action.low, actions.min(0), rtol=1e-6)
+    np.testing.assert_allclose(spec.action.high, actions.max(0), rtol=1e-6)
+    policy.update_observation({STATE: np.zeros((2, 3), np.float32)})
+    chunk = policy.predict_action_chunk()
+    assert chunk.shape == (2, 8, 2) and chunk.dtype == np.float32 and np.isfinite(chunk).all()
+
+
+def test_a_store_missing_spec_info_is_named(lerobot_store, tmp_path):
+    cfg = _cfg(lerobot_store, tmp_path / "run", steps=1, val_every=0)
+    cfg.dataset = DatasetConfig(path=str(lerobot_store), val_fraction=0.0)
+    with pytest.raises(
+        StoreInfoError, match=r"action: the store .* records no complete ActionSpec .*dataset.control_mode"
+    ):
+        train(cfg)
+    bare = tmp_path / "bare.zarr"  # no info at all: features come from the arrays, the rate from nowhere
+    with EpisodeStore(lerobot_store) as src, EpisodeStore(bare, "w") as dst:
+        dst.add_episode(src.get_episode(0, [STATE, "action"]))
+    cfg.dataset = DatasetConfig(path=str(bare), control_mode="ee_delta", val_fraction=0.0)
+    with pytest.raises(StoreInfoError, match=r"fps: the store .* does not record its control frequency"):
+        train(cfg)
+    cfg.dataset = DatasetConfig(path=str(bare), env="nowhere", val_fraction=0.0)
+    with pytest.raises(ValueError, match=r"dataset.env: expected a registered env \(.*\), received 'nowhere'"):
+        train(cfg)
+    cfg = _cfg(bare, tmp_path / "run", steps=1)
+    cfg.dataset.env, cfg.eval.every = "", 5
+    with pytest.raises(ValueError, match=r"dataset.env: evaluation rollouts \(eval.every=5\) need a registered env"):
+        train(cfg)
