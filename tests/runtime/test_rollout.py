@@ -200,6 +200,16 @@ def test_a_monitor_subscriber_can_truncate_the_executing_chunk():
     assert [r.inferences for r in monitored] == [r.n_steps for r in monitored] == [3, 4, 5]  # a plan every step
 
 
+def test_training_time_evaluation_runs_the_same_loop():
+    pytest.importorskip("torch")
+    from policylink.runtime.train import DatasetConfig, evaluate_success
+
+    register_env("countdown_train", lambda obs_mode="state": Countdown(), overwrite=True)
+    # seeds 0..3 on Countdown: the even ones succeed
+    assert evaluate_success(Zero(), DatasetConfig(env="countdown_train"), episodes=4, seed=0) == 0.5
+    assert evaluate_success(Zero(), DatasetConfig(env="countdown_train"), episodes=3, seed=1) == 1 / 3
+
+
 def test_run_command(capsys):
     register_env("countdown_run", Countdown, overwrite=True)
     register_policy("zero_run", Zero, overwrite=True)
