@@ -184,7 +184,7 @@ def encode_message(request_id: int | None, type_: str, body: Mapping[str, Any], 
     Raises:
         CodecError: the body holds a value the codec refuses.
     """
-    envelope = {"id": request_id, "type": type_, "body": dict(body)}
+    envelope = {"id": request_id, "type": type_, "body": body if type(body) is dict else dict(body)}
     if protocol != 1:
         envelope["v"] = protocol
     return encode(envelope)
