@@ -220,6 +220,7 @@ class OpenPIRemotePolicy(HistoryPolicy):
 
     openpi servers are unbatched and stateless over the wire, so each episode ``b`` of a batch is one
     ``infer`` of its latest observation; the reply's ``actions`` (``(H', A)``) are cut to ``chunk_size``.
+    ``predict_action_chunk(env_ids)`` sends only the rows asked for.
 
     Args:
         uri: ``"ws://host:port"``.
@@ -289,7 +290,7 @@ class OpenPIRemotePolicy(HistoryPolicy):
     def _predict(self, history: dict[str, np.ndarray], pad_mask: np.ndarray, tasks: list[str] | None) -> np.ndarray:
         spec = self.spec
         chunks = []
-        for b in range(self.batch_size):
+        for b in range(len(pad_mask)):  # the rows asked for (predict_action_chunk(env_ids)), not always all B
             obs: dict[str, Any] = {self.key_map.get(k, k): v[b, -1] for k, v in history.items()}
             if tasks is not None:
                 obs[self.key_map.get(TASK_KEY, TASK_KEY)] = tasks[b]

@@ -164,6 +164,9 @@ def test_openpi_remote_policy_maps_keys_batches_and_cuts_the_chunk():
         np.testing.assert_array_equal(chunk[1, :, 1], [4, 8, 12, 16])
         assert [o["prompt"] for o in srv.seen] == ["a", "b"]
         assert srv.seen[0]["observation/image"].shape == (8, 8, 3)  # unbatched, openpi's convention
+        only = policy.predict_action_chunk([1])  # one row: one request, for episode 1
+        assert only.shape == (1, 4, 2) and len(srv.seen) == 3 and srv.seen[2]["prompt"] == "b"
+        np.testing.assert_array_equal(only[0], chunk[1])
         policy.close()
     finally:
         srv.stop()
