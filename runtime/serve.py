@@ -109,7 +109,8 @@ def main(argv: Sequence[str]) -> int:
     print(
         f"serving {cfg.checkpoint or cfg.policy} on {server.endpoint}"
         + (f" (CURVE, keys {cfg.curve_keys})" if keys else "")
-        + (f" and openpi ws://{cfg.openpi_host}:{openpi.port}" if openpi else ""),
+        + (f" and openpi ws://{cfg.openpi_host}:{openpi.port}" if openpi else "")
+        + f"; capabilities: {', '.join(server.capabilities) or 'none'}",
         flush=True,
     )
     try:

@@ -103,6 +103,7 @@ def test_serve_a_registry_policy_over_zmq_and_openpi_with_stats(capsys):
     assert result["rc"] == 0
     out = capsys.readouterr().out
     assert f"on tcp://127.0.0.1:{port}" in out and f"openpi ws://127.0.0.1:{ws_port}" in out
+    assert "; capabilities: none" in out  # DoublePolicy offers no RTC prefix and no embedding
     final = out.split("final statistics:")[1]
     rows = {line.split()[0]: line.split()[1:3] for line in final.strip().splitlines()[1:]}
     assert rows["infer"] == ["2", "0"] and rows["hello"] == ["1", "0"]
