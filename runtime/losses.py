@@ -21,7 +21,7 @@ from policylink.adapters.schema import ACTION_KEY
 from policylink.data.sampler import ACTION_PAD_KEY, NEXT_PREFIX, OBS_PAD_KEY, SequenceDataset
 
 if TYPE_CHECKING:
-    from policylink.runtime.train import TrainConfig
+    from policylink.runtime.train_config import TrainConfig
 
 TRANSITION_KEYS = ("return", "terminal", "discount", "next_is_pad")
 """Per-sample transition tensors ``(B,)`` a batch carries when :attr:`BatchFields.transition_gamma` is set."""
@@ -86,7 +86,7 @@ class ImitationLoss:
     past an episode's end masked when ``policy.mask_padded_actions`` is set.
 
     Args:
-        cfg: the run's :class:`~policylink.runtime.train.TrainConfig`.
+        cfg: the run's :class:`~policylink.runtime.train_config.TrainConfig`.
     """
 
     fields: ClassVar[BatchFields] = BatchFields()

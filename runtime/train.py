@@ -2,7 +2,7 @@
 store, with a pluggable loss (``loss: imitation`` by default; :mod:`policylink.runtime.losses`), AdamW, cosine LR
 with warm-up (diffusers' schedule), EMA, validation loss, evaluation rollouts, resumable checkpoints, a metrics
 CSV (+ TensorBoard when installed) and PyTorch DDP (``torchrun``; gloo on CPU). The PolicySpec comes from the
-store (:mod:`policylink.runtime.store_spec`), so a store with no registered env trains too.
+store (:mod:`policylink.runtime.train_data`), so a store with no registered env trains too.
 
 Every random draw of a step is a function of ``(seed, step)``: the global batch's window indices and the
 generative noise are drawn for the whole global batch and each DDP rank takes its slice, so N processes at
@@ -18,122 +18,25 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from policylink.adapters.obs_modes import OBS_MODES, obs_mode_env_kwargs
-from policylink.adapters.registry import available_envs, make_env
-from policylink.adapters.schema import ACTION_KEY, ControlMode, EnvSpec, PolicySpec
-from policylink.data.buffer import EpisodeStore, StoreError
-from policylink.data.normalize import Normalizer
-from policylink.data.sampler import SequenceDataset, split_episodes
-from policylink.data.stats import compute_stats
+from policylink.adapters.obs_modes import obs_mode_env_kwargs
+from policylink.data.sampler import SequenceDataset
 from policylink.policies.checkpoint import load_training_state, resolve_device, save_checkpoint
 from policylink.policies.common.ema import EMA
-from policylink.policies.config import PolicyConfig
 from policylink.policies.model import ChunkModel
 from policylink.policies.policy import ChunkPolicy
-from policylink.policies.processing import normalizer_modes, window_horizon
-from policylink.policies.registry import build_model, default_config
-from policylink.runtime.losses import Loss, available_losses, make_loss, training_batch
-from policylink.runtime.store_spec import store_action_spec, store_control_frequency, store_features
+from policylink.policies.registry import build_model
+from policylink.runtime.losses import Loss, make_loss, training_batch
+from policylink.runtime.train_config import DatasetConfig, EvalConfig, TrainConfig, validate_config  # noqa: F401
+from policylink.runtime.train_data import training_data
 
 METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
-
-
-@dataclass
-class DatasetConfig:
-    """Where the demonstrations come from.
-
-    Attributes:
-        path: episode store (zarr folder) written by ``policylink record`` or ``policylink dataset import``;
-            its ``info`` gives the policy's features, ActionSpec and control frequency.
-        env: registry name of the environment the demos come from (optional): evaluation rollouts run on it, a
-            store recorded on another env is rejected, and its EnvSpec fills in what the store does not record.
-        control_mode: control mode of the stored actions (a :class:`~policylink.adapters.schema.ControlMode`
-            value), used only when the store records no ActionSpec (a LeRobot import) and ``env`` is empty: the
-            ActionSpec is then built from the stored action names and range, with unknown units.
-        obs_mode: env observation mode (``"state"``, ``"image"``, ``"state+image"``, ``"image+proprio"``).
-        image_size: camera image side, px (image modes).
-        val_fraction: fraction of episodes held out for the validation loss (episode split).
-        split_seed: seed of the episode split.
-    """
-
-    path: str = ""
-    env: str = ""
-    control_mode: str = ""
-    obs_mode: str = "state"
-    image_size: int = 96
-    val_fraction: float = 0.1
-    split_seed: int = 0
-
-
-@dataclass
-class EvalConfig:
-    """Periodic evaluation rollouts (rank 0, EMA weights).
-
-    Attributes:
-        every: steps between evaluations (0 = off; a final evaluation runs when ``episodes > 0`` and ``every > 0``).
-        episodes: rollouts per evaluation, run as one batch of parallel envs.
-        seed: reset seed of the first rollout (episode ``i`` uses ``seed + i``; keep it apart from the demo seeds).
-    """
-
-    every: int = 0
-    episodes: int = 10
-    seed: int = 100_000
-
-
-@dataclass
-class TrainConfig:
-    """``policylink train`` configuration (YAML via ``--config``, dotted overrides such as ``--steps 500``).
-
-    Attributes:
-        policy: the :class:`PolicyConfig` (type, observation keys, horizons, encoder, U-Net, sampler).
-        loss: registered training loss (:func:`policylink.runtime.losses.available_losses`; ``imitation``).
-        dataset: :class:`DatasetConfig`.
-        eval: :class:`EvalConfig`.
-        output_dir: run folder: ``metrics.csv``, ``checkpoints/last`` (+ ``checkpoints/step_NNNNNN`` every
-            ``save_every`` steps) and ``tb/`` when TensorBoard is installed.
-        steps: optimizer steps.
-        batch_size: global batch (split evenly over DDP ranks).
-        lr, weight_decay, betas: AdamW settings.
-        warmup_steps: linear warm-up, then cosine decay to 0 at ``steps``.
-        grad_clip: max global gradient norm (0 = no clipping).
-        log_every, val_every, save_every: periods in steps (0 = off; a checkpoint is always written at the end).
-        val_windows: validation windows per validation (evenly spaced over the val split).
-        seed: seed of every random draw (init, batches, noise, augmentation).
-        device: ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"``.
-        resume: continue from ``output_dir/checkpoints/last`` when it exists.
-        progress: show a tqdm bar (rank 0).
-        torch_threads: intra-op CPU threads (0 = torch's default).
-    """
-
-    policy: PolicyConfig = field(default_factory=default_config)
-    loss: str = "imitation"
-    dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    output_dir: str = "outputs/train/run"
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 1e-4
-    weight_decay: float = 1e-6
-    betas: list[float] = field(default_factory=lambda: [0.95, 0.999])
-    warmup_steps: int = 100
-    grad_clip: float = 10.0
-    log_every: int = 50
-    val_every: int = 0
-    save_every: int = 0
-    val_windows: int = 256
-    seed: int = 0
-    device: str = "auto"
-    resume: bool = False
-    progress: bool = True
-    torch_threads: int = 0
 
 
 def main(argv: list[str]) -> int:
@@ -160,68 +63,20 @@ def train(cfg: TrainConfig) -> Path:
         FileNotFoundError: ``dataset.path`` does not exist.
     """
     validate_config(cfg)
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), _rank()
-    device = resolve_device(cfg.device)
-    if world > 1:
-        import torch.distributed as dist
-
-        if device.type == "cuda":
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if cfg.batch_size % world:
-        raise ValueError(f"batch_size: expected a multiple of the world size {world}, received {cfg.batch_size}")
-    if cfg.torch_threads > 0:
-        torch.set_num_threads(cfg.torch_threads)
+    world, rank, device = _init_distributed(cfg)
     torch.manual_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
     ckpt_dir = out_dir / "checkpoints" / "last"
-
-    env_spec = env_spec_for(cfg.dataset)
-    try:
-        store = EpisodeStore(cfg.dataset.path, "r")
-    except StoreError as e:
-        raise ValueError(f"dataset.path: {e}") from None
     if rank == 0 and not cfg.resume and ckpt_dir.exists():
         print(
             f"WARNING: {out_dir} already holds a run; starting over and replacing it (pass --resume true to "
             "continue it, or another --output_dir to keep it)",
             file=sys.stderr,
         )
-    check_store_matches(store, cfg, env_spec)
-    train_eps, val_eps = split_episodes(store.n_episodes, cfg.dataset.val_fraction, cfg.dataset.split_seed)
-    keys = list(cfg.policy.observation_keys)
-    stats = compute_stats(store, keys=[*keys, ACTION_KEY], episodes=train_eps)
-    spec = policy_spec_for(cfg, store, env_spec, (stats[ACTION_KEY]["min"], stats[ACTION_KEY]["max"]))
-    p = cfg.policy
-    normalizer = Normalizer(
-        stats, normalizer_modes(spec.observation_features, p.state_norm_mode, p.action_norm_mode, p.image_norm_mode)
-    )
-    # Default padding: every step of every episode anchors a window (episodes can be shorter than H).
-    horizon = window_horizon(p.n_obs_steps, p.chunk_size)
     loss_fn = make_loss(cfg)
     fields = loss_fn.fields
-    window = dict(
-        n_obs_steps=p.n_obs_steps,
-        horizon=horizon,
-        obs_keys=keys,
-        normalizer=normalizer,
-        step_fields=fields.step_keys(),
-        episode_fields=fields.episode,
-    )
-    train_ds = SequenceDataset(store, episodes=train_eps, **window)
-    if len(train_ds) == 0:
-        raise ValueError(
-            f"dataset {cfg.dataset.path!r}: expected training windows, received none "
-            f"({len(train_eps)} training episodes)"
-        )
-    val_ds = SequenceDataset(store, episodes=val_eps, **window) if len(val_eps) else None
-    if val_ds is None and cfg.val_every > 0 and rank == 0:
-        print(
-            f"WARNING: val_every={cfg.val_every} but no episode is held out (dataset.val_fraction="
-            f"{cfg.dataset.val_fraction}, {store.n_episodes} episodes): no validation loss will be logged",
-            file=sys.stderr,
-        )
+    spec, normalizer, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
+    p = cfg.policy
 
     model = build_model(p, spec.observation_features, spec.action.dim).to(device)
     ema = EMA(model, p.ema_max_decay, p.ema_power)
@@ -309,9 +164,7 @@ def train(cfg: TrainConfig) -> Path:
                 train_config=_plain(cfg),
             )
             if cfg.save_every and step % cfg.save_every == 0:
-                numbered = ckpt_dir.with_name(f"step_{step:06d}")
-                shutil.rmtree(numbered, ignore_errors=True)
-                shutil.copytree(ckpt_dir, numbered)
+                _copy_numbered(ckpt_dir, step)
     if bar is not None:
         bar.close()
     logger.close()
@@ -320,151 +173,6 @@ def train(cfg: TrainConfig) -> Path:
 
         dist.barrier()
     return ckpt_dir
-
-
-def validate_config(cfg: TrainConfig) -> None:
-    """Check the fields of ``cfg`` before anything is built.
-
-    Raises:
-        ValueError: the first bad field, named with the expected and the received value (empty dataset
-            path, unregistered env, evaluation rollouts without an env, unknown ``loss``/``obs_mode``/``device``/
-            ``control_mode``, ``steps``/``batch_size``/``val_windows`` < 1, ``lr`` <= 0, negative periods,
-            ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), or a bad policy config.
-        FileNotFoundError: ``dataset.path`` does not exist.
-    """
-    cfg.policy.validate()
-    d = cfg.dataset
-    if not d.path:
-        raise ValueError(f"dataset.path: expected an episode store path, received {d.path!r}")
-    if not Path(d.path).exists():
-        raise FileNotFoundError(
-            f"dataset.path: expected an episode store (policylink record --out), {d.path!r} not found"
-        )
-    if d.env and d.env not in available_envs():
-        raise ValueError(f"dataset.env: expected a registered env ({', '.join(available_envs())}), received {d.env!r}")
-    if not d.env and cfg.eval.every and cfg.eval.episodes:
-        raise ValueError(
-            f"dataset.env: evaluation rollouts (eval.every={cfg.eval.every}) need a registered env, received '' "
-            "(set dataset.env, or eval.every=0)"
-        )
-    if d.control_mode and d.control_mode not in {m.value for m in ControlMode}:
-        raise ValueError(
-            f"dataset.control_mode: expected one of {[m.value for m in ControlMode]}, received {d.control_mode!r}"
-        )
-    if cfg.loss not in available_losses():
-        raise ValueError(f"loss: expected one of {available_losses()}, received {cfg.loss!r}")
-    if d.obs_mode not in OBS_MODES:
-        raise ValueError(f"dataset.obs_mode: expected one of {OBS_MODES}, received {d.obs_mode!r}")
-    if not 0.0 <= d.val_fraction < 1.0:
-        raise ValueError(f"dataset.val_fraction: expected a value in [0, 1), received {d.val_fraction}")
-    resolve_device(cfg.device)  # raises ValueError naming ``device`` (unknown, or CUDA missing)
-    positive = {
-        "steps": cfg.steps,
-        "batch_size": cfg.batch_size,
-        "val_windows": cfg.val_windows,
-        "dataset.image_size": d.image_size,
-    }
-    non_negative = {
-        "warmup_steps": cfg.warmup_steps,
-        "grad_clip": cfg.grad_clip,
-        "log_every": cfg.log_every,
-        "val_every": cfg.val_every,
-        "save_every": cfg.save_every,
-        "torch_threads": cfg.torch_threads,
-        "weight_decay": cfg.weight_decay,
-        "eval.every": cfg.eval.every,
-        "eval.episodes": cfg.eval.episodes,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise ValueError(f"{name}: expected an int >= 1, received {value}")
-    for name, value in non_negative.items():
-        if value < 0:
-            raise ValueError(f"{name}: expected a value >= 0, received {value}")
-    if not cfg.lr > 0:
-        raise ValueError(f"lr: expected a learning rate > 0, received {cfg.lr}")
-    if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
-        raise ValueError(f"betas: expected two values in [0, 1), received {cfg.betas}")
-
-
-def check_store_matches(store: EpisodeStore, cfg: TrainConfig, env_spec: EnvSpec | None) -> None:
-    """Check that the demos in ``store`` were recorded on ``cfg.dataset.env`` with that env's observation shapes
-    and action size (from the store's ``info``; a foreign store without it is not checked). Nothing to check
-    without an env.
-
-    Raises:
-        ValueError: names the field (``dataset.env``, an observation key, ``action``), expected and received.
-    """
-    if env_spec is None:
-        return
-    info = store.info
-    recorded_env = info.get("env")
-    if recorded_env is not None and recorded_env != cfg.dataset.env:
-        raise ValueError(
-            f"dataset.env: the store {cfg.dataset.path!r} was recorded on env {recorded_env!r}, received "
-            f"dataset.env={cfg.dataset.env!r}"
-        )
-    features = info.get("features") or {}
-    for key in cfg.policy.observation_keys:
-        feature = env_spec.observation_features.get(key)
-        recorded = (features.get(key) or {}).get("shape")
-        if feature is not None and recorded is not None and tuple(recorded) != tuple(feature.shape):
-            raise ValueError(
-                f"{key}: env {cfg.dataset.env!r} with obs_mode={cfg.dataset.obs_mode!r} gives shape "
-                f"{tuple(feature.shape)}, the store {cfg.dataset.path!r} holds {tuple(recorded)} (record it with "
-                f"the same obs_mode / image_size, or set dataset.obs_mode / dataset.image_size to match)"
-            )
-    recorded_action = (info.get("action") or {}).get("names")
-    if recorded_action is not None and len(recorded_action) != env_spec.action.dim:
-        raise ValueError(
-            f"action: env {cfg.dataset.env!r} has {env_spec.action.dim} action dimensions, the store holds "
-            f"{len(recorded_action)} ({recorded_action})"
-        )
-
-
-def env_spec_for(dataset: DatasetConfig) -> EnvSpec | None:
-    """The EnvSpec of ``dataset.env`` with its ``obs_mode`` / ``image_size``, or None when no env is named."""
-    if not dataset.env:
-        return None
-    env = make_env(dataset.env, **_env_kwargs(dataset))
-    try:
-        return env.env_spec
-    finally:
-        env.close()
-
-
-def policy_spec_for(
-    cfg: TrainConfig,
-    store: EpisodeStore,
-    env_spec: EnvSpec | None = None,
-    action_range: tuple[np.ndarray, np.ndarray] | None = None,
-) -> PolicySpec:
-    """The PolicySpec of a run, from the store (:mod:`policylink.runtime.store_spec`): its features for
-    ``policy.observation_keys``, its ActionSpec and control rate; the env (when named) fills in what the store
-    does not record, and ``dataset.control_mode`` + ``action_range`` (the stored actions' per-dimension
-    ``(min, max)``) build an ActionSpec for a store that records none.
-
-    Raises:
-        ValueError: an observation key the env does not provide or the store does not hold (named, with what
-            they provide), a recorded shape that differs from the stored array's.
-        StoreInfoError: the store lacks the action spec or the control rate and nothing supplies it (names it).
-    """
-    p = cfg.policy
-    if env_spec is not None:
-        missing = [k for k in p.observation_keys if k not in env_spec.observation_features]
-        if missing:
-            raise ValueError(
-                f"policy.observation_keys: {missing} not provided by env {cfg.dataset.env!r} with "
-                f"obs_mode={cfg.dataset.obs_mode!r}; it provides {sorted(env_spec.observation_features)}"
-            )
-    return PolicySpec(
-        store_features(store, p.observation_keys, env_spec),
-        store_action_spec(store, env_spec, cfg.dataset.control_mode, action_range),
-        n_obs_steps=p.n_obs_steps,
-        chunk_size=p.chunk_size,
-        n_action_steps=p.n_action_steps,
-        control_frequency=store_control_frequency(store, env_spec),
-    )
 
 
 def cosine_with_warmup(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
@@ -548,6 +256,35 @@ def _step_draws(
     idx = np.random.default_rng([cfg.seed, step]).integers(0, n_windows, cfg.batch_size)
     g = torch.Generator().manual_seed(_mix(cfg.seed, step, 0xD1FF))
     return idx, loss_fn.draw(model, cfg.batch_size, g)
+
+
+def _init_distributed(cfg: TrainConfig) -> tuple[int, int, torch.device]:
+    """``(world size, rank, device)``; joins the process group under ``torchrun`` and sets torch's threads.
+
+    Raises:
+        ValueError: ``batch_size`` is not a multiple of the world size.
+    """
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), _rank()
+    device = resolve_device(cfg.device)
+    if world > 1:
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if cfg.batch_size % world:
+        raise ValueError(f"batch_size: expected a multiple of the world size {world}, received {cfg.batch_size}")
+    if cfg.torch_threads > 0:
+        torch.set_num_threads(cfg.torch_threads)
+    return world, rank, device
+
+
+def _copy_numbered(ckpt_dir: Path, step: int) -> None:
+    """Copy ``checkpoints/last`` to ``checkpoints/step_NNNNNN`` (replacing an older copy)."""
+    numbered = ckpt_dir.with_name(f"step_{step:06d}")
+    shutil.rmtree(numbered, ignore_errors=True)
+    shutil.copytree(ckpt_dir, numbered)
 
 
 def _mix(*parts: int) -> int:

@@ -24,8 +24,8 @@ from policylink.policies.checkpoint import load_training_state
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.registry import make_config
 from policylink.runtime.losses import BatchFields, ImitationLoss, register_loss, training_batch
-from policylink.runtime.store_spec import StoreInfoError
 from policylink.runtime.train import DatasetConfig, TrainConfig, cosine_with_warmup, train
+from policylink.runtime.train_data import StoreInfoError
 
 STATE = "observation.state"
 
@@ -45,9 +45,7 @@ def reach_store(tmp_path_factory):
 
 
 def _cfg(store: Path, out: Path, **kw) -> TrainConfig:
-    policy = make_config(
-        "flow", chunk_size=8, n_action_steps=4, unet=UNetConfig(down_dims=[16, 32], time_embed_dim=16)
-    )
+    policy = make_config("flow", chunk_size=8, n_action_steps=4, unet=UNetConfig(down_dims=[16, 32], time_embed_dim=16))
     fields = dict(
         policy=policy,
         dataset=DatasetConfig(path=str(store), env="reach", val_fraction=0.25),
