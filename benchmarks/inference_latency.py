@@ -22,9 +22,10 @@ import torch
 
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
 from policylink.data.normalize import Normalizer
-from policylink.policies.config import PolicyConfig, UNetConfig
-from policylink.policies.encoders import EncoderConfig
+from policylink.policies.common.encoders import EncoderConfig
+from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.policy import make_chunk_policy
+from policylink.policies.registry import make_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "inference_latency.md"
 STATE, ENV_STATE, IMAGE = "observation.state", "observation.environment_state", "observation.images.front"
@@ -82,8 +83,8 @@ def _features(variant: str) -> dict[str, FeatureSpec]:
 
 def _ours(kind: str, variant: str, down: list[int]):
     feats = _features(variant)
-    cfg = PolicyConfig(
-        type=kind,
+    cfg = make_config(
+        kind,
         observation_keys=list(feats),
         unet=UNetConfig(down_dims=down),
         encoder=EncoderConfig(vision_backbone="resnet18", crop_ratio=84 / 96, num_keypoints=32),
