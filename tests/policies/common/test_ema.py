@@ -63,3 +63,13 @@ def test_resume_state_round_trip_and_buffers_copied():
     torch.testing.assert_close(other.model.weight, ema.model.weight)
     with pytest.raises(ValueError, match=r"ema max_decay: expected a value in \[0, 1\), received 1.0"):
         EMA(net, max_decay=1.0)
+
+
+@pytest.mark.parametrize("kind", ["diffusion", "flow"])
+def test_the_averaged_model_samples_with_its_own_network(kind, kit):
+    """The sampler holds a reference to the network: the EMA copy's sampler must run the averaged weights."""
+    from policylink.policies.registry import build_model
+
+    model = build_model(kit.tiny_config(kind), kit.FEATURES, 2)
+    ema = EMA(model)
+    assert ema.model.sampler.net is ema.model.net and ema.model.net is not model.net
