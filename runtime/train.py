@@ -100,9 +100,7 @@ def train(cfg: TrainConfig) -> Path:
     logger = _MetricsLogger(out_dir, enabled=rank == 0, resume=step > 0, extra=loss_fn.metrics)
     local_b = cfg.batch_size // world
     bar = _progress(cfg, step)
-    t_last, samples = time.perf_counter(), 0
-    loss_sum, loss_n = 0.0, 0
-    metric_sums: dict[str, float] = dict.fromkeys(loss_fn.metrics, 0.0)
+    period = _Period(loss_fn.metrics, world, device)
     while step < cfg.steps:
         model.train()
         idx, noise = _step_draws(cfg, loss_fn, model, len(train_ds), step)
@@ -118,23 +116,10 @@ def train(cfg: TrainConfig) -> Path:
         scheduler.step()
         ema.update(model)
         step += 1
-        samples += cfg.batch_size
-        loss_sum += _mean_over_ranks(loss.detach(), world)
-        loss_n += 1
-        for k in loss_fn.metrics:
-            metric_sums[k] += float(metrics[k])
+        period.add(loss.detach(), metrics, cfg.batch_size)
         row: dict[str, Any] = {}
         if cfg.log_every and step % cfg.log_every == 0 or step == cfg.steps:
-            now = time.perf_counter()
-            row.update(
-                loss=loss_sum / loss_n,
-                lr=scheduler.get_last_lr()[0],
-                grad_norm=grad_norm,
-                samples_per_s=samples / max(now - t_last, 1e-9),
-            )
-            row.update(_metric_means(metric_sums, loss_n, world, device))
-            t_last, samples, loss_sum, loss_n = now, 0, 0.0, 0
-            metric_sums = dict.fromkeys(loss_fn.metrics, 0.0)
+            row.update(period.flush(), lr=scheduler.get_last_lr()[0], grad_norm=grad_norm)
         if val_ds is not None and cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
             row["val_loss"] = validation_loss(ema.model, val_ds, loss_fn, cfg, device)
         if rank == 0 and cfg.eval.every and cfg.eval.episodes and (step % cfg.eval.every == 0 or step == cfg.steps):
@@ -155,14 +140,8 @@ def train(cfg: TrainConfig) -> Path:
                 "step": step,
                 "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
             }
-            save_checkpoint(
-                ckpt_dir,
-                model=ema.model,
-                normalizer=normalizer,
-                spec=spec,
-                training_state=state,
-                train_config=_plain(cfg),
-            )
+            kw = dict(model=ema.model, normalizer=normalizer, spec=spec, training_state=state)
+            save_checkpoint(ckpt_dir, **kw, train_config=_plain(cfg))
             if cfg.save_every and step % cfg.save_every == 0:
                 _copy_numbered(ckpt_dir, step)
     if bar is not None:
@@ -298,17 +277,39 @@ def _clip(model: torch.nn.Module, max_norm: float) -> float:
     return float(torch.stack(grads).norm()) if grads else 0.0
 
 
-def _metric_means(sums: dict[str, float], n: int, world: int, device: torch.device) -> dict[str, float]:
-    """Per-step means of a loss's metrics over a logging period, averaged over DDP ranks (one all-reduce)."""
-    if not sums:
-        return {}
-    means = torch.tensor([v / max(n, 1) for v in sums.values()], dtype=torch.float64, device=device)
-    if world > 1:
-        import torch.distributed as dist
+class _Period:
+    """Accumulates one logging period: the loss (mean over DDP ranks, every step, as before), the loss's metrics
+    (per-rank sums, averaged over ranks at :meth:`flush` with one all-reduce) and the samples seen."""
 
-        dist.all_reduce(means)
-        means /= world
-    return dict(zip(sums, means.tolist()))
+    def __init__(self, metrics: tuple[str, ...], world: int, device: torch.device):
+        self.names, self.world, self.device = metrics, world, device
+        self._start()
+
+    def _start(self) -> None:
+        self.t0, self.samples, self.loss, self.n = time.perf_counter(), 0, 0.0, 0
+        self.sums = dict.fromkeys(self.names, 0.0)
+
+    def add(self, loss: torch.Tensor, metrics: dict[str, float], samples: int) -> None:
+        self.loss += _mean_over_ranks(loss, self.world)
+        self.n += 1
+        self.samples += samples
+        for k in self.names:
+            self.sums[k] += float(metrics[k])
+
+    def flush(self) -> dict[str, float]:
+        """``loss``, ``samples_per_s`` and each metric's per-step mean since the last flush; starts a new period."""
+        now = time.perf_counter()
+        row = {"loss": self.loss / self.n, "samples_per_s": self.samples / max(now - self.t0, 1e-9)}
+        if self.names:
+            means = torch.tensor([v / self.n for v in self.sums.values()], dtype=torch.float64, device=self.device)
+            if self.world > 1:
+                import torch.distributed as dist
+
+                dist.all_reduce(means)
+                means /= self.world
+            row.update(zip(self.names, means.tolist()))
+        self._start()
+        return row
 
 
 def _mean_over_ranks(x: torch.Tensor, world: int) -> float:
