@@ -135,9 +135,8 @@ def bench_training(store_path: Path, args) -> list[str]:
     from policylink.data.normalize import Normalizer
     from policylink.data.sampler import SequenceDataset
     from policylink.data.stats import compute_stats
-    from policylink.policies.config import PolicyConfig
-    from policylink.policies.model import build_model
     from policylink.policies.processing import normalizer_modes, window_horizon
+    from policylink.policies.registry import build_model, default_config
     from policylink.runtime.losses import BatchFields, training_batch
 
     torch.set_num_threads(2)
@@ -145,7 +144,8 @@ def bench_training(store_path: Path, args) -> list[str]:
     store = EpisodeStore(store_path)
     keys = [k for k in store.keys if k.startswith("observation.")]
     feats = {k: env.env_spec.observation_features[k] for k in keys}
-    cfg = PolicyConfig(observation_keys=keys)
+    cfg = default_config()
+    cfg.observation_keys = keys
     stats = compute_stats(store, keys=[*keys, "action"])
     norm = Normalizer(stats, normalizer_modes(feats, cfg.state_norm_mode, cfg.action_norm_mode, cfg.image_norm_mode))
     horizon = window_horizon(cfg.n_obs_steps, cfg.chunk_size)  # as runtime/train.py: the chunk starts at t

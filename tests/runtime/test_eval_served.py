@@ -57,12 +57,13 @@ def _tiny_flow_policy():
 
     from policylink.adapters.schema import ActionSpec, FeatureSpec
     from policylink.data.normalize import Normalizer
-    from policylink.policies.config import PolicyConfig, UNetConfig
+    from policylink.policies.common.unet1d import UNetConfig
     from policylink.policies.policy import make_chunk_policy
+    from policylink.policies.registry import make_config
 
     state = "observation.state"
-    cfg = PolicyConfig(
-        type="flow",
+    cfg = make_config(
+        "flow",
         observation_keys=[state],
         chunk_size=8,
         n_action_steps=3,
