@@ -90,8 +90,7 @@ def test_rtc_prefix_over_the_wire_matches_in_process_for_a_flow_policy():
     from policylink.adapters.transport import RemotePolicy
 
     local, served = _tiny_flow_policy(), _tiny_flow_policy()
-    if not isinstance(local, PrefixConditioned):
-        pytest.skip("ChunkPolicy does not implement PrefixConditioned yet")
+    assert isinstance(local, PrefixConditioned) and isinstance(local, Embedder)
     obs = {"observation.state": np.random.default_rng(0).uniform(0, 1, (3, 3)).astype(np.float32)}
     committed = np.random.default_rng(1).uniform(-1, 1, (2, 8, 2)).astype(np.float32)
     weights = np.tile(np.linspace(1, 0, 8, dtype=np.float32), (2, 1))
@@ -99,8 +98,8 @@ def test_rtc_prefix_over_the_wire_matches_in_process_for_a_flow_policy():
     server = PolicyServer(served, "tcp://127.0.0.1:0").start()
     try:
         remote = RemotePolicy(server.endpoint, timeout_s=60)
-        assert isinstance(remote, PrefixConditioned)
-        assert isinstance(remote, Embedder) == isinstance(local, Embedder)
+        assert isinstance(remote, PrefixConditioned) and isinstance(remote, Embedder)
+        assert remote.latent_dim == local.latent_dim
         local.update_observation(obs)
         remote.update_observation(obs)
         expected = local.predict_action_chunk_with_prefix(prefix, [2, 0])
@@ -108,8 +107,7 @@ def test_rtc_prefix_over_the_wire_matches_in_process_for_a_flow_policy():
         assert got.shape == (2, 8, 2) and got.dtype == np.float32
         np.testing.assert_array_equal(got, expected)
         np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
-        if isinstance(local, Embedder):
-            np.testing.assert_array_equal(remote.embed(None, [1]), local.embed(None, [1]))
+        np.testing.assert_array_equal(remote.embed(None, [1]), local.embed(None, [1]))
         remote.close()
     finally:
         server.stop()
