@@ -198,6 +198,7 @@ class Server:
         if self._threads:
             return self
         self._stop.clear()
+        self._jobs.clear()  # a stop() may have left calls (and the worker's stop mark) behind
         self._ctx = zmq.Context()
         router = self._ctx.socket(zmq.ROUTER)
         router.linger = 0

@@ -268,8 +268,9 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
     lines = [
         f"Command: `{command}`",
         "",
-        f"Machine: 2-core CPU, no GPU (shared with other jobs); {platform.python_version()}; "
-        f"date {datetime.date.today()}; {len(next(iter(lat.values())))} round trips per cell.",
+        f"Machine: {_cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
+        f"Python {platform.python_version()}; date {datetime.date.today()}; "
+        f"{len(next(iter(lat.values())))} round trips per cell.",
         "",
         "| case | "
         + " | ".join(f"{s} p50 / p99 ms" for s in stacks)
@@ -284,6 +285,17 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
         ]
         lines.append(f"| {case} | " + " | ".join([*cells, *ratios, f"{cpu_us[case]:.0f} us"]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:
