@@ -18,6 +18,7 @@ from policylink.adapters.schema import (
     ActionError,
     ObservationError,
     PolicySpec,
+    batch_size_of,
     validate_observation,
 )
 
@@ -114,7 +115,7 @@ class HistoryPolicy(ABC):
         if self._validate:
             validate_observation(feats, obs_batch, batch_dims=1)
         array_keys = [k for k, f in feats.items() if not f.is_string]
-        b = _batch_size_of(obs_batch, array_keys, feats)
+        b = batch_size_of(obs_batch, [*array_keys, *([TASK_KEY] if TASK_KEY in feats else [])])
         if self._batch_size is None:
             self._batch_size = b
             self._fresh = np.ones(b, dtype=bool)
@@ -196,14 +197,3 @@ class HistoryPolicy(ABC):
 
     def _on_reset(self, env_ids: np.ndarray) -> None:  # noqa: B027 - optional hook
         """Hook for subclasses holding per-episode state besides the window (e.g. recurrent latents)."""
-
-
-def _batch_size_of(obs_batch: Mapping[str, Any], array_keys: list[str], feats: Mapping) -> int:
-    sizes = {k: int(np.asarray(obs_batch[k]).shape[0]) for k in array_keys}
-    if TASK_KEY in obs_batch and TASK_KEY in feats:
-        sizes[TASK_KEY] = len(obs_batch[TASK_KEY])
-    if not sizes:
-        raise ObservationError(["observation: expected at least one batched feature, received none"])
-    if len(set(sizes.values())) != 1:
-        raise ObservationError([f"batch size: expected the same leading dim for every feature, received {sizes}"])
-    return next(iter(sizes.values()))

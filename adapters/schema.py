@@ -9,7 +9,7 @@ its expected and received value.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -501,6 +501,29 @@ def validate_observation(
     if problems:
         raise ObservationError(problems)
     return obs
+
+
+def batch_size_of(obs_batch: Mapping[str, Any], keys: Iterable[str] | None = None) -> int:
+    """``B``, the leading dim shared by the features ``keys`` of a batch (default: every key; ``task`` counts by
+    its length). Keys absent from the batch are skipped (:func:`validate_observation` reports those).
+
+    Raises:
+        ObservationError: no feature to count, a value without a leading dim, or leading dims that disagree
+            (every size is listed).
+    """
+    names = list(obs_batch) if keys is None else [k for k in keys if k in obs_batch]
+    sizes: dict[str, int] = {}
+    for key in names:
+        value = obs_batch[key]
+        shape = (len(value),) if key == TASK_KEY and isinstance(value, (list, tuple)) else np.shape(value)
+        if not shape:
+            raise ObservationError([f"{key}: expected a leading batch dim B, received a scalar or bare str"])
+        sizes[key] = int(shape[0])
+    if not sizes:
+        raise ObservationError(["observation: expected at least one batched feature, received none"])
+    if len(set(sizes.values())) != 1:
+        raise ObservationError([f"batch size: expected the same leading dim for every feature, received {sizes}"])
+    return next(iter(sizes.values()))
 
 
 def check_compatible(policy_spec: PolicySpec, env_spec: EnvSpec, *, frequency_rtol: float = 1e-3) -> None:

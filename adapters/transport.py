@@ -33,7 +33,14 @@ from policylink.adapters.protocol import (
     ProtocolError,
 )
 from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES, Channel, Server
-from policylink.adapters.schema import TASK_KEY, ActionError, ObservationError, PolicySpec, validate_observation
+from policylink.adapters.schema import (
+    TASK_KEY,
+    ActionError,
+    ObservationError,
+    PolicySpec,
+    batch_size_of,
+    validate_observation,
+)
 
 __all__ = ["PolicyServer", "RemotePolicy", "WIRE_CAPABILITIES", "EnvServer", "RemoteEnv", "LiveEnv"]
 
@@ -152,11 +159,7 @@ class PolicyServer(Server):
             try:
                 if not self._conforms(obs):
                     validate_observation(self.policy.spec, obs, batch_dims=1)  # raises, naming every problem
-                    sizes = _batch_sizes(obs, self.policy.spec)
-                    if len(set(sizes.values())) > 1:
-                        raise ObservationError(
-                            [f"batch size: expected one leading dim B for every feature, received {sizes}"]
-                        )
+                    batch_size_of(obs, self.policy.spec.observation_features)
                 self.policy.update_observation(obs)
             except ObservationError as e:
                 key = e.problems[0].split(":", 1)[0] if e.problems else ""
@@ -233,10 +236,6 @@ class PolicyServer(Server):
             if type(v) is not list or (b is not None and len(v) != b) or not all(type(t) is str for t in v):
                 return False
         return True
-
-
-def _batch_sizes(obs: Mapping[str, Any], spec: PolicySpec) -> dict[str, int]:
-    return {k: len(obs[k]) for k in spec.observation_features if k in obs}
 
 
 def _check_env_ids(env_ids: list[int] | None) -> list[int] | None:

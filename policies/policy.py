@@ -23,11 +23,11 @@ from policylink.adapters.capabilities import (
     SampleResult,
 )
 from policylink.adapters.policy import HistoryPolicy
-from policylink.adapters.schema import PolicySpec
+from policylink.adapters.schema import PolicySpec, batch_size_of
 from policylink.data.normalize import Normalizer
 from policylink.policies.common.conditioning import NULL_LABEL
 from policylink.policies.model import ChunkModel
-from policylink.policies.processing import actions_to_normalized, actions_to_units, batch_size_of, observation_tensors
+from policylink.policies.processing import actions_to_normalized, actions_to_units, observation_tensors
 
 
 class ChunkPolicy(HistoryPolicy):

@@ -8,7 +8,7 @@ numbers at inference as it did in training.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -91,11 +91,3 @@ def chunk_from_window(actions: torch.Tensor, n_obs_steps: int) -> torch.Tensor:
     """The chunk ``(..., chunk_size, A)`` (index 0 = the newest observation's step) of window actions
     ``(..., chunk_size + n_obs_steps - 1, A)``."""
     return actions[..., n_obs_steps - 1 :, :]
-
-
-def batch_size_of(obs: Mapping[str, Any], keys: Sequence[str]) -> int:
-    """Leading dim ``B`` shared by ``obs[key]`` for ``keys``. Raises ValueError when they disagree."""
-    sizes = {k: int(np.shape(obs[k])[0]) for k in keys}
-    if len(set(sizes.values())) != 1:
-        raise ValueError(f"batch size: expected the same leading dim for every feature, received {sizes}")
-    return next(iter(sizes.values()))

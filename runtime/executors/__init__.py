@@ -11,7 +11,6 @@ from policylink.runtime.executors.base import (
     ExecutorConfig,
     ExecutorConfigError,
     ExecutorKind,
-    batch_size_of,
     executor_problems,
     request_chunk,
 )
@@ -32,7 +31,6 @@ __all__ = [
     "LatencyMode",
     "RecedingHorizonExecutor",
     "TemporalEnsembleExecutor",
-    "batch_size_of",
     "executor_problems",
     "make_executor",
     "request_chunk",

@@ -19,7 +19,7 @@ import numpy as np
 
 from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, GuidedSampler, PrefixConditioned
 from policylink.adapters.policy import PolicyAdapter
-from policylink.adapters.schema import TASK_KEY
+from policylink.adapters.schema import batch_size_of
 from policylink.runtime.executors.latency import LatencyConfig
 from policylink.runtime.executors.queue import ChunkQueue
 
@@ -287,20 +287,6 @@ def request_chunk(
     if prefix is not None and isinstance(policy, PrefixConditioned):
         return np.asarray(policy.predict_action_chunk_with_prefix(prefix, env_ids), dtype=np.float32), False
     return np.asarray(policy.predict_action_chunk(env_ids), dtype=np.float32), False
-
-
-def batch_size_of(obs_batch: Mapping[str, Any]) -> int:
-    """``B`` of an observation batch: the leading dim of its arrays (or the length of ``task``).
-
-    Raises:
-        ValueError: the batch holds no feature.
-    """
-    for key, value in obs_batch.items():
-        if key != TASK_KEY:
-            return int(np.shape(value)[0])
-    if TASK_KEY in obs_batch:
-        return len(obs_batch[TASK_KEY])
-    raise ValueError("observation batch: expected at least one feature, received none")
 
 
 def executor_problems(spec: Any, config: ExecutorConfig) -> list[str]:

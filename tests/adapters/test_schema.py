@@ -163,3 +163,17 @@ def test_rotation_convention_is_explicit():
     assert "action rotation: expected quat_xyzw (policy), received quat_wxyz (env)" in compatibility_problems(
         policy, env
     )
+
+
+def test_batch_size_of_counts_every_feature_and_task():
+    from policylink.adapters.schema import batch_size_of
+
+    obs = {"observation.state": np.zeros((3, 2), np.float32), "task": ["a", "b", "c"]}
+    assert batch_size_of(obs) == 3
+    assert batch_size_of(obs, ["observation.state", "missing"]) == 3
+    with pytest.raises(ObservationError, match=r"received \{'observation.state': 3, 'task': 2\}"):
+        batch_size_of({**obs, "task": ["a", "b"]})
+    with pytest.raises(ObservationError, match="task: expected a leading batch dim"):
+        batch_size_of({"task": "bare"})
+    with pytest.raises(ObservationError, match="at least one batched feature"):
+        batch_size_of({})
