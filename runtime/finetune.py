@@ -1,0 +1,42 @@
+"""``policylink finetune``: offline improvement of a trained policy from recorded rollouts.
+
+Each subcommand lives in its own module as ``main(argv) -> int`` and is imported only when run; helpers add
+one line to :data:`SUBCOMMANDS`. Examples::
+
+    policylink finetune critic --policy outputs/train/flow_push --buffer outputs/qvgm/push_buffer.zarr
+    policylink finetune qvgm --policy outputs/train/flow_push --buffer outputs/qvgm/push_buffer.zarr
+    policylink finetune loop --policy outputs/train/flow_push --env push --rounds 3 --episodes 50
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module implementing main(argv) -> int, one-line help). Modules are imported lazily.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "critic": ("policylink.runtime.finetune_qvgm", "train a chunk IQL critic on an episode store (reward, done)"),
+    "qvgm": ("policylink.runtime.finetune_qvgm", "Q-VGM: fine-tune a flow policy with a trained chunk critic"),
+    "loop": ("policylink.runtime.finetune_loop", "learn from experience: record, critic, Q-VGM, evaluate per round"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``policylink finetune <subcommand>``. Returns the exit code (2 on a usage error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: policylink finetune <subcommand> [--option value ...]\n\nsubcommands:")
+        for name, (_, text) in SUBCOMMANDS.items():
+            print(f"  {name:<12}{text}")
+        print("\nRun 'policylink finetune <subcommand> --help' for its options.")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(
+            f"policylink finetune: unknown subcommand {name!r}; expected one of {', '.join(SUBCOMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main([name, *rest]) or 0)
