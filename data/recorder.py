@@ -18,6 +18,10 @@ import numpy as np
 from policylink.adapters.schema import ACTION_KEY, TASK_KEY, EnvSpec
 from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeMeta, EpisodeStore
 
+TERMINATED_KEY = "terminated"
+"""Per-step bool array: the env reported a true termination (``terminated``, not a time-limit truncation) at this
+step; ``done`` marks every episode end. Recorded when :meth:`EpisodeRecorder.add_step` is given ``terminated``."""
+
 
 class RecorderError(RuntimeError):
     """A recorder call out of order (step without start, end of an empty episode...) or an inconsistent step."""
@@ -71,10 +75,18 @@ class EpisodeRecorder:
         self._slots[slot] = {"meta": meta or EpisodeMeta(), "steps": {}, "n": 0, "task": None}
 
     def add_step(
-        self, obs: Mapping[str, Any], action: np.ndarray, reward: float = 0.0, done: bool = False, slot: int = 0
+        self,
+        obs: Mapping[str, Any],
+        action: np.ndarray,
+        reward: float = 0.0,
+        done: bool = False,
+        slot: int = 0,
+        terminated: bool | None = None,
     ) -> None:
         """Append one step: observation ``o_t`` (dict of arrays without batch dim), action ``a_t`` float32
-        ``(A,)``, and the reward / termination returned by ``env.step(a_t)``.
+        ``(A,)``, and the reward / episode end returned by ``env.step(a_t)``; ``terminated`` (optional) separates
+        a true termination from a time-limit end and is stored as :data:`TERMINATED_KEY` (a store that predates
+        it keeps its keys).
 
         Raises:
             RecorderError: no episode was started in ``slot``, or a key is missing / changes shape.
@@ -97,6 +109,8 @@ class EpisodeRecorder:
         row[ACTION_KEY] = np.asarray(action, dtype=np.float32).copy()
         row[REWARD_KEY] = np.float32(reward)
         row[DONE_KEY] = bool(done)
+        if terminated is not None and ep.setdefault("keep_terminated", self._store_takes(TERMINATED_KEY)):
+            row[TERMINATED_KEY] = bool(terminated)
         for k, v in row.items():
             lst = ep["steps"].setdefault(k, [])
             if lst and np.shape(lst[0]) != np.shape(v):
@@ -149,6 +163,11 @@ class EpisodeRecorder:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _store_takes(self, key: str) -> bool:
+        """True when a new per-step ``key`` fits the store: it is empty or already holds ``key``."""
+        keys = self.store.keys
+        return not keys or key in keys
 
     def _slot(self, slot: int) -> dict[str, Any]:
         if slot not in self._slots:

@@ -26,6 +26,7 @@ from policylink.adapters.schema import TASK_KEY, EnvSpec
 
 EPISODE_INDEX = "policylink_episode"  # reset-info key: index of the planned episode (-1 = padding)
 EPISODE_SEED = "policylink_seed"  # reset-info key: its reset seed (-1 = none)
+TERMINATED_INFO = "policylink_terminated"  # step-info key: env.step's ``terminated`` (done = terminated | truncated)
 
 
 @dataclass
@@ -146,8 +147,8 @@ class RecorderSubscriber(EpisodeSubscriber):
         self._reset_success[slot] = bool(info.get("is_success", False))
 
     def on_step(self, slot, obs, action, reward, done, info) -> None:
-        """Buffer ``(o_t, a_t, r_t, done_t)``."""
-        self.recorder.add_step(obs, action, reward, done, slot=slot)
+        """Buffer ``(o_t, a_t, r_t, done_t)`` and the true termination (``info[TERMINATED_INFO]``)."""
+        self.recorder.add_step(obs, action, reward, done, slot=slot, terminated=bool(info.get(TERMINATED_INFO, done)))
 
     def on_episode_end(self, slot: int, result: EpisodeResult) -> None:
         """Commit the episode with its success flag."""
@@ -270,7 +271,7 @@ def rollout(
             for j, trace in enumerate(slots):
                 if trace.index < 0:
                     continue
-                step_info = slot_info(info, j, final=bool(done[j]))
+                step_info = {**slot_info(info, j, final=bool(done[j])), TERMINATED_INFO: bool(terminated[j])}
                 trace.add(float(reward[j]), bool(done[j]), bool(step_info.get("is_success", False)), batch, j)
                 row = {k: v[j] for k, v in batch.items()}
                 for s in subs:
