@@ -128,8 +128,9 @@ class GuidedSampler(Protocol):
 
     - ``sampler``: the :class:`DenoisingSampler`.
     - ``history``: the current observation windows ``{key: (B, n_obs_steps, ...)}``.
-    - ``sample(obs, guidance=, num_steps=, noise=, return_trajectory=)``: float32 ``(B, H, A)`` in units, or a
-      :class:`SampleResult` when ``return_trajectory``.
+    - ``sample(obs, guidance=, num_steps=, noise=, return_trajectory=, env_ids=)``: float32 ``(B', H, A)`` in
+      units, or a :class:`SampleResult` when ``return_trajectory``; ``obs=None`` samples the rows ``env_ids``
+      (``None`` = all) of the current history with their own conditioning.
     - ``normalize_actions(actions)``: ``(..., A)`` units -> normalised torch tensor; ``unnormalize_actions``
       the inverse (-> float32 numpy).
     """
@@ -142,12 +143,13 @@ class GuidedSampler(Protocol):
 
     def sample(
         self,
-        obs: Mapping[str, Any],
+        obs: Mapping[str, Any] | None = None,
         *,
         guidance: Guidance | GuidanceFn | None = None,
         num_steps: int | None = None,
         noise: Any = None,
         return_trajectory: bool = False,
+        env_ids: Sequence[int] | None = None,
     ) -> np.ndarray | SampleResult: ...
 
     def normalize_actions(self, actions: Any) -> Any: ...

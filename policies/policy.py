@@ -123,6 +123,7 @@ class ChunkPolicy(HistoryPolicy):
         return_trajectory: bool = False,
         labels: Any = None,
         tokens: Any = None,
+        env_ids: Sequence[int] | None = None,
     ) -> np.ndarray | SampleResult:
         """Sample action chunks for observation windows.
 
@@ -139,21 +140,26 @@ class ChunkPolicy(HistoryPolicy):
             labels, tokens: conditioning for explicit ``obs`` (int ``(B,)`` with ``-1`` = null; float ``(B,
                 token_dim)``); default null. With ``obs=None`` they must be None (the rows' conditioning is the
                 one given to :meth:`set_conditioning`).
+            env_ids: with ``obs=None``, the rows to sample (``None`` = all), each with its cached latent and its
+                conditioning; must be None with explicit ``obs``.
 
         Returns:
             float32 ``(B, chunk_size, A)`` in the ActionSpec's units, or a :class:`SampleResult`.
 
         Raises:
             KeyError: an observation feature is missing. ValueError: ``noise`` has the wrong shape, or
-            ``labels``/``tokens`` with ``obs=None``. RuntimeError: ``obs=None`` before any observation.
+            ``labels``/``tokens`` with ``obs=None``, or ``env_ids`` with explicit ``obs``. RuntimeError:
+            ``obs=None`` before any observation. IndexError: an id outside ``[0, B)``.
         """
         if obs is None:
             if labels is not None or tokens is not None:
                 raise ValueError("sample: labels/tokens go with explicit obs; for the history use set_conditioning")
-            ids = self._all_rows()
+            ids = self._all_rows() if env_ids is None else self._ids(env_ids)
             latent = self._row_latents(ids)
             labels, tokens = self._row_conditioning(ids)
         else:
+            if env_ids is not None:
+                raise ValueError("sample: env_ids selects rows of the history (obs=None); slice explicit obs instead")
             latent = self._encode(obs)
             labels, tokens = self._as_conditioning(labels, tokens)
         return self._generate(latent, labels, tokens, guidance, num_steps, noise, return_trajectory)

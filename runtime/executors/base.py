@@ -272,7 +272,8 @@ def request_chunk(
     """One chunk request for rows ``env_ids`` (``None`` = all): the single place executors call the policy.
 
     - ``guidance`` and ``policy`` a :class:`~policylink.adapters.capabilities.GuidedSampler`:
-      ``policy.sample(history rows, guidance=guidance)``;
+      ``policy.sample(None, guidance=guidance, env_ids=env_ids)`` (the rows' windows, cached latents and
+      conditioning);
     - else ``prefix`` and ``policy`` a :class:`~policylink.adapters.capabilities.PrefixConditioned`:
       ``policy.predict_action_chunk_with_prefix(prefix, env_ids)`` (real-time chunking);
     - else ``policy.predict_action_chunk(env_ids)``.
@@ -281,9 +282,7 @@ def request_chunk(
         ``(chunk, guided)``: float32 ``(B', H, A)`` in the ActionSpec's units, and whether ``guidance`` was used.
     """
     if guidance is not None and isinstance(policy, GuidedSampler):
-        history = policy.history
-        obs = history if env_ids is None else {k: np.asarray(v)[env_ids] for k, v in history.items()}
-        return np.asarray(policy.sample(obs, guidance=guidance), dtype=np.float32), True
+        return np.asarray(policy.sample(None, guidance=guidance, env_ids=env_ids), dtype=np.float32), True
     if prefix is not None and isinstance(policy, PrefixConditioned):
         return np.asarray(policy.predict_action_chunk_with_prefix(prefix, env_ids), dtype=np.float32), False
     return np.asarray(policy.predict_action_chunk(env_ids), dtype=np.float32), False

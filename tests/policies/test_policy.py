@@ -221,6 +221,26 @@ def test_conditioning_slot_labels_reach_the_network(kit):
         _policy(kit, "flow").set_conditioning(labels=[1])
 
 
+def test_sample_history_rows_keeps_their_conditioning(kit):
+    """A guided replan of a subset of rows (executors' ``replan``) samples those rows with their own labels."""
+    from policylink.adapters.capabilities import ConditioningSpec
+
+    policy = _policy(kit, "flow", seed=2, conditioning=ConditioningSpec(num_labels=2))
+    with torch.no_grad():
+        policy.model.extra_conditioning.labels.weight.copy_(torch.arange(3.0)[:, None].expand(3, policy.latent_dim))
+    policy.set_conditioning(labels=[1, 0, 1])
+    policy.update_observation({k: v[:, 0] for k, v in window(3).items()})
+    policy.reseed(2)
+    rows = policy.sample(None, env_ids=[2, 1], guidance=lambda x_t, t, out, cond, sampler: out)
+    policy.reseed(2)
+    explicit = policy.sample({k: v[[2, 1]] for k, v in policy.history.items()}, labels=[1, 0])
+    np.testing.assert_array_equal(rows, explicit)
+    policy.reseed(2)
+    assert not np.allclose(rows, policy.sample({k: v[[2, 1]] for k, v in policy.history.items()}))  # null labels
+    with pytest.raises(ValueError, match="env_ids selects rows of the history"):
+        policy.sample(window(2), env_ids=[0])
+
+
 def test_rtc_prefix_pulls_the_frozen_steps_onto_the_committed_actions(kit):
     from policylink.adapters.capabilities import ChunkPrefix
     from policylink.policies.common.rtc import rtc_weights

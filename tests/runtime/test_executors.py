@@ -92,7 +92,9 @@ class GuidedClockPolicy(RecordingPolicy):
 
     sampler = None
 
-    def sample(self, obs, *, guidance=None, num_steps=None, noise=None, return_trajectory=False):
+    def sample(self, obs=None, *, guidance=None, num_steps=None, noise=None, return_trajectory=False, env_ids=None):
+        if obs is None:
+            obs = self.rows(env_ids)[0]
         self.requests.append(("sample", obs[STATE].shape[0]))
         chunk = self._predict(obs, None, None)
         return chunk if guidance is None else guidance(chunk, None, chunk, None, self)
