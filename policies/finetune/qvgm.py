@@ -1,0 +1,173 @@
+"""Q-guided value-gradient matching (Q-VGM, arXiv 2606.08015; DESIGN section 4) for flow policies: per batch,
+roll the current policy (no grad) to an intermediate ``(x_t, t)`` on its last ``M`` Euler steps, take the clean
+estimate ``a_hat``, climb the critic from ``a_hat`` by normalised gradient steps inside a trust region keeping
+the best iterate (``a_hat`` included), and regress the velocity onto ``v_tgt = sg(v) + alpha (a* - a_hat) /
+(1 - t)`` plus ``lambda_bc`` times flow matching on the data. No likelihoods, no backpropagation through the
+chain, no critic at inference.
+
+Scaling: with the ``1 / (1 - t)`` factor the clean estimate ``x_t + (1 - t) v_tgt`` moves by exactly ``alpha (a*
+- a_hat)`` at every ``t`` (the issue's form; DESIGN's ``sg(v) + alpha (a* - a_hat)`` moves it by ``alpha (1 - t)
+(a* - a_hat)``, which vanishes at the clean end where the critic's gradient is most meaningful).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from policylink.policies.critics import ChunkCritic, critic_state
+from policylink.policies.model import ChunkModel
+
+
+@dataclass(frozen=True)
+class QVGMConfig:
+    """Q-VGM settings (normalised action units).
+
+    Attributes:
+        last_steps: ``M``: intermediate times drawn among the last ``M`` of the sampler's ``K`` steps (paper: 5
+            of 10).
+        ascent_steps: normalised Q-gradient steps from ``a_hat``.
+        step_size: length of one step, RMS per action entry.
+        trust_radius: max RMS distance of an iterate from ``a_hat``.
+        alpha: fraction of ``a* - a_hat`` the clean estimate is moved by.
+        bc_weight: ``lambda_bc``, weight of the flow-matching loss on the buffer's actions.
+    """
+
+    last_steps: int = 5
+    ascent_steps: int = 10
+    step_size: float = 0.05
+    trust_radius: float = 0.25
+    alpha: float = 1.0
+    bc_weight: float = 1.0
+
+    def validate(self, num_steps: int | None = None) -> QVGMConfig:
+        """Return self if consistent (``last_steps <= num_steps`` when given). Raises ValueError naming the field."""
+        if self.last_steps < 1 or (num_steps is not None and self.last_steps > num_steps):
+            raise ValueError(f"qvgm.last_steps: expected in [1, {num_steps}], received {self.last_steps}")
+        if self.ascent_steps < 0:
+            raise ValueError(f"qvgm.ascent_steps: expected >= 0, received {self.ascent_steps}")
+        for name in ("step_size", "trust_radius", "alpha"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"qvgm.{name}: expected > 0, received {getattr(self, name)}")
+        if self.bc_weight < 0:
+            raise ValueError(f"qvgm.bc_weight: expected >= 0, received {self.bc_weight}")
+        return self
+
+
+@dataclass
+class AscentResult:
+    """Keep-best ascent output: ``a_star`` like the start ``(B, ...)``; ``q_start``, ``q_best`` ``(B,)``;
+    ``start_won`` bool ``(B,)`` (no iterate beat the start)."""
+
+    a_star: torch.Tensor
+    q_start: torch.Tensor
+    q_best: torch.Tensor
+    start_won: torch.Tensor
+
+
+def keep_best_ascent(
+    q_fn: Callable[[torch.Tensor], torch.Tensor],
+    start: torch.Tensor,
+    steps: int,
+    step_size: float,
+    trust_radius: float,
+) -> AscentResult:
+    """Iterative normalised gradient ascent on ``q_fn`` (``(B, ...) -> (B,)``) from ``start`` ``(B, ...)``:
+    ``a <- P(a + step_size sqrt(n) g / ||g||)`` with ``P`` the projection onto ``||a - start|| <= trust_radius
+    sqrt(n)`` (``n`` entries per sample, so both are RMS per entry), keeping per sample the iterate with the
+    highest ``q_fn`` (the start included, so ``q_best >= q_start``). Gradients flow only to the iterates; the
+    result is detached.
+    """
+    start = start.detach()
+    b = start.shape[0]
+    scale = float(start[0].numel()) ** 0.5
+    a = start.clone()
+    with torch.no_grad():
+        q_start = q_fn(start)
+    best, q_best = start.clone(), q_start.clone()
+    view = (b,) + (1,) * (start.dim() - 1)
+    for _ in range(int(steps)):
+        with torch.enable_grad():
+            x = a.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(q_fn(x).sum(), x)
+        with torch.no_grad():
+            norm = g.reshape(b, -1).norm(dim=1).clamp_min(1e-12).reshape(view)
+            a = a + step_size * scale * g / norm
+            d = a - start
+            dn = d.reshape(b, -1).norm(dim=1).reshape(view)
+            a = start + d * (trust_radius * scale / dn.clamp_min(1e-12)).clamp(max=1.0)
+            q = q_fn(a)
+            better = q > q_best
+            best[better] = a[better]
+            q_best = torch.where(better, q, q_best)
+    return AscentResult(best, q_start, q_best, ~(q_best > q_start))
+
+
+class QVGMLoss:
+    """The Q-VGM objective as a :class:`~policylink.runtime.losses.Loss` (draws + ``(model, batch, step)``).
+
+    Args:
+        cfg: :class:`QVGMConfig`.
+        critic: a trained :class:`ChunkCritic` (frozen here; its ``horizon`` is the executed chunk it scores).
+        reference: the frozen base model whose encoder gives the critic's latents (the one the critic was
+            trained with); never updated.
+
+    The batch is the trainer's (``obs``, ``action``, ``valid``; :func:`policylink.runtime.losses.training_batch`
+    with the default ``BatchFields()``) plus ``noise`` from :meth:`draw`.
+    """
+
+    metrics: ClassVar[tuple[str, ...]] = ("vgm_loss", "bc_loss", "keep_best_margin", "start_won", "q_start", "q_best")
+
+    def __init__(self, cfg: QVGMConfig, critic: ChunkCritic, reference: ChunkModel):
+        self.cfg = cfg.validate(reference.sampler.num_steps)
+        self.critic = critic.eval().requires_grad_(False)
+        self.reference = reference.eval().requires_grad_(False)
+
+    def draw(
+        self, model: ChunkModel, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
+    ) -> dict[str, torch.Tensor]:
+        """BC noise ``{"noise", "t"}`` (``model.draw_noise``), ``rollout`` ``(B, H, A)`` initial noise and
+        ``index`` int64 ``(B,)`` of the intermediate Euler step, uniform in ``[K - M, K)``."""
+        out = model.draw_noise(batch_size, generator, device)
+        k = model.sampler.num_steps
+        out["rollout"] = torch.randn(batch_size, model.horizon, model.action_dim, generator=generator).to(device)
+        out["index"] = torch.randint(k - self.cfg.last_steps, k, (batch_size,), generator=generator).to(device)
+        return out
+
+    def targets(self, model: ChunkModel, obs: Mapping[str, torch.Tensor], cond: torch.Tensor, noise: Mapping):
+        """``(x_t, t, v_tgt, AscentResult)`` for a batch (no gradient to ``model``)."""
+        c = self.cfg
+        with torch.no_grad():
+            _, xs, times, _ = model.sampler.sample(cond, noise["rollout"], return_trajectory=True)
+            rows = torch.arange(cond.shape[0], device=cond.device)
+            x_t, t = xs[noise["index"], rows], times[noise["index"]]
+            v = model.sampler.denoise(x_t, t, cond)
+            a_hat = model.sampler.clean_estimate(x_t, t, v)
+            s = critic_state(self.reference.embed(obs), obs)
+        res = keep_best_ascent(lambda a: self.critic.actor_q(s, a), a_hat, c.ascent_steps, c.step_size, c.trust_radius)
+        v_tgt = v + c.alpha * (res.a_star - a_hat) / (1.0 - t)[:, None, None]
+        return x_t, t, v_tgt, res
+
+    def __call__(self, model: ChunkModel, batch: Mapping[str, Any], step: int) -> tuple[torch.Tensor, dict]:
+        """``||v_theta(x_t, t) - v_tgt||^2 + lambda_bc * flow matching``; metrics: both terms, the mean keep-best
+        margin ``Q(a*) - Q(a_hat)``, the fraction where the start won, the mean ``Q(a_hat)`` and ``Q(a*)``."""
+        obs, noise = batch["obs"], batch["noise"]
+        cond = model.condition(model.embed(obs))
+        x_t, t, v_tgt, res = self.targets(model, obs, cond.detach(), noise)
+        vgm = (model.sampler.denoise(x_t, t, cond) - v_tgt).square().mean()
+        bc = model.loss(cond, batch["action"], noise, batch.get("valid"))
+        metrics = {
+            "vgm_loss": float(vgm),
+            "bc_loss": float(bc),
+            "keep_best_margin": float((res.q_best - res.q_start).mean()),
+            "start_won": float(res.start_won.float().mean()),
+            "q_start": float(res.q_start.mean()),
+            "q_best": float(res.q_best.mean()),
+        }
+        return vgm + self.cfg.bc_weight * bc, metrics
+
+
+__all__ = ["AscentResult", "QVGMConfig", "QVGMLoss", "keep_best_ascent"]
