@@ -193,6 +193,22 @@ class MujocoTaskEnv(EnvAdapter):
         """The task's success predicate on the current state."""
         raise NotImplementedError
 
+    def goal_distance(self, state: np.ndarray) -> np.ndarray | None:
+        """Dimensionless distance to the goal of ``observation.state`` rows float ``(N, D)`` -> float64 ``(N,)``
+        (0 at the goal), or None when the task defines none. ``info["progress"]`` is ``1 - d_t / d_0`` of it
+        (:func:`policylink.data.labels.progress_from_distance`: ALTER's relative progress)."""
+        return None
+
+    def _progress_info(self, start: bool = False) -> dict[str, float]:
+        """``{"progress": 1 - d_t / d_0}`` (``d_0`` at reset; 1 when the episode starts at the goal), or ``{}``."""
+        d = self.goal_distance(self._state()[None])
+        if d is None:
+            return {}
+        if start:
+            self._start_distance = float(d[0])
+        d0 = getattr(self, "_start_distance", 0.0)
+        return {"progress": 1.0 - float(d[0]) / d0 if d0 > 0 else 1.0}
+
     # ---------------------------------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Start a new episode from scratch: physics, controller, perturbations, visuals, task.
@@ -207,7 +223,7 @@ class MujocoTaskEnv(EnvAdapter):
         super().reset(seed=seed)
         self._reset_physics(dict(options or {}))
         self._needs_reset = False
-        return self._observation(), {"is_success": self._is_success()}
+        return self._observation(), {"is_success": self._is_success(), **self._progress_info(start=True)}
 
     def _reset_physics(self, options: dict[str, Any]) -> None:
         """Everything of :meth:`reset` except building the observation (so no frame is rendered)."""
@@ -228,7 +244,8 @@ class MujocoTaskEnv(EnvAdapter):
 
         Returns:
             ``(obs, reward, terminated, truncated, info)``: reward 1.0 on success else 0.0, terminated on
-            success, truncated at ``max_episode_steps``, ``info["is_success"]``.
+            success, truncated at ``max_episode_steps``, ``info["is_success"]`` and, for tasks with a
+            :meth:`goal_distance`, ``info["progress"]``.
 
         Raises:
             RuntimeError: ``step`` before the first :meth:`reset` (``"step() before reset(): call reset() first"``).
@@ -246,7 +263,8 @@ class MujocoTaskEnv(EnvAdapter):
         self.elapsed_steps += 1
         success = self._is_success()
         truncated = self.elapsed_steps >= self.max_episode_steps
-        return self._observation(), float(success), success, truncated, {"is_success": success}
+        info = {"is_success": success, **self._progress_info()}
+        return self._observation(), float(success), success, truncated, info
 
     def privileged_state(self) -> np.ndarray:
         """The full ``observation.state`` vector in every ``obs_mode``, float32 ``(D,)`` in the order of

@@ -58,6 +58,13 @@ class PickPlaceEnv(GripperTaskEnv):
         target = self.data.mocap_pos[self._target_mocap]
         return np.concatenate([self._robot_state(), self.object_position, target]).astype(np.float32)
 
+    def goal_distance(self, state: np.ndarray) -> np.ndarray:
+        """Gripper-to-cube plus cube-to-goal distance, m, float64 ``(N,)`` from states ``(N, 10)`` (the goal is the
+        pad centre raised by the cube's half size)."""
+        s = np.asarray(state, np.float64)
+        goal = s[:, 7:10] + np.array([0.0, 0.0, CUBE_HALF_M])
+        return np.linalg.norm(s[:, 0:3] - s[:, 4:7], axis=1) + np.linalg.norm(s[:, 4:7] - goal, axis=1)
+
     def _is_success(self) -> bool:
         return self.placed("cube", self.goal_position[:2], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)
 

@@ -96,6 +96,14 @@ class PushEnv(MujocoTaskEnv):
         ee = self.robot.ee_position
         return np.array([ee[0], ee[1], q[0], q[1], math.sin(yaw), math.cos(yaw)], dtype=np.float32)
 
+    def goal_distance(self, state: np.ndarray) -> np.ndarray:
+        """Block pose error in success-threshold units, float64 ``(N,)`` from states ``(N, 6)``: position error /
+        0.02 m + yaw error / 0.2 rad (both 1 at the success boundary)."""
+        s = np.asarray(state, np.float64)
+        dist = np.hypot(s[:, 2] - GOAL_POSE[0], s[:, 3] - GOAL_POSE[1])
+        dyaw = np.abs((np.arctan2(s[:, 4], s[:, 5]) - GOAL_POSE[2] + np.pi) % (2 * np.pi) - np.pi)
+        return dist / SUCCESS_POSITION_M + dyaw / SUCCESS_YAW_RAD
+
     def _is_success(self) -> bool:
         q = self.data.qpos[self._block_qadr : self._block_qadr + 7]
         dist = math.hypot(q[0] - GOAL_POSE[0], q[1] - GOAL_POSE[1])

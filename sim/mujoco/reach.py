@@ -71,6 +71,11 @@ class ReachEnv(MujocoTaskEnv):
     def _state(self) -> np.ndarray:
         return np.concatenate([self.robot.ee_position, self.target]).astype(np.float32)
 
+    def goal_distance(self, state: np.ndarray) -> np.ndarray:
+        """End-effector-to-target distance, m, float64 ``(N,)`` from states ``(N, 6)``."""
+        s = np.asarray(state, np.float64)
+        return np.linalg.norm(s[:, 0:3] - s[:, 3:6], axis=1)
+
     def _is_success(self) -> bool:
         e, t = self.robot.ee_position, self.target
         return math.dist((e[0], e[1], e[2]), (t[0], t[1], t[2])) < SUCCESS_RADIUS_M
