@@ -10,6 +10,7 @@ selects the subclass (draccus choice types, as LeRobot's ``PreTrainedConfig.regi
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -36,6 +37,11 @@ class PolicyConfig(draccus.ChoiceRegistry):
         conditioning: the extra conditioning slot (advantage labels, language vectors) with a learned null
             token; ``ConditioningSpec()`` (no labels, no vectors, the default) adds no parameter, so checkpoints
             written before the slot existed load unchanged.
+        default_label: the conditioning label every row samples with until ``set_conditioning`` changes it
+            (``-1`` = the null label; advantage-conditioned checkpoints: 1, "positive").
+        cfg_scale: classifier-free guidance weight ``w`` at inference, ``out = (1 - w) out_u + w out_c`` (velocity
+            for flow, noise for diffusion; 0 = unconditional, 1 = conditional, plain sampling) for rows with a
+            label; ``--policy.cfg_scale`` overrides the checkpoint's.
         ema_max_decay: EMA decay ceiling; the decay warms up as ``1 - (1 + step) ** -ema_power``.
         ema_power: EMA warm-up exponent (Diffusion Policy: 0.75).
         state_norm_mode: normaliser mode for state vectors (``min_max`` maps to ``[-1, 1]``).
@@ -58,6 +64,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
     n_action_steps: int = 8
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     conditioning: ConditioningSpec = field(default_factory=ConditioningSpec)
+    default_label: int = -1
+    cfg_scale: float = 1.0
     ema_max_decay: float = 0.9999
     ema_power: float = 0.75
     state_norm_mode: str = "min_max"
@@ -95,6 +103,16 @@ class PolicyConfig(draccus.ChoiceRegistry):
             raise ValueError(
                 f"policy.conditioning: expected num_labels >= 0 and token_dim >= 0, received "
                 f"num_labels={c.num_labels}, token_dim={c.token_dim}"
+            )
+        if not -1 <= self.default_label < max(c.num_labels, 0):
+            raise ValueError(
+                f"policy.default_label: expected -1 (null) or a trained label in [0, {c.num_labels}) "
+                f"(policy.conditioning.num_labels={c.num_labels}), received {self.default_label}"
+            )
+        if not math.isfinite(self.cfg_scale) or (self.cfg_scale != 1.0 and not c.num_labels):
+            raise ValueError(
+                f"policy.cfg_scale: expected 1.0 for a policy without a label slot (policy.conditioning.num_labels"
+                f"={c.num_labels}), or a finite weight, received {self.cfg_scale}"
             )
         return self
 

@@ -21,11 +21,12 @@ from policylink.adapters.capabilities import (
     GuidanceFn,
     Prediction,
     SampleResult,
+    as_guidance,
 )
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import PolicySpec, batch_size_of
 from policylink.data.normalize import Normalizer
-from policylink.policies.common.conditioning import NULL_LABEL
+from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance
 from policylink.policies.model import ChunkModel
 from policylink.policies.processing import actions_to_normalized, actions_to_units, observation_tensors
 
@@ -138,8 +139,8 @@ class ChunkPolicy(HistoryPolicy):
             noise: initial noise ``(B, chunk_size, A)``; default drawn from the policy's seeded generator.
             return_trajectory: return a :class:`SampleResult` with the denoising trajectory.
             labels, tokens: conditioning for explicit ``obs`` (int ``(B,)`` with ``-1`` = null; float ``(B,
-                token_dim)``); default null. With ``obs=None`` they must be None (the rows' conditioning is the
-                one given to :meth:`set_conditioning`).
+                token_dim)``); default ``policy.default_label`` (null unless set). With ``obs=None`` they must be
+                None (the rows' conditioning is the one given to :meth:`set_conditioning`).
             env_ids: with ``obs=None``, the rows to sample (``None`` = all), each with its cached latent and its
                 conditioning; must be None with explicit ``obs``.
 
@@ -161,7 +162,7 @@ class ChunkPolicy(HistoryPolicy):
             if env_ids is not None:
                 raise ValueError("sample: env_ids selects rows of the history (obs=None); slice explicit obs instead")
             latent = self._encode(obs)
-            labels, tokens = self._as_conditioning(labels, tokens)
+            labels, tokens = self._as_conditioning(labels, tokens, latent.shape[0])
         return self._generate(latent, labels, tokens, guidance, num_steps, noise, return_trajectory)
 
     def embed(self, obs: Mapping[str, Any] | None = None, env_ids: Sequence[int] | None = None) -> np.ndarray:
@@ -257,7 +258,7 @@ class ChunkPolicy(HistoryPolicy):
     def _on_reset(self, env_ids: np.ndarray) -> None:
         if self._latent_ok is not None:
             self._latent_ok[env_ids] = False
-            self._labels[env_ids] = NULL_LABEL
+            self._labels[env_ids] = self.config.default_label
             if self._tokens is not None:
                 self._tokens[env_ids] = np.nan
 
@@ -267,6 +268,9 @@ class ChunkPolicy(HistoryPolicy):
         """Condition ``latent`` ``(B, D)``, draw (or check) the noise, run the sampler, convert to units."""
         with torch.no_grad():
             cond = self.model.condition(latent, labels, tokens)
+            if labels is not None and self.config.cfg_scale != 1.0:  # classifier-free guidance, policy.cfg_scale
+                uncond = self.model.condition(latent, None, tokens)
+                guidance = classifier_free_guidance(uncond, self.config.cfg_scale, as_guidance(guidance))
         shape = (cond.shape[0], self.spec.chunk_size, self.spec.action.dim)
         if noise is None:
             noise = torch.randn(shape, generator=self._generator, device=self.device)
@@ -305,7 +309,9 @@ class ChunkPolicy(HistoryPolicy):
         tokens = torch.as_tensor(self._tokens[ids], device=self.device) if self._tokens is not None else None
         return labels, tokens
 
-    def _as_conditioning(self, labels: Any, tokens: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _as_conditioning(self, labels: Any, tokens: Any, batch: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if labels is None and self.config.default_label != NULL_LABEL:
+            labels = np.full(batch, self.config.default_label, np.int64)
         lab = None if labels is None else torch.as_tensor(np.asarray(labels, np.int64), device=self.device)
         tok = None if tokens is None else torch.as_tensor(np.asarray(tokens, np.float32), device=self.device)
         return lab, tok
@@ -316,7 +322,7 @@ class ChunkPolicy(HistoryPolicy):
         if b is None or (self._latent_ok is not None and len(self._latent_ok) == b):
             return
         self._latents, self._latent_ok = None, np.zeros(b, dtype=bool)
-        self._labels = np.full(b, NULL_LABEL, dtype=np.int64)
+        self._labels = np.full(b, self.config.default_label, dtype=np.int64)
         d = self.conditioning.token_dim
         self._tokens = np.full((b, d), np.nan, dtype=np.float32) if d else None
         if self._pending is not None:

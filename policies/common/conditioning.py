@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from policylink.adapters.capabilities import ConditioningSpec
+from policylink.adapters.capabilities import ConditioningSpec, Guidance
 
 NULL_LABEL = -1
 """The label value that stands for "no label" (the learned null embedding)."""
@@ -117,4 +117,29 @@ def drop_labels(labels: torch.Tensor, p: float, generator: torch.Generator | Non
     return torch.where(drop, torch.full_like(labels, NULL_LABEL), labels)
 
 
-__all__ = ["NULL_LABEL", "ConditioningEmbedding", "drop_labels"]
+def classifier_free_guidance(uncond: torch.Tensor, scale: float, then: Guidance | None = None) -> Guidance:
+    """Classifier-free guidance (Ho & Salimans 2022) as a sampler hook: ``out' = (1 - w) out_u + w out_c``, i.e.
+    ``out_u + w (out_c - out_u)`` written so that ``w = 0`` returns the unconditional prediction and ``w = 1``
+    the conditional one exactly. ``out_c`` is the step's prediction under the sampler's ``cond`` (with the label);
+    ``out_u = sampler.denoise(x_t, t, uncond)`` re-runs the network with the null label. It applies to any
+    prediction (flow velocity; diffusion noise, the epsilon analogue; clean sample).
+
+    Args:
+        uncond: the unconditional conditioning ``(B, D)`` (latent + null label), detached.
+        scale: ``w``. then: a further hook applied to the guided output (e.g. RTC's); its ``autograd`` carries over.
+
+    Returns:
+        a :class:`~policylink.adapters.capabilities.Guidance`.
+    """
+    w = float(scale)
+
+    def fn(x_t: torch.Tensor, t: torch.Tensor, out: torch.Tensor, cond, sampler) -> torch.Tensor:
+        if w != 1.0:
+            out_u = sampler.denoise(x_t, t, uncond)
+            out = out_u if w == 0.0 else (1.0 - w) * out_u + w * out
+        return out if then is None else then(x_t, t, out, cond, sampler)
+
+    return Guidance(fn, autograd=bool(then is not None and then.autograd))
+
+
+__all__ = ["NULL_LABEL", "ConditioningEmbedding", "classifier_free_guidance", "drop_labels"]
