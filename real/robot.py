@@ -1,0 +1,254 @@
+"""The Robot protocol (one class per arm) and :class:`SafeRobot`, the robot behind its safety layer: the only way a
+command reaches the motors in the robot server.
+
+A driver for a new arm subclasses :class:`Robot` and implements ``env_spec``, :meth:`Robot.get_observation` and
+:meth:`Robot.send_action` (plus ``connect``/``disconnect``/``home``/``stop`` where the hardware needs them)::
+
+    class MyArm(Robot):
+        def __init__(self, port: str):
+            self.env_spec = EnvSpec(name="my_arm", observation_features={...}, action=ActionSpec(...),
+                                    control_frequency=30.0, max_episode_steps=900)
+        def get_observation(self):
+            return {"observation.state": read_joints(), "task": ""}
+        def send_action(self, action):
+            write_joints(action)
+            return action
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from policylink.adapters.schema import STATE_KEY, EnvSpec
+from policylink.real.safety import SafetyConfig, SafetyLayer, SafetyReport, TimeoutAction
+
+Clock = Callable[[], float]
+
+
+class Robot(ABC):
+    """A robot (or a simulator standing in for one) seen through the contract.
+
+    Attributes:
+        env_spec: the :class:`~policylink.adapters.schema.EnvSpec` (features, ActionSpec, control frequency).
+
+    Observations are dicts of the spec's features (arrays without batch dim, ``task`` a str). Actions are
+    float32 ``(A,)`` in the ActionSpec's units. Used as a context manager: ``connect`` on enter, ``stop`` and
+    ``disconnect`` on exit.
+    """
+
+    env_spec: EnvSpec
+
+    def connect(self) -> None:
+        """Open the hardware (ports, cameras). Default: nothing to open."""
+
+    def disconnect(self) -> None:
+        """Release the hardware. Default: nothing to release."""
+
+    @abstractmethod
+    def get_observation(self) -> dict[str, Any]:
+        """The current observation (a live sensor read)."""
+
+    @abstractmethod
+    def send_action(self, action: np.ndarray) -> np.ndarray:
+        """Write float32 ``(A,)`` to the motors; returns the command actually written (a driver may clip it)."""
+
+    def hold_action(self) -> np.ndarray | None:
+        """The command that keeps the robot still, float32 ``(A,)``, or None when sending nothing holds it
+        (position-controlled motors keep their last target). Default: None (the safety layer then uses zeros
+        in delta modes and the last command in absolute ones)."""
+        return None
+
+    def home(self) -> None:
+        """Move to the home pose (blocking). Default: nothing."""
+
+    def stop(self) -> None:
+        """Stop moving now (blocking). Default: send the hold command when there is one."""
+        hold = self.hold_action()
+        if hold is not None:
+            self.send_action(hold)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Begin an episode: :meth:`home`, then ``(observation, info)``. A simulator re-samples its scene
+        from ``seed``; hardware ignores it."""
+        self.home()
+        return self.get_observation(), {}
+
+    def episode_info(self) -> dict[str, Any]:
+        """Episode state known to the robot: ``is_success``/``terminated``/``truncated`` for a simulator;
+        ``{}`` for hardware (success is judged elsewhere)."""
+        return {}
+
+    def __enter__(self) -> Robot:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.stop()
+        finally:
+            self.disconnect()
+
+
+class SafeRobot(Robot):
+    """``robot`` behind a :class:`SafetyLayer` and its watchdog thread; every motor command passes here.
+
+    The watchdog thread checks every ``watchdog_s / 4`` (at most 50 ms apart) and, when no action arrived within
+    ``watchdog_s`` since the session's first action, holds or stops the robot once and refuses further actions
+    until :meth:`rearm`. :meth:`reset` and :meth:`home` disarm it (a new session starts at the next action).
+
+    Args:
+        robot: the driver.
+        config: limits and timing (default: ``SafetyConfig.from_action_spec(robot.env_spec.action)``).
+        clock: monotonic clock, seconds (tests inject a fake one and call :meth:`poll_watchdog`).
+        watchdog_thread: run the watchdog thread (False in tests that drive :meth:`poll_watchdog`).
+
+    Attributes:
+        safety: the :class:`SafetyLayer`; ``last_report`` the report of the latest action.
+    """
+
+    def __init__(
+        self,
+        robot: Robot,
+        config: SafetyConfig | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        watchdog_thread: bool = True,
+    ):
+        self.robot = robot
+        self.env_spec = robot.env_spec
+        self.safety = SafetyLayer(config or SafetyConfig.from_action_spec(robot.env_spec.action))
+        self.clock = clock
+        self.last_report = SafetyReport(None)
+        self._state: np.ndarray | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if watchdog_thread and self.safety.config.watchdog_s is not None:
+            self._thread = threading.Thread(target=self._watch, daemon=True, name="policylink-watchdog")
+            self._thread.start()
+
+    def connect(self) -> None:
+        """Connect the driver."""
+        self.robot.connect()
+
+    def disconnect(self) -> None:
+        """Stop the watchdog thread and disconnect the driver."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self.robot.disconnect()
+
+    def get_observation(self) -> dict[str, Any]:
+        """The driver's observation (its state is kept for delta-mode workspace checks)."""
+        obs = self.robot.get_observation()
+        if STATE_KEY in obs:
+            self._state = np.asarray(obs[STATE_KEY])
+        return obs
+
+    def send_action(self, action: Any) -> np.ndarray:
+        """Filter ``action`` (any value, checked here) through the safety layer and write the result; returns
+        the command written (the hold command when it was rejected; zeros of ``(A,)`` when nothing was written)."""
+        with self._lock:
+            self.poll_watchdog()
+            state = self._state if self.safety.config.workspace_low is not None else None
+            report = self.safety.command(action, self.clock(), state, self.robot.hold_action())
+            self.last_report = report
+            if report.command is None:
+                return np.zeros(self.safety.dim, np.float32)
+            return np.asarray(self.robot.send_action(report.command), np.float32)
+
+    def hold_action(self) -> np.ndarray | None:
+        """The driver's hold command."""
+        return self.robot.hold_action()
+
+    def hold(self) -> None:
+        """Send the (clamped) hold command now, if there is one."""
+        with self._lock:
+            cmd = self.safety.hold_command(self._state, self.robot.hold_action())
+            if cmd is not None:
+                self.robot.send_action(cmd)
+
+    def home(self) -> None:
+        """Home the driver (refused while e-stopped) and disarm the watchdog.
+
+        Raises:
+            RuntimeError: the e-stop is latched.
+        """
+        with self._lock:
+            self._refuse_when_estopped("home")
+            self.robot.home()
+            if not self._tripped():
+                self.safety.rearm()
+
+    def stop(self) -> None:
+        """Stop the driver."""
+        with self._lock:
+            self.robot.stop()
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Begin an episode on the driver (refused while e-stopped); the watchdog restarts unarmed unless tripped.
+
+        Raises:
+            RuntimeError: the e-stop is latched.
+        """
+        with self._lock:
+            self._refuse_when_estopped("reset")
+            obs, info = self.robot.reset(seed=seed, options=options)
+            if not self._tripped():
+                self.safety.rearm()
+            self.safety.last_command = None
+            if STATE_KEY in obs:
+                self._state = np.asarray(obs[STATE_KEY])
+            return obs, info
+
+    def episode_info(self) -> dict[str, Any]:
+        """The driver's episode info plus the safety status under ``"safety"``."""
+        return {**self.robot.episode_info(), "safety": self.safety.status()}
+
+    def estop(self, reason: str = "") -> None:
+        """Latch the e-stop and stop the robot."""
+        with self._lock:
+            self.safety.estop(reason)
+            self.robot.stop()
+
+    def reset_estop(self) -> None:
+        """Release the e-stop latch."""
+        with self._lock:
+            self.safety.reset_estop()
+
+    def rearm(self) -> None:
+        """Clear a tripped watchdog (it arms again at the next action)."""
+        with self._lock:
+            self.safety.rearm()
+
+    def poll_watchdog(self) -> bool:
+        """Check the watchdog now; on a trip hold or stop the robot. True when it tripped on this call."""
+        with self._lock:
+            if not self.safety.check_watchdog(self.clock()):
+                return False
+            if self.safety.config.on_timeout == TimeoutAction.STOP.value:
+                self.robot.stop()
+            else:
+                self.hold()
+            return True
+
+    def _tripped(self) -> bool:
+        return self.safety.watchdog is self.safety.watchdog.TRIPPED
+
+    def _refuse_when_estopped(self, what: str) -> None:
+        if self.safety.estopped:
+            raise RuntimeError(f"{what}: refused, the e-stop is latched ({self.safety.estop_reason}); reset it first")
+
+    def _watch(self) -> None:
+        period = max(min(self.safety.config.watchdog_s / 4.0, 0.05), 0.002)
+        while not self._stop.wait(period):
+            self.poll_watchdog()
+
+
+__all__ = ["Clock", "Robot", "SafeRobot"]

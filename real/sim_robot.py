@@ -1,0 +1,201 @@
+"""The sim-as-real robot: any of our gymnasium tasks behind the :class:`~policylink.real.robot.Robot` protocol,
+advanced by its own clock at the task's control frequency (not by the client), with configurable observation
+latency, actuation latency and tick jitter. It tests the whole deployment path -- server, safety layer, pacing,
+late actions -- on any laptop. ``real`` never imports ``sim``: the caller builds the env (``policylink robot
+--sim <task>`` does).
+
+Each tick (absolute deadlines ``t0 + k / f`` plus a uniform jitter) applies the newest action whose actuation
+time has come, or the hold command when none arrived since the last tick (a late or dropped action means the
+robot stood still that period), then steps the env once. The episode ends (ticks stop) when the env terminates
+or truncates; :meth:`SimRobot.reset` starts the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from policylink.adapters.env import EnvAdapter
+from policylink.real.robot import Clock, Robot
+from policylink.real.safety import DELTA_MODES
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SimTiming:
+    """Timing imperfections of the sim-as-real robot, seconds.
+
+    Attributes:
+        observation_latency_s: an observation read at ``t`` shows the state at ``t - observation_latency_s``.
+        actuation_latency_s: an action received at ``t`` can act from the first tick after ``t + actuation_latency_s``.
+        jitter_s: each tick fires up to this much after its deadline (uniform, seeded).
+        seed: seed of the jitter.
+
+    Raises:
+        ValueError: a negative or non-finite value (names the field).
+    """
+
+    observation_latency_s: float = 0.0
+    actuation_latency_s: float = 0.0
+    jitter_s: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("observation_latency_s", "actuation_latency_s", "jitter_s"):
+            v = float(getattr(self, name))
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: expected a finite number of seconds >= 0, received {v}")
+
+
+class SimRobot(Robot):
+    """A gymnasium task (an :class:`EnvAdapter` with ``env_spec``) run in real time as a robot.
+
+    Args:
+        env: the task env (owned: closed by :meth:`disconnect`).
+        timing: :class:`SimTiming`.
+        clock: monotonic clock, seconds.
+        realtime: start the tick thread (False: the caller calls :meth:`tick` itself, for tests).
+
+    Attributes:
+        ticks, holds, overwritten: steps taken in this episode, of which with the hold command, and actions
+            replaced by a newer one before any tick used them.
+    """
+
+    def __init__(
+        self, env: EnvAdapter, timing: SimTiming | None = None, *, clock: Clock = time.monotonic, realtime: bool = True
+    ):
+        self.env, self.timing, self.clock = env, timing or SimTiming(), clock
+        self.env_spec = env.env_spec
+        self.period = 1.0 / float(self.env_spec.control_frequency)
+        self._rng = np.random.default_rng(self.timing.seed)
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[float, np.ndarray]] = deque()
+        self._history: deque[tuple[float, dict[str, Any]]] = deque(maxlen=256)
+        self._last_applied = np.zeros(self.env_spec.action.dim, np.float32)
+        self._active = False
+        self._info: dict[str, Any] = {"is_success": False, "terminated": False, "truncated": False}
+        self.ticks = self.holds = self.overwritten = 0
+        self._t0 = clock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = (
+            threading.Thread(target=self._run, daemon=True, name="policylink-sim-robot") if realtime else None
+        )
+        if self._thread is not None:
+            self._thread.start()
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start an episode from ``seed``; ticks resume one period from now."""
+        with self._lock:
+            obs, info = self.env.reset(seed=seed, options=options)
+            now = self.clock()
+            self._t0, self._active = now, True
+            self._pending.clear()
+            self._history.clear()
+            self._history.append((now, obs))
+            self.ticks = self.holds = self.overwritten = 0
+            self._last_applied = self._hold()
+            self._info = {"is_success": bool(info.get("is_success", False)), "terminated": False, "truncated": False}
+        self._wake.set()
+        return obs, dict(info)
+
+    def get_observation(self) -> dict[str, Any]:
+        """The newest observation at least ``observation_latency_s`` old (the oldest kept when none is).
+
+        Raises:
+            RuntimeError: before the first :meth:`reset`."""
+        with self._lock:
+            if not self._history:
+                raise RuntimeError("get_observation: the sim-as-real robot has no episode yet; call reset first")
+            cutoff = self.clock() - self.timing.observation_latency_s
+            for t, obs in reversed(self._history):
+                if t <= cutoff:
+                    return obs
+            return self._history[0][1]
+
+    def send_action(self, action: np.ndarray) -> np.ndarray:
+        """Queue float32 ``(A,)`` to act from ``now + actuation_latency_s``; returns it."""
+        a = np.asarray(action, np.float32).copy()
+        with self._lock:
+            self._pending.append((self.clock() + self.timing.actuation_latency_s, a))
+        return a
+
+    def hold_action(self) -> np.ndarray:
+        """Zeros in delta control modes, else the last applied command."""
+        return self._hold()
+
+    def episode_info(self) -> dict[str, Any]:
+        """``is_success``, ``terminated``, ``truncated`` of the current episode and ``ticks``/``holds``/``overwritten``."""
+        with self._lock:
+            return {**self._info, "ticks": self.ticks, "holds": self.holds, "overwritten": self.overwritten}
+
+    def tick(self) -> bool:
+        """Apply the newest due action (or hold) and step the env once; False when no episode is running."""
+        with self._lock:
+            if not self._active:
+                return False
+            now, due = self.clock(), []
+            while self._pending and self._pending[0][0] <= now:
+                due.append(self._pending.popleft()[1])
+            if due:
+                action = due[-1]
+                self.overwritten += len(due) - 1
+            else:
+                action = self._hold()
+                self.holds += 1
+            self._last_applied = action
+            obs, _, terminated, truncated, info = self.env.step(action)
+            self.ticks += 1
+            self._history.append((self.clock(), obs))
+            done = bool(terminated or truncated)
+            self._info = {
+                "is_success": bool(info.get("is_success", False)) or self._info["is_success"],
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+            }
+            self._active = not done
+            return True
+
+    def disconnect(self) -> None:
+        """Stop the tick thread and close the env."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self.env.close()
+
+    def _hold(self) -> np.ndarray:
+        if self.env_spec.action.control_mode.value in DELTA_MODES:
+            return np.zeros(self.env_spec.action.dim, np.float32)
+        return self._last_applied.copy()
+
+    def _run(self) -> None:
+        """Tick at ``t0 + k * period`` (+ jitter) while an episode runs; sleep until a reset otherwise."""
+        while not self._stop.is_set():
+            with self._lock:
+                active, t0, k = self._active, self._t0, self.ticks
+            if not active:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            deadline = t0 + (k + 1) * self.period + float(self._rng.uniform(0.0, self.timing.jitter_s))
+            delay = deadline - self.clock()
+            if delay > 0 and self._wake.wait(delay):
+                self._wake.clear()
+                continue  # a reset moved the clock: recompute the deadline
+            try:
+                self.tick()
+            except Exception:  # the env broke: stop this episode, keep the process alive
+                log.exception("sim-as-real robot: env step failed; episode stopped")
+                with self._lock:
+                    self._active = False
+
+
+__all__ = ["SimRobot", "SimTiming"]
