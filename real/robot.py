@@ -46,9 +46,11 @@ class Robot(ABC):
 
     def connect(self) -> None:
         """Open the hardware (ports, cameras). Default: nothing to open."""
+        return None
 
     def disconnect(self) -> None:
         """Release the hardware. Default: nothing to release."""
+        return None
 
     @abstractmethod
     def get_observation(self) -> dict[str, Any]:
@@ -66,6 +68,7 @@ class Robot(ABC):
 
     def home(self) -> None:
         """Move to the home pose (blocking). Default: nothing."""
+        return None
 
     def stop(self) -> None:
         """Stop moving now (blocking). Default: send the hold command when there is one."""

@@ -120,7 +120,8 @@ class SafetyConfig:
             )
         if self.delta and len(self.workspace_state) != k:
             raise SafetyConfigError(
-                f"workspace_state: expected {k} state indices for a delta control mode, received {len(self.workspace_state)}"
+                f"workspace_state: expected {k} state indices for a delta control mode, "
+                f"received {len(self.workspace_state)}"
             )
         bad = np.flatnonzero(~(wl < wh))
         if bad.size:

@@ -132,7 +132,7 @@ class SimRobot(Robot):
         return self._hold()
 
     def episode_info(self) -> dict[str, Any]:
-        """``is_success``, ``terminated``, ``truncated`` of the current episode and ``ticks``/``holds``/``overwritten``."""
+        """``is_success``, ``terminated``, ``truncated`` of the episode; ``ticks``, ``holds``, ``overwritten``."""
         with self._lock:
             return {**self._info, "ticks": self.ticks, "holds": self.holds, "overwritten": self.overwritten}
 
