@@ -1,0 +1,291 @@
+"""``policylink finetune critic`` and ``policylink finetune qvgm``: train a chunk IQL critic on a replay buffer,
+then fine-tune a flow policy with Q-VGM (or, as the same-buffer baseline, filtered BC) into an ordinary
+checkpoint that loads, evaluates and serves with no critic.
+
+Examples::
+
+    policylink finetune critic --policy outputs/qvgm/base_s0/checkpoints/last --buffer outputs/qvgm/buf.zarr \
+        --out outputs/qvgm/critic
+    policylink finetune qvgm --policy outputs/qvgm/base_s0/checkpoints/last --buffer outputs/qvgm/buf.zarr \
+        --critic outputs/qvgm/critic --out outputs/qvgm/qvgm_policy
+    policylink finetune qvgm --method bc --only_success true ...   # filtered BC on the same buffer
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import types
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from policylink.adapters.capabilities import Prediction
+
+METHODS = ("qvgm", "bc")
+LINEAGE_FILE = "lineage.json"
+
+
+@dataclass
+class CriticCmdConfig:
+    """``policylink finetune critic``: an IQL chunk critic (policylink.policies.critics) on a replay buffer.
+
+    Attributes:
+        policy: checkpoint folder of the frozen policy whose encoder gives the critic's latents.
+        buffer: episode store with per-step reward / done (/ terminated) of that policy's env.
+        out: folder for critic.pt, critic.json and critic_metrics.csv.
+        horizon: executed steps H per chunk transition (0 = the policy's n_action_steps).
+        gamma: per-step discount. expectile: IQL expectile tau. n_heads: Q ensemble size.
+        hidden_dim, n_layers: each head's width and depth. polyak: target rate. lr: Adam learning rate.
+        steps: gradient steps. batch_size: transitions per step. seed: init and batch draws.
+        torch_threads: intra-op CPU threads (0 = torch's default).
+    """
+
+    policy: str = ""
+    buffer: str = ""
+    out: str = "outputs/finetune/critic"
+    horizon: int = 0
+    gamma: float = 0.99
+    expectile: float = 0.8
+    n_heads: int = 2
+    hidden_dim: int = 256
+    n_layers: int = 3
+    polyak: float = 0.005
+    lr: float = 3e-4
+    steps: int = 3000
+    batch_size: int = 256
+    seed: int = 0
+    torch_threads: int = 1
+
+
+@dataclass
+class QVGMCmdConfig:
+    """``policylink finetune qvgm``: fine-tune a flow policy on a replay buffer.
+
+    Attributes:
+        policy: checkpoint folder of the flow policy to improve (and the frozen reference of the critic).
+        buffer: episode store (rollouts with rewards) of the policy's env.
+        critic: folder written by ``policylink finetune critic`` (needed by method qvgm).
+        out: checkpoint folder of the fine-tuned policy (an ordinary flow checkpoint + lineage.json).
+        method: ``qvgm`` (velocity matching toward critic-improved chunks + lambda_bc x flow matching) or
+            ``bc`` (flow matching only: with only_success, the filtered-BC baseline).
+        only_success: train on the buffer's successful episodes only.
+        last_steps, ascent_steps, step_size, trust_radius, alpha, bc_weight: Q-VGM settings
+            (policylink.policies.finetune.qvgm.QVGMConfig; normalised action units).
+        steps: optimizer steps. batch_size: windows per step. lr: AdamW learning rate (constant).
+        grad_clip: max gradient norm. seed: batch and noise draws. torch_threads: intra-op CPU threads.
+        base: lineage: the original base checkpoint (default: policy). round: lineage: loop round.
+    """
+
+    policy: str = ""
+    buffer: str = ""
+    critic: str = ""
+    out: str = "outputs/finetune/policy"
+    method: str = "qvgm"
+    only_success: bool = False
+    last_steps: int = 5
+    ascent_steps: int = 10
+    step_size: float = 0.05
+    trust_radius: float = 0.25
+    alpha: float = 1.0
+    bc_weight: float = 1.0
+    steps: int = 500
+    batch_size: int = 64
+    lr: float = 1e-4
+    grad_clip: float = 10.0
+    seed: int = 0
+    torch_threads: int = 1
+    base: str = ""
+    round: int = 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """``policylink finetune critic|qvgm [--option value ...]`` (argv starts with the subcommand name)."""
+    from policylink.runtime.cli import parse_config
+
+    name, rest = argv[0], list(argv[1:])
+    if name == "critic":
+        cfg = parse_config(CriticCmdConfig, rest, prog="policylink finetune critic")
+        print(f"critic: {train_critic(cfg)}")
+    else:
+        cfg = parse_config(QVGMCmdConfig, rest, prog="policylink finetune qvgm")
+        print(f"checkpoint: {finetune_policy(cfg)}")
+    return 0
+
+
+def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """``(config, spec, model, normalizer, train section of config.yaml)`` of checkpoint ``path``.
+
+    Raises:
+        ValueError: ``require_flow`` and the checkpoint's sampler does not predict a velocity (a diffusion
+            checkpoint), or an empty path.
+        CheckpointError / FileNotFoundError: not a checkpoint folder.
+    """
+    from policylink.policies.checkpoint import CONFIG_FILE, load_components
+
+    if not path:
+        raise ValueError("policy: expected a checkpoint folder, received ''")
+    cfg, spec, model, normalizer = load_components(path)
+    if require_flow and model.sampler.prediction != Prediction.VELOCITY:
+        raise ValueError(
+            f"policy: expected a flow policy (velocity sampler) for Q-VGM, received a {cfg.type!r} checkpoint "
+            f"({model.sampler.prediction.value} prediction) at {path}"
+        )
+    doc = yaml.safe_load((Path(path) / CONFIG_FILE).read_text()) or {}
+    return cfg, spec, model, normalizer, dict(doc.get("train") or {})
+
+
+def open_buffer(path: str, model: Any, train_doc: dict[str, Any]):
+    """The buffer's store, checked against the policy (:func:`~policylink.policies.finetune.transitions.check_buffer`:
+    rewards present, same env as the policy's training data, its features)."""
+    from policylink.data.buffer import EpisodeStore
+    from policylink.policies.finetune.transitions import check_buffer
+
+    if not path or not Path(path).exists():
+        raise FileNotFoundError(f"buffer: expected an episode store with rewards, {path!r} not found")
+    store = EpisodeStore(path, "r")
+    check_buffer(store, (train_doc.get("dataset") or {}).get("env") or None, list(model.features))
+    return store
+
+
+def train_critic(cfg: CriticCmdConfig) -> Path:
+    """Train and save a :class:`~policylink.policies.critics.ChunkCritic`; returns ``cfg.out``."""
+    from policylink.policies.critics import ChunkCritic, CriticConfig, IQLTrainer
+    from policylink.policies.finetune.transitions import build_transitions
+
+    _threads(cfg.torch_threads)
+    _, spec, model, normalizer, train_doc = load_base(cfg.policy, require_flow=False)
+    store = open_buffer(cfg.buffer, model, train_doc)
+    horizon = cfg.horizon or spec.n_action_steps
+    cache = build_transitions(store, model, normalizer, horizon, cfg.gamma)
+    torch.manual_seed(cfg.seed)
+    critic = ChunkCritic(
+        CriticConfig(
+            state_dim=int(cache.state.shape[1]),
+            action_dim=spec.action.dim,
+            horizon=horizon,
+            hidden_dim=cfg.hidden_dim,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            expectile=cfg.expectile,
+            gamma=cfg.gamma,
+            polyak=cfg.polyak,
+            lr=cfg.lr,
+        )
+    )
+    trainer = IQLTrainer(critic)
+    rng = np.random.default_rng(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for step in range(cfg.steps):
+        m = trainer.update(cache.batch(rng.integers(0, len(cache), cfg.batch_size)))
+        if (step + 1) % max(cfg.steps // 20, 1) == 0 or step + 1 == cfg.steps:
+            rows.append({"step": step + 1, **m})
+    critic.save(out)
+    _write_csv(out / "critic_metrics.csv", rows)
+    (out / "critic_source.json").write_text(json.dumps({"policy": cfg.policy, "buffer": cfg.buffer}, indent=1))
+    return out
+
+
+def finetune_policy(cfg: QVGMCmdConfig) -> Path:
+    """Fine-tune ``cfg.policy`` on ``cfg.buffer`` with ``cfg.method``; returns the checkpoint folder.
+
+    Raises:
+        ValueError: unknown method, a diffusion checkpoint with qvgm, a bad buffer, no successful episode with
+            ``only_success``, a missing critic.
+    """
+    import copy
+
+    from policylink.data.sampler import SequenceDataset
+    from policylink.policies.checkpoint import save_checkpoint
+    from policylink.policies.critics import ChunkCritic
+    from policylink.policies.finetune.qvgm import QVGMConfig, QVGMLoss
+    from policylink.policies.processing import window_horizon
+    from policylink.runtime.losses import BatchFields, ImitationLoss, training_batch
+
+    if cfg.method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, received {cfg.method!r}")
+    _threads(cfg.torch_threads)
+    pcfg, spec, model, normalizer, train_doc = load_base(cfg.policy, require_flow=cfg.method == "qvgm")
+    store = open_buffer(cfg.buffer, model, train_doc)
+    episodes = None
+    if cfg.only_success:
+        episodes = [i for i, m in enumerate(store.all_meta()) if m.success]
+        if not episodes:
+            raise ValueError(f"only_success: the buffer {cfg.buffer!r} holds no successful episode")
+    ds = SequenceDataset(
+        store,
+        n_obs_steps=pcfg.n_obs_steps,
+        horizon=window_horizon(pcfg.n_obs_steps, pcfg.chunk_size),
+        obs_keys=list(model.features),
+        episodes=episodes,
+        normalizer=normalizer,
+    )
+    if cfg.method == "qvgm":
+        if not cfg.critic:
+            raise ValueError("critic: expected the folder of policylink finetune critic for method qvgm, received ''")
+        qc = QVGMConfig(cfg.last_steps, cfg.ascent_steps, cfg.step_size, cfg.trust_radius, cfg.alpha, cfg.bc_weight)
+        loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
+    else:
+        loss_fn = ImitationLoss(types.SimpleNamespace(policy=pcfg))
+    metrics_names = tuple(getattr(loss_fn, "metrics", ()))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-6)
+    rows, t0, acc = [], time.perf_counter(), {}
+    for step in range(cfg.steps):
+        model.train()
+        rng = np.random.default_rng([cfg.seed, step])
+        batch = training_batch(ds, rng.integers(0, len(ds), cfg.batch_size), BatchFields(), "cpu")
+        batch["noise"] = loss_fn.draw(model, cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 100003 + step))
+        loss, m = loss_fn(model, batch, step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        for k, v in {"loss": float(loss), **m}.items():
+            acc[k] = acc.get(k, 0.0) + v
+        every = max(cfg.steps // 10, 1)
+        if (step + 1) % every == 0 or step + 1 == cfg.steps:
+            n = every if (step + 1) % every == 0 else (step + 1) % every
+            rows.append({"step": step + 1, **{k: v / n for k, v in acc.items()}})
+            acc = {}
+    lineage = {
+        "base": cfg.base or cfg.policy,
+        "parent": cfg.policy,
+        "buffer": cfg.buffer,
+        "method": cfg.method,
+        "critic": cfg.critic if cfg.method == "qvgm" else "",
+        "round": cfg.round,
+        "steps": cfg.steps,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "metrics": list(metrics_names),
+    }
+    train_config = {**train_doc, "finetune": asdict(cfg)}
+    out = save_checkpoint(cfg.out, model=model.eval(), normalizer=normalizer, spec=spec, train_config=train_config)
+    (out / LINEAGE_FILE).write_text(json.dumps(lineage, indent=1))
+    _write_csv(out / "finetune_metrics.csv", rows)
+    return out
+
+
+def _threads(n: int) -> None:
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    import csv
+
+    if not rows:
+        return
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+__all__ = ["CriticCmdConfig", "QVGMCmdConfig", "finetune_policy", "load_base", "open_buffer", "train_critic"]
