@@ -29,7 +29,7 @@ from policylink.data.sampler import SequenceDataset
 from policylink.policies.checkpoint import load_training_state, resolve_device, save_checkpoint
 from policylink.policies.common.ema import EMA
 from policylink.policies.model import ChunkModel
-from policylink.policies.policy import ChunkPolicy
+from policylink.policies.policy import ChunkPolicy, policy_for_model
 from policylink.policies.registry import build_model
 from policylink.runtime.losses import Loss, make_loss, training_batch
 from policylink.runtime.train_config import DatasetConfig, EvalConfig, TrainConfig, validate_config  # noqa: F401
@@ -78,19 +78,9 @@ def train(cfg: TrainConfig) -> Path:
     spec, normalizer, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
     p = cfg.policy
 
-    model = build_model(p, spec.observation_features, spec.action.dim).to(device)
-    ema = EMA(model, p.ema_max_decay, p.ema_power)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg.warmup_steps, cfg.steps))
-    step = 0
-    if cfg.resume and ckpt_dir.exists():
-        state = load_training_state(ckpt_dir, device)
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        step = int(state["step"])
+    run = _Optimization(cfg, build_model(p, spec.observation_features, spec.action.dim).to(device))
+    model, ema, scheduler = run.model, run.ema, run.scheduler
+    step = run.load(load_training_state(ckpt_dir, device)) if cfg.resume and ckpt_dir.exists() else 0
     train_model: torch.nn.Module = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -109,12 +99,7 @@ def train(cfg: TrainConfig) -> Path:
         batch["noise"] = {k: v[sl].to(device) for k, v in noise.items()}
         torch.manual_seed(_mix(cfg.seed, step, rank))  # augmentation (random crops) of this rank's slice
         loss, metrics = loss_fn(train_model, batch, step)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = _clip(model, cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        ema.update(model)
+        grad_norm = run.step(loss)
         step += 1
         period.add(loss.detach(), metrics, cfg.batch_size)
         row: dict[str, Any] = {}
@@ -123,7 +108,7 @@ def train(cfg: TrainConfig) -> Path:
         if val_ds is not None and cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
             row["val_loss"] = validation_loss(ema.model, val_ds, loss_fn, cfg, device)
         if rank == 0 and cfg.eval.every and cfg.eval.episodes and (step % cfg.eval.every == 0 or step == cfg.steps):
-            policy = ChunkPolicy(ema.model, normalizer, spec, device=device, seed=cfg.eval.seed)
+            policy = policy_for_model(ema.model, normalizer, spec, device=device, seed=cfg.eval.seed)
             row["success_rate"] = evaluate_success(policy, cfg.dataset, cfg.eval.episodes, cfg.eval.seed)
         if row:
             logger.log(step, row)
@@ -132,15 +117,7 @@ def train(cfg: TrainConfig) -> Path:
         if bar is not None:
             bar.update(1)
         if rank == 0 and (cfg.save_every and step % cfg.save_every == 0 or step == cfg.steps):
-            state = {
-                "model": model.state_dict(),
-                "ema": ema.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "step": step,
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
-            }
-            kw = dict(model=ema.model, normalizer=normalizer, spec=spec, training_state=state)
+            kw = dict(model=ema.model, normalizer=normalizer, spec=spec, training_state=run.state(step))
             save_checkpoint(ckpt_dir, **kw, train_config=_plain(cfg))
             if cfg.save_every and step % cfg.save_every == 0:
                 _copy_numbered(ckpt_dir, step)
@@ -152,6 +129,51 @@ def train(cfg: TrainConfig) -> Path:
 
         dist.barrier()
     return ckpt_dir
+
+
+class _Optimization:
+    """The trained model with its EMA copy, AdamW and the LR schedule: one step, and the resume state."""
+
+    def __init__(self, cfg: TrainConfig, model: torch.nn.Module):
+        p = cfg.policy
+        self.cfg, self.model = cfg, model
+        self.ema = EMA(model, p.ema_max_decay, p.ema_power)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, cosine_with_warmup(cfg.warmup_steps, cfg.steps)
+        )
+
+    def step(self, loss: torch.Tensor) -> float:
+        """Backward, clip, AdamW step, LR step, EMA update; returns the global gradient norm before clipping."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = _clip(self.model, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.ema.update(self.model)
+        return grad_norm
+
+    def state(self, step: int) -> dict[str, Any]:
+        """Everything a resumed run needs (``training_state.pt``)."""
+        return {
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": step,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
+        }
+
+    def load(self, state: dict[str, Any]) -> int:
+        """Restore :meth:`state`; returns the step to continue from."""
+        self.model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        return int(state["step"])
 
 
 def cosine_with_warmup(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
