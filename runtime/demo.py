@@ -2,7 +2,9 @@
 flow-matching policy on state observations, evaluate both on held-out seeds on every task, and write a report.
 
 Every step is resumable: a store with enough episodes is reused, a finished checkpoint is reused, and
-evaluation cells already written are skipped, so an interrupted demo continues where it stopped.
+evaluation shards already written are kept, so an interrupted demo continues where it stopped. A changed
+``eval_episodes`` keeps the episodes already evaluated and runs only the missing ones; a changed ``eval_seed``
+evaluates the cells again.
 """
 
 from __future__ import annotations
@@ -52,13 +54,12 @@ def run_demo(cfg: DemoConfig) -> list[dict[str, Any]]:
     """Run the whole job; returns the evaluation summaries (one per policy x env cell).
 
     Raises:
-        ValueError: ``demos`` and ``envs`` differ in length, or a train config template is missing.
+        ValueError: any bad setting (:func:`validate_demo`), before anything is recorded or trained.
     """
     from policylink.runtime import report
     from policylink.runtime.evaluate import evaluate
 
-    if len(cfg.demos) != len(cfg.envs):
-        raise ValueError(f"demos: expected one count per env ({len(cfg.envs)}), received {len(cfg.demos)}")
+    validate_demo(cfg)
     out = Path(cfg.out)
     t0 = time.perf_counter()
     for env, n_demos in zip(cfg.envs, cfg.demos):
@@ -77,6 +78,7 @@ def run_demo(cfg: DemoConfig) -> list[dict[str, Any]]:
         videos=cfg.videos,
         device="cpu" if cfg.device == "auto" else cfg.device,
         env_kwargs={"obs_mode": "state"},
+        on_mismatch="redo",
     )
     page = eval_dir / "report.html"
     table = report.markdown_table(summaries)
@@ -84,6 +86,49 @@ def run_demo(cfg: DemoConfig) -> list[dict[str, Any]]:
     print(table)
     print(f"report: {page}\ntotal time: {(time.perf_counter() - t0) / 60:.1f} min")
     return summaries
+
+
+def validate_demo(cfg: DemoConfig) -> None:
+    """Check every setting of ``cfg`` before any work starts (a missing train config must not surface after
+    minutes of recording).
+
+    Raises:
+        ValueError: ``demos`` and ``envs`` differ in length, a count < 1 (``demos``, ``eval_episodes``), a
+            negative ``steps``/``workers``/``videos``, an unregistered env, an unknown policy type, or a train
+            config template missing for some (policy, env); the message names the field, expected and received.
+    """
+    from policylink.adapters.registry import available_envs
+    from policylink.policies.registry import known_policy_types
+
+    if len(cfg.demos) != len(cfg.envs):
+        raise ValueError(
+            f"demos: expected one count per env ({len(cfg.envs)}: {cfg.envs}), received {len(cfg.demos)}: {cfg.demos}"
+        )
+    bad = [n for n in cfg.demos if n < 1]
+    if bad or cfg.eval_episodes < 1:
+        raise ValueError(f"demos, eval_episodes: expected counts >= 1, received {cfg.demos}, {cfg.eval_episodes}")
+    for name in ("steps", "workers", "videos"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name}: expected >= 0, received {getattr(cfg, name)}")
+    unknown_envs = [e for e in cfg.envs if e not in available_envs()]
+    if unknown_envs:
+        raise ValueError(f"envs: expected registered envs ({', '.join(available_envs())}), received {unknown_envs}")
+    types = known_policy_types()
+    unknown = [p for p in cfg.policies if p not in types]
+    if unknown:
+        raise ValueError(f"policies: expected registered policy types {sorted(types)}, received {unknown}")
+    missing = [
+        CONFIG_DIR.name + "/" + cfg.train_config.format(policy=p, env=e)
+        for p in cfg.policies
+        for e in cfg.envs
+        if not (CONFIG_DIR / cfg.train_config.format(policy=p, env=e)).is_file()
+    ]
+    if missing:
+        have = sorted(f.name for f in CONFIG_DIR.glob("*.yaml"))
+        raise ValueError(
+            f"train_config: expected a file under {CONFIG_DIR} for every (policy, env), missing {missing} "
+            f"(--train_config {cfg.train_config!r}; available: {', '.join(have)})"
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -116,9 +161,7 @@ def _train(cfg: DemoConfig, policy: str, env: str, store: Path, run_dir: Path) -
 
     from policylink.runtime.train import TrainConfig, train
 
-    template = CONFIG_DIR / cfg.train_config.format(policy=policy, env=env)
-    if not template.is_file():
-        raise ValueError(f"train_config: expected a file {template} for policy {policy!r} on {env!r}; not found")
+    template = CONFIG_DIR / cfg.train_config.format(policy=policy, env=env)  # checked by validate_demo
     last = run_dir / "checkpoints" / "last"
     done = run_dir / "done.json"
     if done.is_file() and last.is_dir():
@@ -136,7 +179,3 @@ def _train(cfg: DemoConfig, policy: str, env: str, store: Path, run_dir: Path) -
     path = train(tcfg)
     done.write_text(json.dumps({"checkpoint": str(path), "steps": tcfg.steps}))
     return path
-
-
-def _plain(cfg: DemoConfig) -> dict[str, Any]:
-    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -57,7 +58,9 @@ class EvalConfig:
         shard_episodes: episodes per task.
         videos: the first ``videos`` episodes of each cell are saved as mp4.
         device: torch device for checkpoints.
-        resume: skip cells (and shards) already written in ``out``.
+        resume: reuse the shards already written in ``out`` (a changed ``episodes`` count keeps the shards it
+            still needs and runs the others; a changed ``videos`` count re-runs the shards whose videos change);
+            false discards them.
         env_kwargs: keyword arguments of every env factory (``obs_mode``...).
         executor: chunk execution (:class:`ExecutorConfig`), including simulated latency.
 
@@ -121,6 +124,7 @@ def evaluate(
     executor: ExecutorConfig | None = None,
     progress: bool = True,
     write_report: bool = True,
+    on_mismatch: str = "error",
 ) -> list[dict[str, Any]]:
     """Evaluate every policy on every env and write all outputs to ``out``; returns one summary per cell.
 
@@ -129,6 +133,9 @@ def evaluate(
             ``ref`` may also be a zero-argument callable returning a PolicyAdapter.
         envs: env registry names, or ``(label, env_fn)`` pairs with a zero-argument callable returning an
             EnvAdapter (picklable for workers).
+        on_mismatch: what to do with a cell whose saved shards came from a different configuration (seed,
+            executor, env kwargs...; see :func:`result_settings`): ``"error"`` (raise ValueError) or ``"redo"``
+            (discard them and evaluate the cell again).
         The other arguments are those of :class:`EvalConfig`.
 
     Returns:
@@ -139,8 +146,10 @@ def evaluate(
         IncompatibleSpecError: one error listing every incompatible (policy, env) cell (contract, executor
             settings, or a policy that cannot be loaded), before anything runs.
         ValueError: bad counts, two policies (or envs) with the same label, or ``out`` holds results of a
-            different configuration (with ``resume``).
+            different configuration (with ``resume`` and ``on_mismatch="error"``), or an unknown ``on_mismatch``.
     """
+    if on_mismatch not in ("error", "redo"):
+        raise ValueError(f"on_mismatch: expected 'error' or 'redo', received {on_mismatch!r}")
     cfg = EvalConfig(
         policies=[],
         envs=[],
@@ -173,12 +182,11 @@ def evaluate(
         for e_label in env_fns:
             cell = cell_name(p_label, e_label)
             cdir = out / "cells" / cell
-            done_shards[cell] = _load_done(cdir, settings, cfg.resume)
+            done_shards[cell] = _load_done(cdir, cfg, on_mismatch)
             for first in range(0, cfg.episodes, cfg.shard_episodes):
                 if first in done_shards[cell]:
                     continue
-                count = min(cfg.shard_episodes, cfg.episodes - first)
-                vids = [i for i in range(first, first + count) if i < cfg.videos]
+                count, vids = _shard_plan(cfg, first)
                 tasks.append(
                     ShardTask(
                         cell,
@@ -427,34 +435,75 @@ def _probe_cells(pols, env_fns, device, executor) -> tuple[dict[str, Any], list[
 
 
 def _settings(cfg: EvalConfig) -> dict[str, Any]:
-    """The configuration that determines results (compared on resume)."""
+    """The configuration of a run, saved with every shard and in ``eval_info.json``."""
+    return {"episodes": cfg.episodes, "videos": cfg.videos, **result_settings(cfg)}
+
+
+def result_settings(cfg: EvalConfig) -> dict[str, Any]:
+    """The settings that determine each episode's result (compared on resume): the seed, the shard layout, the
+    envs per task, the env kwargs and the executor. ``episodes`` and ``videos`` are not among them: episode ``i``
+    of a cell has the same result whatever their values, so a changed count reuses the shards it still needs."""
     return {
-        "episodes": cfg.episodes,
         "seed": cfg.seed,
         "num_envs": cfg.num_envs,
         "shard_episodes": cfg.shard_episodes,
-        "videos": cfg.videos,
         "env_kwargs": {k: str(v) for k, v in cfg.env_kwargs.items()},
         "executor": json.loads(json.dumps(asdict(cfg.executor), default=str)),
     }
 
 
-def _load_done(cdir: Path, settings: dict[str, Any], resume: bool) -> dict[int, dict[str, Any]]:
-    done: dict[int, dict[str, Any]] = {}
-    if not resume or not (cdir / "shards").is_dir():
-        return done
-    for f in sorted((cdir / "shards").glob("*.json")):
-        doc = json.loads(f.read_text())
-        saved = doc.pop("settings")
-        if saved != settings:
-            diff = sorted(k for k in settings if saved.get(k) != settings[k])
-            raise ValueError(
-                f"resume {cdir}: expected results of the same configuration, received different "
-                f"{diff} (saved {[saved.get(k) for k in diff]}, now {[settings[k] for k in diff]}); "
-                "use another --out or --resume false"
-            )
-        done[int(f.stem)] = doc
+def _shard_plan(cfg: EvalConfig, first: int) -> tuple[int, list[int]]:
+    """``(count, filmed episode indices)`` of the shard starting at episode ``first``."""
+    count = min(cfg.shard_episodes, cfg.episodes - first)
+    return count, [i for i in range(first, first + count) if i < cfg.videos]
+
+
+def _load_done(cdir: Path, cfg: EvalConfig, on_mismatch: str) -> dict[int, dict[str, Any]]:
+    """The saved shards of cell folder ``cdir`` that this run can reuse, by first episode.
+
+    A shard is reused when its result settings equal this run's, it starts a shard of this run with the same
+    episode count, and it filmed exactly the episodes this run films; shards past ``episodes`` stay on disk
+    unused. Without ``cfg.resume`` (or with ``on_mismatch="redo"`` and other result settings) the cell's saved
+    shards and videos are deleted first.
+
+    Raises:
+        ValueError: saved shards of other result settings with ``on_mismatch="error"`` (names the settings).
+    """
+    shards = cdir / "shards"
+    if shards.is_dir() and not cfg.resume:
+        _discard(cdir)
+    if not shards.is_dir():
+        return {}
+    now = result_settings(cfg)
+    saved = {int(f.stem): json.loads(f.read_text()) for f in sorted(shards.glob("*.json"))}
+    for doc in saved.values():
+        old = {k: doc["settings"].get(k) for k in now}
+        if old == now:
+            continue
+        diff = sorted(k for k in now if old[k] != now[k])
+        if on_mismatch == "redo":
+            print(f"{cdir.name}: settings {diff} changed; evaluating the cell again", file=sys.stderr)
+            _discard(cdir)
+            return {}
+        raise ValueError(
+            f"resume {cdir}: expected results of the same configuration, received different "
+            f"{diff} (saved {[old[k] for k in diff]}, now {[now[k] for k in diff]}); "
+            "use another --out or --resume false"
+        )
+    done = {}
+    for first, doc in saved.items():
+        if first % cfg.shard_episodes or first >= cfg.episodes:
+            continue
+        count, vids = _shard_plan(cfg, first)
+        if len(doc["episodes"]) == count and sorted(int(i) for i in doc.get("video_paths", {})) == vids:
+            done[first] = {k: v for k, v in doc.items() if k != "settings"}
     return done
+
+
+def _discard(cdir: Path) -> None:
+    """Delete a cell's saved shards and videos (its other files are rewritten at the end of the run)."""
+    for sub in ("shards", "videos"):
+        shutil.rmtree(cdir / sub, ignore_errors=True)
 
 
 def _run_tasks(tasks: list[ShardTask], cfg: EvalConfig):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from policylink.runtime.demo import DemoConfig, run_demo
+from policylink.runtime.demo import DemoConfig, run_demo, validate_demo
 
 
 @pytest.mark.slow
@@ -28,3 +28,31 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
     again = run_demo(cfg)
     assert [s["pc_success"] for s in again] == [s["pc_success"] for s in summaries]
     assert "reusing the trained checkpoint" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            dict(envs=["pick_place"], demos=[5]),
+            r"train_config: .*missing \['train/diffusion_pick_place_state_fast.yaml', "
+            r"'train/flow_pick_place_state_fast.yaml'\] \(--train_config '\{policy\}_\{env\}_state_fast.yaml'",
+        ),
+        (
+            dict(envs=["pick_place"]),
+            r"demos: expected one count per env \(1: \['pick_place'\]\), received 2: \[200, 100\]",
+        ),
+        (dict(envs=["moon", "push"]), r"envs: expected registered envs .*received \['moon'\]"),
+        (
+            dict(policies=["gan"]),
+            r"policies: expected registered policy types \[.*'diffusion', 'flow'.*\], received \['gan'\]",
+        ),
+        (dict(eval_episodes=0), r"demos, eval_episodes: expected counts >= 1, received \[200, 100\], 0"),
+    ],
+)
+def test_every_setting_is_checked_before_any_work(tmp_path, fields, message):
+    cfg = DemoConfig(out=str(tmp_path / "demo"), **fields)
+    with pytest.raises(ValueError, match=message):
+        run_demo(cfg)
+    assert not (tmp_path / "demo").exists()  # nothing recorded
+    validate_demo(DemoConfig(out=str(tmp_path / "demo")))  # the defaults are valid

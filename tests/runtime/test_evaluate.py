@@ -165,6 +165,41 @@ def test_resume_skips_done_cells_and_rejects_other_configs(tmp_path, monkeypatch
         _eval(tmp_path, seed=4)
 
 
+def test_changed_episode_count_extends_or_trims_cells(tmp_path, monkeypatch):
+    fresh = {s["policy"] + s["env"]: s for s in _eval(tmp_path / "fresh", episodes=12)}
+    _eval(tmp_path, episodes=6)
+    ran = []
+    real_run_shard = ev.run_shard
+    monkeypatch.setattr(ev, "run_shard", lambda task: ran.append((task.cell, task.first)) or real_run_shard(task))
+    grown = _eval(tmp_path, episodes=12)
+    assert sorted(ran) == sorted(
+        (c, f) for c in ("greedy__line", "greedy__line2", "still__line", "still__line2") for f in (6, 9)
+    )
+    info = json.loads((tmp_path / "out" / "cells" / "greedy__line" / "eval_info.json").read_text())
+    assert [e["seed"] for e in info["per_episode"]] == list(range(3, 15))
+    for s in grown:  # 6 reused + 6 new episodes give the results of 12 fresh ones
+        assert (s["pc_success"], s["avg_sum_reward"]) == (
+            fresh[s["policy"] + s["env"]]["pc_success"],
+            fresh[s["policy"] + s["env"]]["avg_sum_reward"],
+        )
+    ran.clear()
+    assert all(s["n_episodes"] == 3 for s in _eval(tmp_path, episodes=3)) and ran == []
+    _eval(tmp_path, episodes=6, videos=4)  # episodes 2, 3 are now filmed: only the shards holding them run again
+    assert sorted(f for _, f in ran) == [0, 0, 0, 0, 3, 3, 3, 3]
+    info = json.loads((tmp_path / "out" / "cells" / "still__line" / "eval_info.json").read_text())
+    assert len(info["overall"]["video_paths"]) == 4
+
+
+def test_changed_seed_is_redone_on_request(tmp_path, monkeypatch):
+    _eval(tmp_path, episodes=3)
+    with pytest.raises(ValueError, match=r"different \['seed'\].*use another --out or --resume false"):
+        _eval(tmp_path, episodes=3, seed=50)
+    redone = _eval(tmp_path, episodes=3, seed=50, on_mismatch="redo")
+    fresh = _eval(tmp_path / "fresh", episodes=3, seed=50)
+    assert [s["avg_sum_reward"] for s in redone] == [s["avg_sum_reward"] for s in fresh]
+    assert _eval(tmp_path, episodes=3, seed=3, resume=False)[0]["n_episodes"] == 3
+
+
 def test_process_pool_matches_inline_and_cli(tmp_path, capsys):
     inline = _eval(tmp_path / "a", workers=0, videos=0)
     pooled = _eval(tmp_path / "b", workers=2, videos=0)
