@@ -1,0 +1,207 @@
+"""Advantage-conditioned improvement (RECAP in pi*0.6; ALTER in N0-VTLA, arXiv 2607.23782), policy side: a value
+model on the frozen policy's observation latents (``embed``), cross-fitted over episodes so that a step's value
+never comes from a model that saw that step's return, the latents of every step of a store, and the
+advantage-weighted regression baseline's weights (AWR, Peng et al. 2019, arXiv 1910.00177).
+
+The labels themselves (n-step advantage, thresholds, failure windows, storage) are in :mod:`policylink.data.labels`;
+the conditioning slot, label dropout and classifier-free guidance in :mod:`policylink.policies.common.conditioning`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from policylink.data.buffer import EpisodeStore
+from policylink.data.normalize import Normalizer
+from policylink.data.sampler import SequenceDataset
+from policylink.policies.model import ChunkModel
+
+VALUE_KINDS = ("bins", "mse")
+
+
+@dataclass(frozen=True)
+class ValueConfig:
+    """The value model ``V(o_t)`` on frozen latents.
+
+    Attributes:
+        kind: ``"bins"``, a distributional head (cross-entropy on a two-hot target over ``num_bins`` evenly spaced
+            bins on ``[v_min, v_max]``, value = the expected bin centre; RECAP's value model is distributional) or
+            ``"mse"`` (a scalar regression).
+        num_bins, v_min, v_max: the bins (RECAP returns lie in ``[-1, 0]``).
+        hidden, layers: MLP width and hidden layers (LayerNorm on the input latent).
+        steps, batch_size, lr: AdamW training per fold.
+        folds: episode folds for cross-fitting (1 = fit and predict on all episodes).
+    """
+
+    kind: str = "bins"
+    num_bins: int = 41
+    v_min: float = -1.0
+    v_max: float = 0.0
+    hidden: int = 256
+    layers: int = 2
+    steps: int = 1500
+    batch_size: int = 256
+    lr: float = 1e-3
+    folds: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in VALUE_KINDS:
+            raise ValueError(f"value.kind: expected one of {VALUE_KINDS}, received {self.kind!r}")
+        if self.kind == "bins" and (self.num_bins < 2 or not self.v_min < self.v_max):
+            raise ValueError(f"value bins: expected num_bins >= 2 and v_min < v_max, received {self.num_bins}, "
+                             f"[{self.v_min}, {self.v_max}]")  # fmt: skip
+        if self.folds < 1 or self.steps < 1:
+            raise ValueError(f"value.folds / value.steps: expected >= 1, received {self.folds}, {self.steps}")
+
+
+class ValueModel(nn.Module):
+    """``V(z)`` from latents ``z`` float32 ``(N, D)``: LayerNorm -> MLP -> ``num_bins`` logits or one scalar.
+
+    Args:
+        latent_dim: ``D``. cfg: :class:`ValueConfig`.
+    """
+
+    def __init__(self, latent_dim: int, cfg: ValueConfig):
+        super().__init__()
+        self.cfg = cfg
+        out = cfg.num_bins if cfg.kind == "bins" else 1
+        layers: list[nn.Module] = [nn.LayerNorm(latent_dim)]
+        width = latent_dim
+        for _ in range(cfg.layers):
+            layers += [nn.Linear(width, cfg.hidden), nn.GELU()]
+            width = cfg.hidden
+        layers.append(nn.Linear(width, out))
+        self.net = nn.Sequential(*layers)
+        self.register_buffer("centers", torch.linspace(cfg.v_min, cfg.v_max, max(cfg.num_bins, 2)))
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        """Raw head output ``(N, num_bins)`` logits (bins) or ``(N, 1)`` (mse)."""
+        return self.net(latents)
+
+    def predict(self, latents: torch.Tensor) -> torch.Tensor:
+        """Value estimate float32 ``(N,)`` (bins: ``sum_k softmax_k * centre_k``)."""
+        out = self(latents)
+        if self.cfg.kind == "bins":
+            return (out.softmax(-1) * self.centers).sum(-1)
+        return out[:, 0]
+
+    def loss(self, latents: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+        """Scalar training loss against returns ``(N,)``: cross-entropy to :func:`two_hot` targets, or MSE."""
+        out = self(latents)
+        if self.cfg.kind == "bins":
+            target = two_hot(returns, self.cfg.v_min, self.cfg.v_max, self.cfg.num_bins)
+            return -(target * out.log_softmax(-1)).sum(-1).mean()
+        return (out[:, 0] - returns).square().mean()
+
+
+def two_hot(values: torch.Tensor, v_min: float, v_max: float, num_bins: int) -> torch.Tensor:
+    """Two-hot encoding ``(N, K)`` of ``values`` ``(N,)`` on ``K`` evenly spaced centres over ``[v_min, v_max]``:
+    the mass splits between the two nearest centres so that the expected centre equals the (clipped) value.
+    E.g. centres ``[-1, -0.5, 0]`` and value ``-0.25`` -> ``[0, 0.5, 0.5]``."""
+    v = values.float().clamp(v_min, v_max)
+    pos = (v - v_min) / (v_max - v_min) * (num_bins - 1)
+    lo = pos.floor().clamp(max=num_bins - 2).long()
+    frac = pos - lo.float()
+    out = torch.zeros(v.shape[0], num_bins, dtype=torch.float32, device=v.device)
+    out.scatter_(1, lo[:, None], (1.0 - frac)[:, None])
+    out.scatter_add_(1, (lo + 1)[:, None], frac[:, None])
+    return out
+
+
+def fit_value_model(latents: np.ndarray, returns: np.ndarray, cfg: ValueConfig, seed: int = 0) -> ValueModel:
+    """Train a :class:`ValueModel` on latents ``(N, D)`` and returns ``(N,)`` (float32 numpy); returns it in eval
+    mode. Minibatches of ``cfg.batch_size`` drawn with a generator seeded by ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    z = torch.as_tensor(np.asarray(latents, np.float32))
+    r = torch.as_tensor(np.asarray(returns, np.float32))
+    model = ValueModel(z.shape[1], cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
+    for _ in range(cfg.steps):
+        idx = torch.randint(0, len(z), (min(cfg.batch_size, len(z)),), generator=g)
+        loss = model.loss(z[idx], r[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def cross_fitted_values(
+    latents: np.ndarray, returns: np.ndarray, episode_of_step: np.ndarray, cfg: ValueConfig, seed: int = 0
+) -> np.ndarray:
+    """``V`` float32 ``(N,)`` for every step, each predicted by a model fitted on the other ``cfg.folds - 1``
+    folds of episodes (episode ``e`` is in fold ``perm(e) % folds``), so a value never memorises its own return;
+    with ``folds = 1`` one model fits and predicts everything.
+
+    Raises:
+        ValueError: fewer episodes than folds, or arrays of different lengths.
+    """
+    ep = np.asarray(episode_of_step, np.int64)
+    if not len(latents) == len(returns) == len(ep):
+        raise ValueError(f"latents/returns/episodes: expected equal lengths, received {len(latents)}, "
+                         f"{len(returns)}, {len(ep)}")  # fmt: skip
+    n_ep = int(ep.max()) + 1 if len(ep) else 0
+    if n_ep < cfg.folds:
+        raise ValueError(f"value.folds: expected <= the number of episodes ({n_ep}), received {cfg.folds}")
+    fold_of_ep = np.random.default_rng(seed).permutation(n_ep) % cfg.folds
+    fold = fold_of_ep[ep]
+    out = np.zeros(len(ep), np.float32)
+    for k in range(cfg.folds):
+        train = fold != k if cfg.folds > 1 else np.ones(len(ep), bool)
+        model = fit_value_model(latents[train], returns[train], cfg, seed + k)
+        with torch.no_grad():
+            out[fold == k] = model.predict(torch.as_tensor(latents[fold == k])).numpy()
+    return out
+
+
+def store_latents(model: ChunkModel, normalizer: Normalizer, store: EpisodeStore, batch_size: int = 512) -> np.ndarray:
+    """The frozen policy's observation latent ``embed`` of every step of ``store``, float32 ``(N_steps, D)`` in the
+    store's order (the window of step ``t`` ends at ``t``; the first steps of an episode repeat its first
+    observation, as in training and at inference).
+
+    Raises:
+        KeyError: the store lacks one of the policy's observation keys.
+    """
+    cfg = model.cfg
+    ds = SequenceDataset(
+        store, n_obs_steps=cfg.n_obs_steps, horizon=cfg.n_obs_steps, obs_keys=list(cfg.observation_keys),
+        normalizer=normalizer,
+    )  # fmt: skip
+    if len(ds) != store.n_steps:  # one window per step (default padding)
+        raise AssertionError(f"store_latents: expected {store.n_steps} windows, received {len(ds)}")
+    out = []
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(ds), batch_size):
+            batch = ds.get_batch(range(i, min(i + batch_size, len(ds))))
+            out.append(model.embed({k: batch[k] for k in ds.obs_keys}).float().numpy())
+    return np.concatenate(out) if out else np.zeros((0, model.latent_dim), np.float32)
+
+
+def awr_weights(advantage: torch.Tensor, beta: float, max_weight: float) -> torch.Tensor:
+    """Advantage-weighted regression weights ``w = min(exp(A / beta), w_max)`` ``(B,)``, computed as
+    ``exp(min(A / beta, log w_max))`` so that no intermediate overflows (``A = 1e4`` gives ``w_max``).
+
+    Raises:
+        ValueError: ``beta <= 0`` or ``max_weight <= 0``.
+    """
+    if not beta > 0 or not max_weight > 0:
+        raise ValueError(f"awr beta / max_weight: expected > 0, received {beta}, {max_weight}")
+    return torch.exp(torch.clamp(advantage.float() / beta, max=math.log(max_weight)))
+
+
+__all__ = [
+    "VALUE_KINDS",
+    "ValueConfig",
+    "ValueModel",
+    "awr_weights",
+    "cross_fitted_values",
+    "fit_value_model",
+    "store_latents",
+    "two_hot",
+]
