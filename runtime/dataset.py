@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     "export-lerobot": "write a LeRobot v3.0 dataset folder (parquet + images or mp4 videos)",
     "import-lerobot": "read a LeRobot v3.0 dataset folder into an episode store",
     "merge": "concatenate episode stores (same features) into a new store (--overwrite true to replace one)",
+    "advantage-report": "advantage labels: fraction positive per task/source/quality, histogram, worst episodes",
 }
 
 
@@ -96,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if rest and not rest[0].startswith("-"):  # positional PATH
         rest = ["--path", rest[0], *rest[1:]]
+    if name == "advantage-report":  # its own module (runtime/dataset_advantage.py)
+        from policylink.runtime.dataset_advantage import main as advantage_report_main
+
+        return advantage_report_main(rest)
     from policylink.runtime.cli import parse_config
 
     cls = {

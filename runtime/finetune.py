@@ -18,6 +18,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "critic": ("policylink.runtime.finetune_qvgm", "train a chunk IQL critic on an episode store (reward, done)"),
     "qvgm": ("policylink.runtime.finetune_qvgm", "Q-VGM: fine-tune a flow policy with a trained chunk critic"),
+    "advantage": ("policylink.runtime.finetune_advantage", "advantage labels + advantage-conditioned / AWR training"),
     "loop": ("policylink.runtime.finetune_loop", "learn from experience: record, critic, Q-VGM, evaluate per round"),
 }
 

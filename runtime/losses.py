@@ -110,7 +110,11 @@ class ImitationLoss:
 
 
 LossFactory = Callable[["TrainConfig"], Loss]
-_BUILTIN: dict[str, str] = {"imitation": "policylink.runtime.losses:ImitationLoss"}
+_BUILTIN: dict[str, str] = {
+    "imitation": "policylink.runtime.losses:ImitationLoss",
+    "advantage": "policylink.runtime.finetune_advantage:AdvantageLoss",
+    "awr": "policylink.runtime.finetune_advantage:AWRLoss",
+}
 """Built-in losses as lazy ``module:attribute`` factories (imported only when chosen)."""
 _REGISTERED: dict[str, LossFactory] = {}
 
