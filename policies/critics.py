@@ -215,8 +215,8 @@ class IQLTrainer:
         loss_v = expectile_loss(q_min - v, c.cfg.expectile)
         q = c.q(s, a)
         loss_q = (q - y[None]).square().mean(1).sum()
-        metrics = {"loss_v": float(loss_v), "loss_q": float(loss_q), "q_mean": float(q.mean())}
-        metrics["v_mean"] = float(v.mean())
+        metrics = {"loss_v": loss_v.item(), "loss_q": loss_q.item(), "q_mean": q.mean().item()}
+        metrics["v_mean"] = v.mean().item()
         return loss_v, loss_q, metrics
 
     def update(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:

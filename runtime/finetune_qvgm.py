@@ -247,7 +247,7 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        for k, v in {"loss": float(loss), **m}.items():
+        for k, v in {"loss": loss.item(), **m}.items():
             acc[k] = acc.get(k, 0.0) + v
         every = max(cfg.steps // 10, 1)
         if (step + 1) % every == 0 or step + 1 == cfg.steps:

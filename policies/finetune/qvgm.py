@@ -160,8 +160,8 @@ class QVGMLoss:
         vgm = (model.sampler.denoise(x_t, t, cond) - v_tgt).square().mean()
         bc = model.loss(cond, batch["action"], noise, batch.get("valid"))
         metrics = {
-            "vgm_loss": float(vgm),
-            "bc_loss": float(bc),
+            "vgm_loss": vgm.item(),
+            "bc_loss": bc.item(),
             "keep_best_margin": float((res.q_best - res.q_start).mean()),
             "start_won": float(res.start_won.float().mean()),
             "q_start": float(res.q_start.mean()),
