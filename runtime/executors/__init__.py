@@ -14,6 +14,7 @@ from policylink.runtime.executors.base import (
     executor_problems,
     request_chunk,
 )
+from policylink.runtime.executors.corrective import CorrectiveExecutor, CorrectiveLog
 from policylink.runtime.executors.ensemble import TemporalEnsembleExecutor
 from policylink.runtime.executors.latency import LatencyConfig, LatencyMode
 from policylink.runtime.executors.queue import ChunkQueue
@@ -24,6 +25,8 @@ __all__ = [
     "AsyncExecutor",
     "ChunkExecutor",
     "ChunkQueue",
+    "CorrectiveExecutor",
+    "CorrectiveLog",
     "ExecutorConfig",
     "ExecutorConfigError",
     "ExecutorKind",
@@ -41,6 +44,7 @@ _KINDS = {
     ExecutorKind.RECEDING_HORIZON: RecedingHorizonExecutor,
     ExecutorKind.TEMPORAL_ENSEMBLE: TemporalEnsembleExecutor,
     ExecutorKind.ASYNC: AsyncExecutor,
+    ExecutorKind.CORRECTIVE: CorrectiveExecutor,
 }
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, GuidedSampler, PrefixConditioned
 from policylink.adapters.policy import PolicyAdapter
 from policylink.adapters.schema import batch_size_of
+from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.runtime.executors.latency import LatencyConfig
 from policylink.runtime.executors.queue import ChunkQueue
 
@@ -36,6 +37,7 @@ class ExecutorKind(StrEnum):
     RECEDING_HORIZON = "receding_horizon"
     TEMPORAL_ENSEMBLE = "temporal_ensemble"
     ASYNC = "async"
+    CORRECTIVE = "corrective"  # receding horizon + latent monitor, truncate and guided replan (issue 16)
 
 
 class ExecutorConfigError(ValueError):
@@ -65,6 +67,7 @@ class ExecutorConfig:
     latency: LatencyConfig = field(default_factory=LatencyConfig)
     rtc: bool = True
     rtc_max_guidance: float = 5.0
+    corrective: CorrectiveConfig = field(default_factory=CorrectiveConfig)  # kind: corrective (issue 16)
 
     def __post_init__(self) -> None:
         try:

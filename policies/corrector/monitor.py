@@ -1,0 +1,231 @@
+"""The latent monitor of corrective chunk execution (VLA-Corrector, arXiv 2607.01804): a small MLP that, from the
+frozen policy's observation latent ``z_t`` and the ``k`` actions executed next, predicts the latent change
+``z_{t+k} - z_t``; trained with a cosine loss on successful rollouts. The deviation score at step ``t`` is
+``E_t = 1 - cos(f(z_{t-k}, a_{t-k:t}), z_t - z_{t-k})``.
+
+The monitor is self-contained: it standardises latents and actions (in ActionSpec units) with statistics of its
+training data, so it runs beside any :class:`~policylink.adapters.capabilities.Embedder` policy, local or served.
+It is saved in its own folder beside the policy checkpoint (never inside it): ``monitor.safetensors`` +
+``monitor.json`` (+ ``calibration.json`` once calibrated).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from policylink.policies.corrector.calibration import ConformalThresholds
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """Shape of the monitor.
+
+    Attributes:
+        horizon: ``k``, control steps between the latent and the predicted change (the paper uses 10 at its rate).
+        hidden_dim: MLP width.
+        n_layers: hidden layers (>= 1).
+
+    Raises:
+        ValueError: a non-positive field (named).
+    """
+
+    horizon: int = 4
+    hidden_dim: int = 128
+    n_layers: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("horizon", "hidden_dim", "n_layers"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"monitor.{name}: expected an integer >= 1, received {getattr(self, name)!r}")
+
+
+class LatentMonitor(nn.Module):
+    """``f(z (B, D), actions (B, k, A) in units) -> predicted latent change (B, D)`` (in latent units).
+
+    Args:
+        latent_dim: ``D``; action_dim: ``A``; config: :class:`MonitorConfig`.
+    """
+
+    def __init__(self, latent_dim: int, action_dim: int, config: MonitorConfig = MonitorConfig()):
+        super().__init__()
+        self.config, self.latent_dim, self.action_dim = config, int(latent_dim), int(action_dim)
+        k, h = config.horizon, config.hidden_dim
+        layers: list[nn.Module] = []
+        width = self.latent_dim + k * self.action_dim
+        for _ in range(config.n_layers):
+            layers += [nn.Linear(width, h), nn.Mish()]
+            width = h
+        layers.append(nn.Linear(width, self.latent_dim))
+        self.net = nn.Sequential(*layers)
+        for name, dim in (("z", self.latent_dim), ("a", self.action_dim), ("dz", self.latent_dim)):
+            self.register_buffer(f"{name}_mean", torch.zeros(dim))
+            self.register_buffer(f"{name}_std", torch.ones(dim))
+
+    @property
+    def horizon(self) -> int:
+        """``k``."""
+        return self.config.horizon
+
+    def set_statistics(self, z: np.ndarray, actions: np.ndarray, dz: np.ndarray) -> None:
+        """Standardisation from training data: latents ``(N, D)``, actions ``(N, A)``, latent changes ``(N, D)``."""
+        for name, x in (("z", z), ("a", actions), ("dz", dz)):
+            x = np.asarray(x, np.float64).reshape(-1, getattr(self, f"{name}_mean").numel())
+            getattr(self, f"{name}_mean").copy_(torch.as_tensor(x.mean(0), dtype=torch.float32))
+            getattr(self, f"{name}_std").copy_(torch.as_tensor(np.maximum(x.std(0), 1e-6), dtype=torch.float32))
+
+    def forward(self, z: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Predicted ``z_{t+k} - z_t`` ``(B, D)`` from ``z_t`` ``(B, D)`` and ``a_{t:t+k}`` ``(B, k, A)`` (units).
+
+        Raises:
+            ValueError: wrong shapes (named).
+        """
+        k = self.horizon
+        if z.dim() != 2 or z.shape[1] != self.latent_dim:
+            raise ValueError(f"monitor z: expected shape (B, {self.latent_dim}), received {tuple(z.shape)}")
+        if actions.dim() != 3 or tuple(actions.shape[1:]) != (k, self.action_dim):
+            raise ValueError(f"monitor actions: expected shape (B, {k}, {self.action_dim}), "
+                             f"received {tuple(actions.shape)}")  # fmt: skip
+        zn = (z - self.z_mean) / self.z_std
+        an = ((actions - self.a_mean) / self.a_std).flatten(1)
+        return self.net(torch.cat([zn, an], dim=1)) * self.dz_std + self.dz_mean
+
+
+def cosine_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean ``1 - cos(pred, target)`` over rows ``(B, D)`` (the paper's monitor loss), scalar."""
+    return (1.0 - torch.nn.functional.cosine_similarity(pred, target, dim=1, eps=1e-8)).mean()
+
+
+def episode_latents(policy: Any, episode: Mapping[str, np.ndarray], batch: int = 256) -> np.ndarray:
+    """Latents ``(T, D)`` float32 of one recorded episode through ``policy.embed`` (an
+    :class:`~policylink.adapters.capabilities.Embedder`): step ``t``'s window holds observations ``t - n + 1 ..
+    t``, the first one repeated before the start (as the policy's history pads it).
+
+    Args:
+        policy: the frozen policy (``spec.n_obs_steps`` = ``n``, ``embed(obs)``).
+        episode: key -> ``(T, ...)`` arrays with every observation key of ``policy.spec``.
+    """
+    n = int(policy.spec.n_obs_steps)
+    keys = list(policy.spec.observation)
+    t_len = len(episode[keys[0]])
+    idx = np.clip(np.arange(t_len)[:, None] + np.arange(-n + 1, 1)[None], 0, None)  # (T, n)
+    out = []
+    for s in range(0, t_len, batch):
+        rows = idx[s : s + batch]
+        out.append(policy.embed({k: np.asarray(episode[k])[rows] for k in keys}))
+    return np.concatenate(out).astype(np.float32)
+
+
+def monitor_pairs(
+    latents: Sequence[np.ndarray], actions: Sequence[np.ndarray], horizon: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Training pairs from episodes: ``z_t`` ``(N, D)``, ``a_{t:t+k}`` ``(N, k, A)``, ``z_{t+k} - z_t`` ``(N, D)``
+    for every ``t`` with ``t + k < T`` of each episode (latents ``(T, D)``, actions ``(T, A)``)."""
+    zs, acts, dzs = [], [], []
+    for z, a in zip(latents, actions, strict=True):
+        t = len(z) - horizon
+        if t <= 0:
+            continue
+        zs.append(z[:t])
+        acts.append(np.stack([a[i : i + horizon] for i in range(t)]))
+        dzs.append(z[horizon:] - z[:t])
+    if not zs:
+        raise ValueError(f"monitor data: expected episodes longer than horizon k={horizon}, received none")
+    return np.concatenate(zs), np.concatenate(acts).astype(np.float32), np.concatenate(dzs)
+
+
+def train_monitor(
+    z: np.ndarray,
+    actions: np.ndarray,
+    dz: np.ndarray,
+    config: MonitorConfig,
+    *,
+    steps: int = 2000,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> tuple[LatentMonitor, list[float]]:
+    """Fit a :class:`LatentMonitor` with the cosine loss (Adam) on pairs from :func:`monitor_pairs`.
+
+    Returns:
+        ``(monitor in eval mode on CPU, loss every 100 steps)``.
+    """
+    torch.manual_seed(seed)
+    mon = LatentMonitor(z.shape[1], actions.shape[2], config)
+    mon.set_statistics(z, actions.reshape(-1, actions.shape[2]), dz)
+    tz, ta, tdz = (torch.as_tensor(x, dtype=torch.float32) for x in (z, actions, dz))
+    opt = torch.optim.Adam(mon.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for step in range(int(steps)):
+        i = torch.randint(0, len(tz), (min(batch_size, len(tz)),), generator=gen)
+        loss = cosine_loss(mon(tz[i], ta[i]), tdz[i])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 100 == 0 or step == steps - 1:
+            losses.append(loss.item())
+    return mon.eval(), losses
+
+
+def monitor_dir(checkpoint: str | Path) -> Path:
+    """The default monitor folder beside a policy checkpoint folder: ``<checkpoint>.monitor``."""
+    p = Path(checkpoint)
+    return p.parent / f"{p.name}.monitor"
+
+
+def save_monitor(
+    path: str | Path, monitor: LatentMonitor, thresholds: ConformalThresholds | None = None, meta: dict | None = None
+) -> Path:
+    """Write ``monitor.safetensors`` + ``monitor.json`` (+ ``calibration.json``) to folder ``path``."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in monitor.state_dict().items()}, str(path / "monitor.safetensors"))
+    info = {"latent_dim": monitor.latent_dim, "action_dim": monitor.action_dim, "config": asdict(monitor.config)}
+    (path / "monitor.json").write_text(json.dumps({**info, "meta": meta or {}}, indent=2))
+    if thresholds is not None:
+        (path / "calibration.json").write_text(json.dumps(thresholds.to_dict(), indent=2))
+    return path
+
+
+def load_monitor(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[LatentMonitor, ConformalThresholds | None]:
+    """Load a monitor folder written by :func:`save_monitor`: ``(monitor in eval mode, thresholds or None)``.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a monitor folder.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / "monitor.json").is_file():
+        raise FileNotFoundError(f"corrective.monitor: expected a monitor folder with monitor.json, received {path}")
+    info = json.loads((path / "monitor.json").read_text())
+    mon = LatentMonitor(info["latent_dim"], info["action_dim"], MonitorConfig(**info["config"]))
+    mon.load_state_dict(load_file(str(path / "monitor.safetensors")))
+    cal = path / "calibration.json"
+    thr = ConformalThresholds.from_dict(json.loads(cal.read_text())) if cal.is_file() else None
+    return mon.to(device).eval(), thr
+
+
+__all__ = [
+    "LatentMonitor",
+    "MonitorConfig",
+    "cosine_loss",
+    "episode_latents",
+    "load_monitor",
+    "monitor_dir",
+    "monitor_pairs",
+    "save_monitor",
+    "train_monitor",
+]

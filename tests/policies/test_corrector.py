@@ -1,0 +1,203 @@
+"""Corrective execution parts against known values: split conformal thresholds (exact ranks, nominal false-alarm
+rate on fresh samples), the persistence rule (step change vs isolated spike, cool-down, hysteresis), the robust
+MAD rule, the latent monitor (fit, save/load) and guided replanning lowering its cost on toys with known answers."""
+
+import numpy as np
+import pytest
+import torch
+
+from policylink.policies.common.samplers import DDIMSampler, FlowEulerSampler
+from policylink.policies.corrector.calibration import (
+    ConformalThresholds,
+    DetectorConfig,
+    PersistenceDetector,
+    alarm_rate,
+    conformal_quantile,
+    cosine_deviation,
+    ewma,
+)
+from policylink.policies.corrector.guidance import affine_inverse, corrective_cost, cost_guidance
+from policylink.policies.corrector.monitor import (
+    MonitorConfig,
+    load_monitor,
+    monitor_pairs,
+    save_monitor,
+    train_monitor,
+)
+
+
+def test_conformal_quantile_exact_rank():
+    scores = np.arange(1.0, 20.0)  # n = 19
+    assert conformal_quantile(scores, 0.1) == 18.0  # ceil(20 * 0.9) = 18th smallest
+    assert conformal_quantile(scores, 0.05) == 19.0  # ceil(20 * 0.95) = 19
+    assert conformal_quantile(scores[:5], 0.05) == float("inf")  # rank 6 > n = 5
+    with pytest.raises(ValueError, match="alpha"):
+        conformal_quantile(scores, 1.5)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1])
+def test_conformal_thresholds_hit_nominal_false_alarm_rate_on_fresh_samples(alpha):
+    rng = np.random.default_rng(0)
+    h = 4
+
+    def episodes(n):  # offset-dependent score scales: the per-offset thresholds must adapt
+        out = []
+        for _ in range(n):
+            off = np.arange(40) % h
+            out.append((rng.exponential(1.0 + off), off))
+        return out
+
+    thr = ConformalThresholds.fit(episodes(200), chunk_size=h, alpha=alpha, ewma_weight=1.0)
+    assert thr.counts.tolist() == [2000] * h
+    assert thr.thresholds[3] > 3 * thr.thresholds[0]  # scale 4 vs 1
+    rate = alarm_rate(episodes(2000), thr)  # 80000 fresh steps
+    assert alpha - 0.01 <= rate <= alpha + 0.005, rate
+    assert ConformalThresholds.from_dict(thr.to_dict()).thresholds.tolist() == thr.thresholds.tolist()
+
+
+def test_ewma_and_cosine_known_values():
+    assert ewma(np.array([1.0, 0.0, 0.0]), 0.5).tolist() == [1.0, 0.5, 0.25]
+    pred = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    dev = cosine_deviation(pred, np.array([[2.0, 0.0], [-1.0, 0.0], [0.0, 3.0]]))
+    np.testing.assert_allclose(dev, [0.0, 2.0, 1.0 - 1.0 / np.sqrt(2.0)])
+
+
+def _detector(m=3, w=4, cooldown=2, hysteresis=0.5, jump=None):
+    cfg = DetectorConfig(ewma=1.0, persistence_m=m, window=w, cooldown=cooldown, hysteresis=hysteresis, jump=jump)
+    thr = ConformalThresholds(np.full(4, 1.0), 0.05, np.full(4, 100), 1.0)
+    return PersistenceDetector(cfg, 1, thr)
+
+
+def _run(det, scores):
+    return [bool(det.update(np.array([s]), np.array([0]), np.array([True]))[0][0]) for s in scores]
+
+
+def test_persistence_fires_on_step_change_not_on_isolated_spike():
+    step = [0.1] * 5 + [2.0] * 10
+    fired = _run(_detector(), step)
+    assert [i for i, f in enumerate(fired) if f] == [7]  # 3rd exceedance; then disarmed (hysteresis) while high
+    spike = [0.1] * 5 + [50.0] + [0.1] * 10
+    assert not any(_run(_detector(), spike))
+    two_spikes = [0.1, 5.0, 0.1, 0.1, 0.1, 5.0, 0.1]  # 2 of any 4 steps: below m = 3
+    assert not any(_run(_detector(), two_spikes))
+    assert [i for i, f in enumerate(_run(_detector(jump=10.0), spike)) if f] == [5]  # the sharp-jump option
+
+
+def test_cooldown_and_hysteresis_rearm():
+    # fire at 2, drop below 0.5 * threshold at 3 (re-armed), high again from 4: cool-down 2 ends, 3 hits at 6
+    scores = [2.0, 2.0, 2.0, 0.1, 2.0, 2.0, 2.0, 2.0]
+    fired = _run(_detector(m=3, w=3, cooldown=2), scores)
+    assert [i for i, f in enumerate(fired) if f] == [2, 6]
+    # without dropping below hysteresis * threshold (0.8 > 0.5) it never re-arms
+    fired = _run(_detector(m=3, w=3, cooldown=0), [2.0, 2.0, 2.0, 0.8, 2.0, 2.0, 2.0, 2.0])
+    assert [i for i, f in enumerate(fired) if f] == [2]
+
+
+def test_inactive_rows_and_reset_are_per_row():
+    cfg = DetectorConfig(ewma=1.0, persistence_m=1, window=1, cooldown=0)
+    det = PersistenceDetector(cfg, 2, ConformalThresholds(np.ones(2), 0.05, np.ones(2), 1.0))
+    fired, thr = det.update(np.array([5.0, 5.0]), np.array([0, 7]), np.array([True, False]))
+    assert fired.tolist() == [True, False] and thr.tolist() == [1.0, 1.0]  # offset 7 clipped to the table
+    det.reset([0])
+    assert det.update(np.array([5.0, 5.0]), np.array([0, 0]), np.array([True, True]))[0].tolist() == [True, True]
+
+
+def test_mad_rule_known_threshold():
+    cfg = DetectorConfig(rule="mad", ewma=1.0, persistence_m=1, window=1, mad_k=3.0, mad_floor=0.0, mad_window=5)
+    det = PersistenceDetector(cfg, 1)
+    for s in [1.0, 2.0, 3.0, 4.0, 5.0]:  # median 3, MAD 1 -> threshold 6
+        det.update(np.array([s]), np.array([0]), np.array([True]))
+    assert det.threshold(np.array([0])).tolist() == [6.0]
+    assert det.update(np.array([6.5]), np.array([0]), np.array([True]))[0].tolist() == [True]
+
+
+def test_detector_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="persistence_m"):
+        DetectorConfig(persistence_m=5, window=3)
+    with pytest.raises(ValueError, match="rule"):
+        DetectorConfig(rule="bogus")
+    with pytest.raises(ValueError, match="conformal"):
+        PersistenceDetector(DetectorConfig(), 1, None)
+
+
+def test_monitor_learns_a_linear_latent_dynamics_and_round_trips(tmp_path):
+    rng = np.random.default_rng(0)
+    k, d, a = 3, 4, 2
+    w = rng.normal(size=(a, d))
+    lat, acts = [], []
+    for _ in range(20):  # z_{t+1} = z_t + a_t W: the change over k steps is (sum of k actions) W
+        act = rng.normal(size=(30, a)).astype(np.float32)
+        lat.append(np.cumsum(np.vstack([np.zeros((1, a)), act[:-1]]) @ w, 0).astype(np.float32))
+        acts.append(act)
+    z, ac, dz = monitor_pairs(lat, acts, k)
+    assert z.shape == (20 * 27, d) and ac.shape == (20 * 27, k, a)
+    np.testing.assert_allclose(dz[0], ac[0].sum(0) @ w, atol=1e-5)
+    mon, losses = train_monitor(z, ac, dz, MonitorConfig(horizon=k, hidden_dim=64), steps=600, lr=3e-3)
+    assert losses[-1] < 0.05 < losses[0]
+    thr = ConformalThresholds(np.arange(4.0), 0.05, np.ones(4, np.int64), 0.35)
+    back, back_thr = load_monitor(save_monitor(tmp_path / "m", mon, thr))
+    x = (torch.as_tensor(z[:5]), torch.as_tensor(ac[:5]))
+    torch.testing.assert_close(back(*x), mon(*x))
+    assert back_thr.thresholds.tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(FileNotFoundError, match="monitor"):
+        load_monitor(tmp_path / "nothing")
+
+
+def _toy_cost_and_target(h=4, a=2):
+    target = torch.tensor([[0.5, -0.3]]).repeat(h, 1)[None]  # the known answer: argmin of the cost
+
+    def cost(a_hat):
+        return ((a_hat - target) ** 2).sum((1, 2))
+
+    return cost, target
+
+
+@pytest.mark.parametrize("kind", ["flow", "ddim_epsilon", "ddim_sample"])
+def test_guided_sampling_lowers_the_cost_toward_the_known_answer(kind):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+    def network(x, k, cond):  # a fixed random network: the unguided sample is somewhere, not at the target
+        return net(x)
+
+    if kind == "flow":
+        sampler = FlowEulerSampler(network, num_steps=10)
+    else:
+        sampler = DDIMSampler(network, prediction_type=kind.split("_")[1], num_steps=10, clip_sample=False)
+    cost, target = _toy_cost_and_target()
+    noise = torch.randn(3, 4, 2, generator=torch.Generator().manual_seed(1))
+    plain = sampler.sample(None, noise)
+    guided = sampler.sample(None, noise, guidance=cost_guidance(cost, 0.3))
+    c_plain, c_guided = cost(plain), cost(guided)
+    assert (c_guided < 0.5 * c_plain).all(), (c_plain, c_guided)
+    assert (guided - target).abs().max() < (plain - target).abs().max()
+
+
+class _SumMonitor(torch.nn.Module):
+    """Toy monitor: predicted latent change = the sum of the first k actions (D = A)."""
+
+    horizon = 2
+
+    def forward(self, z, actions):
+        return actions.sum(1)
+
+
+def test_corrective_cost_is_lowered_by_guidance_and_pins_committed_actions():
+    sampler = FlowEulerSampler(lambda x, k, c: torch.zeros_like(x), num_steps=10)  # unguided = the noise
+    noise = torch.randn(4, 6, 2, generator=torch.Generator().manual_seed(0))
+    to_units = affine_inverse(lambda x: 2.0 * torch.as_tensor(x) + 1.0, 2)  # units = (n - 1) / 2
+    np.testing.assert_allclose(to_units(torch.tensor([[3.0, -1.0]])).numpy(), [[1.0, -1.0]])
+    z = torch.zeros(4, 2)
+    target = torch.tensor([[1.0, 0.0]]).repeat(4, 1)  # known answer: first 2 actions summing along +x
+    committed = torch.full((4, 6, 2), 0.25)
+    weights = torch.zeros(4, 6)
+    weights[:, 0] = 1.0
+    cost = corrective_cost(_SumMonitor(), z, target, to_units, committed, weights)
+    plain = sampler.sample(None, noise)
+    guided = sampler.sample(None, noise, guidance=cost_guidance(cost, 1.0))
+    assert (cost(guided) < cost(plain)).all()
+    assert cost(guided).mean() < 0.5 * cost(plain).mean(), (cost(plain), cost(guided))
+    # the committed action (units 0.25 -> normalised 1.5) is pulled in
+    assert (to_units(guided)[:, 0] - 0.25).abs().max() < (to_units(plain)[:, 0] - 0.25).abs().max()
+    with pytest.raises(ValueError, match="affine"):
+        affine_inverse(lambda x: torch.as_tensor(x) ** 2, 2)
