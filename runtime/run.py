@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from policylink.adapters.schema import EnvSpec, IncompatibleSpecError, compatibility_problems
+from policylink.adapters.compatibility import compatibility_problems
+from policylink.adapters.schema import EnvSpec, IncompatibleSpecError
 from policylink.runtime.executors import ExecutorConfig, executor_problems, make_executor
 from policylink.runtime.rollout import RegistryEnvFn, env_spec_of, make_vector_env, plan_episodes, rollout
 
@@ -32,6 +33,10 @@ class RunConfig:
         executor: how chunks are executed (:class:`ExecutorConfig`).
         threads: torch CPU threads (0 = torch's default). One thread is the default because small chunk
             policies gain nothing from more on CPU and slow down many times over when the cores are shared.
+        robot: a robot server address (``tcp://host:port``, ``policylink robot``): run on it in real time
+            instead of ``env`` (:mod:`policylink.runtime.deploy`).
+        hz: control rate on the robot (None = its control frequency).
+        inject_latency_ms: make each inference take at least this long (deployment benchmarks).
 
     Raises:
         ValueError: ``episodes < 1``, ``num_envs < 1`` or ``threads < 0``.
@@ -47,6 +52,9 @@ class RunConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     threads: int = 1
+    robot: str | None = None
+    hz: float | None = None
+    inject_latency_ms: float = 0.0
 
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, num_envs=1, threads=0)
@@ -120,7 +128,7 @@ def cell_problems(
     label: str, policy_spec: Any, env_label: str, env_spec: EnvSpec, executor: ExecutorConfig
 ) -> list[str]:
     """Why policy ``label`` cannot run on env ``env_label`` with ``executor``: the contract's
-    :func:`~policylink.adapters.schema.compatibility_problems` then the executor's, each as
+    :func:`~policylink.adapters.compatibility.compatibility_problems` then the executor's, each as
     ``"<policy> x <env>: <problem>"`` (one format for ``policylink run`` and ``policylink eval``)."""
     problems = compatibility_problems(policy_spec, env_spec) + executor_problems(policy_spec, executor)
     return [f"{label} x {env_label}: {p}" for p in problems]
@@ -137,6 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from policylink.runtime.cli import parse_config
 
     cfg = parse_config(RunConfig, list(sys.argv[1:] if argv is None else argv), prog="policylink run")
+    if cfg.policy and cfg.robot:
+        from policylink.runtime.deploy import run_on_robot
+
+        limit_threads(cfg.threads)
+        return run_on_robot(cfg)
     if not cfg.policy or not cfg.env:
         raise ValueError(
             f"--policy and --env: expected both (see policylink run --help), received policy={cfg.policy!r} "

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from policylink.adapters.compatibility import check_compatible, compatibility_problems
 from policylink.adapters.schema import (
     ActionSpec,
     ControlMode,
@@ -13,8 +14,6 @@ from policylink.adapters.schema import (
     PolicySpec,
     RotationConvention,
     SpecError,
-    check_compatible,
-    compatibility_problems,
     validate_observation,
 )
 

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from policylink.adapters import registry
+from policylink.adapters.compatibility import check_compatible
 from policylink.adapters.env import GymEnvAdapter, ObsMap
 from policylink.adapters.schema import (
     STATE_KEY,
     IncompatibleSpecError,
     PolicySpec,
     SpecError,
-    check_compatible,
 )
 from policylink.sim.gym import (
     REACHER_SUCCESS_TOLERANCE_M,
