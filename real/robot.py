@@ -87,6 +87,10 @@ class Robot(ABC):
         ``{}`` for hardware (success is judged elsewhere)."""
         return {}
 
+    def observe(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(get_observation(), episode_info())`` in one call (a remote robot makes it one round trip)."""
+        return self.get_observation(), self.episode_info()
+
     def __enter__(self) -> Robot:
         self.connect()
         return self

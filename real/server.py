@@ -5,9 +5,9 @@ env verbs (so a plain :class:`~policylink.adapters.env_transport.RemoteEnv` can 
 
 Robot verbs (wire protocol of DESIGN.md section 3, schemas below): ``observe`` (observation + episode info with
 the safety status), ``act`` (an action -> the command actually sent, whether it was held, why), ``estop`` /
-``reset_estop`` (the latch, from the client side), ``rearm`` (after a watchdog trip), ``home``. ``send_action``
-goes through the same safety layer; actions are checked by the safety layer itself (a NaN action is held, not
-refused), so ``step`` is not offered: a robot runs in real time.
+``reset_estop`` (the latch, from the client side), ``rearm`` (after a watchdog trip), ``home``, and ``hold`` (a
+client's stop). ``send_action`` goes through the same safety layer. Actions are checked by the safety layer itself
+(a NaN action is held, not refused), and ``step`` is not offered: a robot runs in real time.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ ROBOT_REQUESTS: dict[str, dict[str, Field]] = {
     "reset_estop": {},
     "rearm": {},
     "home": {},
+    "hold": {},
 }
 """Request schemas of a robot server: the env verbs plus the robot verbs."""
 ROBOT_REPLIES: dict[str, dict[str, Field]] = {
@@ -45,6 +46,7 @@ ROBOT_REPLIES: dict[str, dict[str, Field]] = {
     "reset_estop": _STATUS,
     "rearm": _STATUS,
     "home": _STATUS,
+    "hold": _STATUS,
 }
 """Reply schemas of a robot server."""
 
@@ -116,6 +118,8 @@ class RobotServer(EnvServer):
             r.reset_estop()
         elif verb == "rearm":
             r.rearm()
+        elif verb == "hold":
+            r.hold()
         elif verb == "home":
             try:
                 r.home()
@@ -185,7 +189,8 @@ class RemoteRobot(Robot):
         self._channel.request("home", {}, timeout_s=max(self._channel.timeout_s, 60.0))
 
     def stop(self) -> None:
-        """Nothing: a client never stops the motors except by :meth:`estop` (the server's watchdog holds them)."""
+        """Hold the robot now (the server sends its clamped hold command; the motors stay powered)."""
+        self._channel.request("hold", {})
 
     def estop(self, reason: str = "client") -> dict[str, Any]:
         """Latch the server's e-stop; returns the safety status."""

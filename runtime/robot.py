@@ -1,0 +1,147 @@
+"""``policylink robot``: serve a robot over ZeroMQ behind its safety layer -- a driver (``--driver``), a LeRobot
+robot (``--driver lerobot:<type>``), or one of our simulated tasks run in real time as a robot (``--sim <task>``,
+the sim-as-real robot, with observation/actuation latency and jitter).
+
+    policylink robot --sim reach --bind tcp://127.0.0.1:5556
+    policylink robot --sim push --observation-latency-ms 20 --actuation-latency-ms 10 --jitter-ms 5
+    policylink robot --driver lerobot:so100_follower --driver-kwargs '{port: /dev/ttyACM0, id: arm}' \\
+        --low -100 --high 100 --watchdog-ms 300
+    policylink robot --driver mypackage.arm:MyArm --bind tcp://0.0.0.0:5556 --curve-keys keys/
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from policylink.adapters import security
+from policylink.adapters.rpc import BindError
+from policylink.real.robot import Robot
+from policylink.real.safety import SafetyConfig
+from policylink.runtime.cli import parse_config
+
+
+@dataclass
+class RobotConfig:
+    """Options of ``policylink robot``.
+
+    Attributes:
+        sim: a registered task served as a sim-as-real robot (exclusive with ``driver``).
+        sim_kwargs: keyword arguments of the task factory (``obs_mode``, ``image_size``...).
+        driver: ``lerobot:<RobotConfig type>`` or ``module:factory`` returning a :class:`Robot`.
+        driver_kwargs: keyword arguments of the driver factory (the LeRobot ``RobotConfig`` fields for lerobot).
+        low, high: LeRobot motor limits (one value for every motor), in ``unit``.
+        unit, hz: LeRobot motor unit and control frequency.
+        observation_latency_ms, actuation_latency_ms, jitter_ms, seed: sim-as-real timing.
+        watchdog_ms: hold (or stop) when no action arrives this long after the session's first; 0 = off.
+        on_timeout: ``hold`` or ``stop``.
+        max_step: per-period step bound for every action dimension (None = the limits only).
+        bind, curve_keys, insecure: as ``policylink serve`` (loopback by default).
+        duration_s: stop after this many seconds (None = until Ctrl-C / SIGTERM).
+    """
+
+    sim: str | None = None
+    sim_kwargs: dict[str, Any] = field(default_factory=dict)
+    driver: str | None = None
+    driver_kwargs: dict[str, Any] = field(default_factory=dict)
+    low: float = -100.0
+    high: float = 100.0
+    unit: str = "%"
+    hz: float = 30.0
+    observation_latency_ms: float = 0.0
+    actuation_latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+    seed: int = 0
+    watchdog_ms: float = 500.0
+    on_timeout: str = "hold"
+    max_step: float | None = None
+    bind: str = "tcp://127.0.0.1:5556"
+    curve_keys: str | None = None
+    insecure: bool = False
+    duration_s: float | None = None
+
+
+def build_robot(cfg: RobotConfig) -> Robot:
+    """The driver or sim-as-real robot of ``cfg`` (not yet behind its safety layer).
+
+    Raises:
+        ValueError: neither or both of ``sim``/``driver``; a malformed ``driver`` reference.
+        UnknownNameError: an unknown task.
+    """
+    if (cfg.sim is None) == (cfg.driver is None):
+        raise ValueError(f"--sim and --driver: expected exactly one, received sim={cfg.sim!r} driver={cfg.driver!r}")
+    if cfg.sim is not None:
+        from policylink.real.sim_robot import SimRobot, SimTiming
+        from policylink.runtime.rollout import RegistryEnvFn
+
+        timing = SimTiming(
+            cfg.observation_latency_ms / 1e3, cfg.actuation_latency_ms / 1e3, cfg.jitter_ms / 1e3, cfg.seed
+        )
+        return SimRobot(RegistryEnvFn(cfg.sim, **cfg.sim_kwargs)(), timing)
+    kind, _, name = cfg.driver.partition(":")
+    if not name:
+        raise ValueError(f"--driver: expected 'lerobot:<type>' or 'module:factory', received {cfg.driver!r}")
+    if kind == "lerobot":
+        from policylink.real.lerobot import LeRobotBridgeConfig, make_lerobot_robot
+
+        bridge = LeRobotBridgeConfig(low=cfg.low, high=cfg.high, unit=cfg.unit, control_frequency=cfg.hz)
+        return make_lerobot_robot(name, cfg.driver_kwargs, bridge)
+    factory = getattr(importlib.import_module(kind), name)
+    return factory(**cfg.driver_kwargs)
+
+
+def safety_config(cfg: RobotConfig, robot: Robot) -> SafetyConfig:
+    """The robot's :class:`SafetyConfig`: its ActionSpec limits with ``cfg``'s watchdog and step bound.
+
+    Raises:
+        SafetyConfigError: a value that cannot be honoured (names the field)."""
+    return SafetyConfig.from_action_spec(
+        robot.env_spec.action,
+        watchdog_s=cfg.watchdog_ms / 1e3 if cfg.watchdog_ms else None,
+        on_timeout=cfg.on_timeout,
+        max_step=cfg.max_step,
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``policylink robot``; returns the exit code (2 for a bad configuration, printed as one line)."""
+    from policylink.real.server import RobotServer
+
+    cfg = parse_config(RobotConfig, list(argv), prog="policylink robot")
+    try:
+        keys = security.load_server_keys(cfg.curve_keys) if cfg.curve_keys else None
+        security.check_bind(cfg.bind, keys, cfg.insecure)
+    except (security.EndpointError, security.InsecureBindError, security.KeyFileError) as e:
+        print(f"policylink robot: {e}", file=sys.stderr)
+        return 2
+    robot = build_robot(cfg)
+    robot.connect()
+    try:
+        server = RobotServer(
+            robot, cfg.bind, safety=safety_config(cfg, robot), curve_keys=keys, insecure=cfg.insecure
+        ).start()
+    except BindError as e:
+        robot.disconnect()
+        print(f"policylink robot: {e}", file=sys.stderr)
+        return 2
+    what = f"sim-as-real {cfg.sim}" if cfg.sim else cfg.driver
+    print(
+        f"serving robot {what} on {server.endpoint} at {robot.env_spec.control_frequency:g} Hz"
+        + (f" (CURVE, keys {cfg.curve_keys})" if keys else "")
+        + f"; watchdog {cfg.watchdog_ms:g} ms ({cfg.on_timeout})",
+        flush=True,
+    )
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait(cfg.duration_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
