@@ -1,0 +1,146 @@
+"""The corrective executor with a clock policy and a toy monitor whose answers are known: a persistent latent
+shift triggers exactly one truncation at a known step, a dropped action is never executed, nothing crosses an
+episode reset, calls are counted per episode, and the executor config is validated before any episode runs."""
+
+import numpy as np
+import pytest
+import torch
+
+from policylink.adapters.policy import HistoryPolicy
+from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
+from policylink.policies.corrector.calibration import ConformalThresholds, DetectorConfig
+from policylink.policies.corrector.config import CorrectiveConfig
+from policylink.runtime.executors import CorrectiveExecutor, ExecutorConfig, ExecutorConfigError, make_executor
+
+STATE = "observation.state"
+H, K = 8, 2
+
+
+class EmbedClock(HistoryPolicy):
+    """state = (episode tag, time T, shift); chunk[b, i] = (tag * 1000 + T, T + i); latent = (T, shift)."""
+
+    def __init__(self, latent_dim=2):
+        super().__init__(
+            PolicySpec(
+                {STATE: FeatureSpec("float32", (3,))},
+                ActionSpec(("src", "t"), "ee_delta", ("1", "1"), (-1e6, -1e6), (1e6, 1e6)),
+                n_obs_steps=1,
+                chunk_size=H,
+                n_action_steps=H,
+                control_frequency=10.0,
+            )
+        )
+        self.latent_dim = latent_dim
+        self.calls = []
+
+    def embed(self, obs=None, env_ids=None):
+        s = self.history[STATE][:, -1]
+        return s[:, 1:].astype(np.float32)
+
+    def _predict(self, history, pad_mask, tasks):
+        obs = history[STATE][:, -1]
+        self.calls.append(obs[:, 1].tolist())
+        src = obs[:, 0] * 1000 + obs[:, 1]
+        return np.stack([np.repeat(src[:, None], H, 1), obs[:, 1:2] + np.arange(H)[None]], -1).astype(np.float32)
+
+
+class ClockMonitor(torch.nn.Module):
+    """Predicts the latent change (k, 0) over k steps: time advances, no shift."""
+
+    horizon, latent_dim, action_dim = K, 2, 2
+
+    def forward(self, z, actions):
+        return torch.tensor([float(K), 0.0]).repeat(len(z), 1)
+
+
+def _executor(policy=None, **detector):
+    det = DetectorConfig(ewma=1.0, persistence_m=2, window=2, cooldown=0, **detector)
+    cfg = ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(detector=det, guidance_scale=0.0))
+    thr = ConformalThresholds(np.full(H, 0.5), 0.05, np.full(H, 100), 1.0)
+    return CorrectiveExecutor(policy or EmbedClock(), cfg, monitor=ClockMonitor(), thresholds=thr)
+
+
+def _obs(tags, t, shift):
+    return {STATE: np.array([[g, t_, s] for g, t_, s in zip(tags, t, shift, strict=True)], np.float32)}
+
+
+def test_persistent_shift_truncates_once_and_never_executes_a_dropped_action():
+    ex = _executor()
+    executed = []
+    for t in range(14):
+        shift = 0.0 if t < 5 else 40.0  # the object is displaced at step 5 and stays there
+        executed.append(ex.act(_obs([0], [t], [shift]))[0].tolist())
+    # scores: steps 5 and 6 see the shift inside z_t - z_{t-2} (1 - cos > 0.5), step 7 does not: fire at step 6
+    assert ex.triggers.tolist() == [1]
+    assert ex.truncation_offsets == [[6]]  # the chunk planned at step 0 was cut at its index 6
+    assert ex.policy.calls == [[0], [6]]  # planned at 0, re-planned at 6 (that chunk covers steps 6-13)
+    for t, (src, at) in enumerate(executed):
+        assert at == t  # every executed action is the one planned for this step
+        assert src == (0 if t < 6 else 6)  # from step 6 on only the new chunk: index 6, 7 of the old one dropped
+    fired = [(step, f) for step, _, _, f in ex.trace[0] if f]
+    assert fired == [(6, True)]
+    assert ex.inferences.tolist() == [2]
+    assert 0 < ex.monitor_cost_ratio() < float("inf")
+
+
+def test_isolated_latent_spike_does_not_truncate():
+    ex = _executor()
+    for t in range(14):
+        ex.act(_obs([0], [t], [40.0 if t == 5 else 0.0]))  # one glitched observation
+    # the spike enters z_t - z_{t-2} at steps 5 (+40) and 7 (-40) but not at 6: never 2 of 2 steps
+    assert ex.triggers.tolist() == [0]
+    assert ex.policy.calls == [[0], [8]]  # only the chunk boundaries
+
+
+def test_truncation_never_crosses_an_episode_reset():
+    ex = _executor()
+    for t in range(5):
+        ex.act(_obs([0, 0], [t, t], [0.0, 0.0]))
+    ex.reset([0])  # row 0: new episode (tag 1) whose time restarts at 0 (a jump a shared history would flag)
+    acts = [ex.act(_obs([1, 0], [t, 5 + t], [0.0, 0.0])) for t in range(6)]
+    assert ex.triggers.tolist() == [0, 0]
+    assert acts[0][0].tolist() == [1000.0, 0.0]  # the new episode's own plan, not the old chunk's index 5
+    assert [a[1].tolist() for a in acts[:3]] == [[0.0, 5.0], [0.0, 6.0], [0.0, 7.0]]  # row 1 untouched
+    assert [s for s, *_ in ex.trace[0]] == [2, 3, 4, 5]  # scored only once k = 2 steps of the new episode exist
+    assert ex.inferences.tolist() == [1, 2]  # row 1 (11 steps) crossed its chunk boundary at step 8
+
+
+def test_monitor_only_scores_but_never_truncates():
+    det = DetectorConfig(ewma=1.0, persistence_m=2, window=2, cooldown=0)
+    cfg = ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(detector=det, monitor_only=True))
+    thr = ConformalThresholds(np.full(H, 0.5), 0.05, np.full(H, 100), 1.0)
+    ex = CorrectiveExecutor(EmbedClock(), cfg, monitor=ClockMonitor(), thresholds=thr)
+    for t in range(10):
+        ex.act(_obs([0], [t], [0.0 if t < 5 else 40.0]))
+    assert ex.triggers.tolist() == [0] and ex.inferences.tolist() == [2]  # only the chunk boundary at 8
+    assert sum(s > th for _, s, th, _ in ex.trace[0]) == 2  # steps 5 and 6 exceeded
+
+
+def test_config_is_validated_before_any_episode():
+    with pytest.raises(ExecutorConfigError, match="corrective.monitor"):
+        make_executor(EmbedClock(), ExecutorConfig(kind="corrective"))
+    with pytest.raises(ExecutorConfigError, match="monitor folder"):
+        make_executor(EmbedClock(), ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor="/nope")))
+    thr = ConformalThresholds(np.full(H, 0.5), 0.05, np.full(H, 100), 0.35)
+    with pytest.raises(ExecutorConfigError, match="latent_dim"):
+        CorrectiveExecutor(EmbedClock(latent_dim=5), ExecutorConfig(kind="corrective"), ClockMonitor(), thr)
+    short = ConformalThresholds(np.full(3, 0.5), 0.05, np.full(3, 100), 0.35)
+    with pytest.raises(ExecutorConfigError, match="per-offset thresholds"):
+        CorrectiveExecutor(EmbedClock(), ExecutorConfig(kind="corrective"), ClockMonitor(), short)
+    with pytest.raises(ExecutorConfigError, match="calibrated"):
+        CorrectiveExecutor(EmbedClock(), ExecutorConfig(kind="corrective"), ClockMonitor(), None)
+    with pytest.raises(ValueError, match="guidance_scale"):
+        CorrectiveConfig(guidance_scale=-1.0)
+    with pytest.raises(ExecutorConfigError, match="n_action_steps"):
+        CorrectiveExecutor(EmbedClock(), ExecutorConfig(kind="corrective", n_action_steps=H + 1), ClockMonitor(), thr)
+
+
+def test_non_embedder_policy_is_rejected():
+    class Plain(HistoryPolicy):
+        def _predict(self, history, pad_mask, tasks):
+            raise AssertionError("never called")
+
+    pol = Plain(EmbedClock().spec)
+    thr = ConformalThresholds(np.full(H, 0.5), 0.05, np.full(H, 100), 0.35)
+    with pytest.raises(ExecutorConfigError, match="embedder"):
+        CorrectiveExecutor(pol, ExecutorConfig(kind="corrective"), ClockMonitor(), thr)
