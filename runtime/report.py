@@ -27,6 +27,7 @@ TABLE_FIELDS = (
     "avg_max_reward",
     "avg_steps",
     "avg_stall_steps",
+    "avg_calls",  # policy calls per episode (corrective execution's budget, issue 16)
     "eval_s",
 )
 _VERSIONED = ("policylink", "numpy", "torch", "gymnasium", "mujoco", "zarr", "ray", "matplotlib", "imageio", "av")
@@ -153,6 +154,32 @@ def write_plots(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[st
     return {"heatmap": heat, "bars": bars}
 
 
+def plot_monitor_trace(path: str | Path, trace: Sequence[tuple[int, float, float, bool]], title: str = "") -> Path:
+    """PNG of one episode's corrective monitor: smoothed deviation score and its threshold per control step, each
+    trigger marked (``trace`` as :attr:`policylink.runtime.executors.CorrectiveExecutor.trace`: ``(step, score,
+    threshold, fired)``; infinite thresholds are not drawn). Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, score, thr, fired = (np.array(c) for c in zip(*trace, strict=True)) if trace else ([], [], [], [])
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    ax.plot(steps, score, label="score (EWMA of 1 - cos)")
+    ax.step(steps, np.where(np.isfinite(thr), thr, np.nan), where="mid", label="threshold", color="tab:orange")
+    for s in np.asarray(steps)[np.asarray(fired, bool)] if len(steps) else []:
+        ax.axvline(s, color="tab:red", ls="--", lw=1)
+    ax.set_xlabel("control step")
+    ax.set_title(title or "corrective monitor (dashed: trigger)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def package_versions() -> dict[str, str]:
     """Installed versions of the packages that shape results (``"-"`` when absent) and the Python version."""
     out = {"python": platform.python_version()}
@@ -267,6 +294,7 @@ def aggregate_episodes(eps: list[dict[str, Any]]) -> dict[str, Any]:
         "n_episodes": n,
         "avg_steps": mean("n_steps"),
         "avg_stall_steps": mean("stall_steps"),
+        "avg_calls": float(np.mean([e.get("inferences", np.nan) for e in eps])) if n else float("nan"),
     }
 
 
@@ -288,6 +316,7 @@ def cell_summary(policy: str, env: str, cell: str, info: dict[str, Any]) -> dict
         "avg_max_reward": o["avg_max_reward"],
         "avg_steps": o["avg_steps"],
         "avg_stall_steps": o["avg_stall_steps"],
+        "avg_calls": o.get("avg_calls", float("nan")),
         "eval_s": o["eval_s"],
         "video_paths": o["video_paths"],
     }

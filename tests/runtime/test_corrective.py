@@ -144,3 +144,16 @@ def test_non_embedder_policy_is_rejected():
     thr = ConformalThresholds(np.full(H, 0.5), 0.05, np.full(H, 100), 0.35)
     with pytest.raises(ExecutorConfigError, match="embedder"):
         CorrectiveExecutor(pol, ExecutorConfig(kind="corrective"), ClockMonitor(), thr)
+
+
+def test_report_calls_column_and_monitor_plot(tmp_path):
+    from policylink.runtime import report
+
+    eps = [dict(sum_reward=0.0, max_reward=0.0, success=True, n_steps=10, stall_steps=0, inferences=n) for n in (2, 4)]
+    assert report.aggregate_episodes(eps)["avg_calls"] == 3.0
+    assert "avg_calls" in report.TABLE_FIELDS
+    ex = _executor()
+    for t in range(10):
+        ex.act(_obs([0], [t], [0.0 if t < 5 else 40.0]))
+    path = report.plot_monitor_trace(tmp_path / "trace.png", ex.trace[0])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
