@@ -194,6 +194,10 @@ class ChunkPolicy(HistoryPolicy):
         if labels is not None and not spec.num_labels or tokens is not None and not spec.token_dim:
             raise ValueError(f"set_conditioning: the policy's conditioning slot is {spec}; received "
                              f"labels={labels is not None}, tokens={tokens is not None}")  # fmt: skip
+        lab = np.asarray(NULL_LABEL if labels is None else labels, np.int64)
+        if labels is not None and ((lab < NULL_LABEL) | (lab >= spec.num_labels)).any():
+            raise ValueError(f"conditioning.labels: expected values in [-1, {spec.num_labels}) (the labels the policy "
+                             f"was trained with; -1 = null), received {lab.tolist()}")  # fmt: skip
         if self.batch_size is None:
             if env_ids is not None:
                 raise ValueError("set_conditioning: env_ids before the first observation (batch size unknown)")
@@ -201,11 +205,7 @@ class ChunkPolicy(HistoryPolicy):
             return
         ids = self._ids(env_ids)
         self._ensure_row_state()
-        lab = np.broadcast_to(np.asarray(NULL_LABEL if labels is None else labels, np.int64), (len(ids),))
-        if labels is not None and ((lab < NULL_LABEL) | (lab >= spec.num_labels)).any():
-            n = spec.num_labels
-            raise ValueError(f"conditioning.labels: expected values in [-1, {n}), received {lab.tolist()}")
-        self._labels[ids] = lab
+        self._labels[ids] = np.broadcast_to(lab, (len(ids),))
         if spec.token_dim:
             vec = np.nan if tokens is None else np.asarray(tokens, np.float32)
             self._tokens[ids] = np.broadcast_to(vec, (len(ids), spec.token_dim))

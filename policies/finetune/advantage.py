@@ -33,7 +33,7 @@ class ValueConfig:
             bins on ``[v_min, v_max]``, value = the expected bin centre; RECAP's value model is distributional) or
             ``"mse"`` (a scalar regression).
         num_bins, v_min, v_max: the bins (RECAP returns lie in ``[-1, 0]``).
-        hidden, layers: MLP width and hidden layers (LayerNorm on the input latent).
+        hidden, layers: MLP width and hidden layers (the input latent standardised).
         steps, batch_size, lr: AdamW training per fold.
         folds: episode folds for cross-fitting (1 = fit and predict on all episodes).
     """
@@ -60,7 +60,7 @@ class ValueConfig:
 
 
 class ValueModel(nn.Module):
-    """``V(z)`` from latents ``z`` float32 ``(N, D)``: LayerNorm -> MLP -> ``num_bins`` logits or one scalar.
+    """``V(z)`` from latents ``z`` float32 ``(N, D)``: standardise (training-set mean / std) -> MLP -> ``num_bins`` logits or one scalar.
 
     Args:
         latent_dim: ``D``. cfg: :class:`ValueConfig`.
@@ -70,7 +70,7 @@ class ValueModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         out = cfg.num_bins if cfg.kind == "bins" else 1
-        layers: list[nn.Module] = [nn.LayerNorm(latent_dim)]
+        layers: list[nn.Module] = []
         width = latent_dim
         for _ in range(cfg.layers):
             layers += [nn.Linear(width, cfg.hidden), nn.GELU()]
@@ -78,10 +78,12 @@ class ValueModel(nn.Module):
         layers.append(nn.Linear(width, out))
         self.net = nn.Sequential(*layers)
         self.register_buffer("centers", torch.linspace(cfg.v_min, cfg.v_max, max(cfg.num_bins, 2)))
+        self.register_buffer("mean", torch.zeros(latent_dim))  # input standardisation (set by fit_value_model)
+        self.register_buffer("std", torch.ones(latent_dim))
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
-        """Raw head output ``(N, num_bins)`` logits (bins) or ``(N, 1)`` (mse)."""
-        return self.net(latents)
+        """Raw head output ``(N, num_bins)`` logits (bins) or ``(N, 1)`` (mse) of standardised latents."""
+        return self.net((latents - self.mean) / self.std)
 
     def predict(self, latents: torch.Tensor) -> torch.Tensor:
         """Value estimate float32 ``(N,)`` (bins: ``sum_k softmax_k * centre_k``)."""
@@ -121,6 +123,8 @@ def fit_value_model(latents: np.ndarray, returns: np.ndarray, cfg: ValueConfig, 
     z = torch.as_tensor(np.asarray(latents, np.float32))
     r = torch.as_tensor(np.asarray(returns, np.float32))
     model = ValueModel(z.shape[1], cfg)
+    model.mean.copy_(z.mean(0))
+    model.std.copy_(z.std(0).clamp_min(1e-6))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
     for _ in range(cfg.steps):
         idx = torch.randint(0, len(z), (min(cfg.batch_size, len(z)),), generator=g)
