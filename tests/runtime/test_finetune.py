@@ -1,0 +1,161 @@
+"""``policylink finetune``: help, one-line errors for bad input, critic + Q-VGM / filtered BC into an ordinary
+checkpoint with its lineage, best-of-N reranking, and the recorder's true-termination flag."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
+from policylink.data.buffer import EpisodeMeta, EpisodeStore
+from policylink.data.normalize import Normalizer
+from policylink.data.stats import compute_stats
+from policylink.policies.checkpoint import load_policy, save_checkpoint
+from policylink.policies.common.unet1d import UNetConfig
+from policylink.policies.processing import normalizer_modes
+from policylink.policies.registry import build_model, make_config
+from policylink.runtime import cli
+from policylink.runtime.finetune_qvgm import CriticCmdConfig, QVGMCmdConfig, finetune_policy, train_critic
+
+STATE = "observation.state"
+FEATURES = {STATE: FeatureSpec("float32", (3,))}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _buffer(path, env="push", rewards=True):
+    """4 synthetic 12-step episodes; episodes 1 and 3 succeed (reward 1 and termination on the last step)."""
+    rng = np.random.default_rng(0)
+    with EpisodeStore(path, "w") as s:
+        for e in range(4):
+            ok = rewards and e % 2 == 1
+            reward = np.zeros(12, np.float32)
+            reward[-1] = float(ok)
+            s.add_episode(
+                {
+                    STATE: rng.uniform(-1, 1, (12, 3)).astype(np.float32),
+                    "action": rng.uniform(-1, 1, (12, 2)).astype(np.float32),
+                    "reward": reward,
+                    "terminated": np.array([False] * 11 + [ok]),
+                },
+                EpisodeMeta(success=ok, source="policy"),
+            )
+        s.update_info(env=env)
+    return path
+
+
+def _checkpoint(path, buffer, kind="flow"):
+    torch.manual_seed(0)
+    cfg = make_config(kind, observation_keys=[STATE], chunk_size=4, n_action_steps=2,
+                      unet=UNetConfig(down_dims=[16, 32], time_embed_dim=16))  # fmt: skip
+    action = ActionSpec(names=("x", "y"), control_mode="ee_delta", units=("m", "m"), low=(-1.0, -1.0), high=(1.0, 1.0))
+    spec = PolicySpec(FEATURES, action, n_obs_steps=2, chunk_size=4, n_action_steps=2)
+    with EpisodeStore(buffer, "r") as s:
+        normalizer = Normalizer(compute_stats(s), normalizer_modes(FEATURES, "min_max", "min_max"))
+    model = build_model(cfg, FEATURES, 2)
+    return save_checkpoint(path, model=model, normalizer=normalizer, spec=spec,
+                           train_config={"dataset": {"env": "push", "obs_mode": "state"}})  # fmt: skip
+
+
+def test_help_lists_subcommands_and_documents_options(capsys):
+    assert cli.main(["finetune", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("critic", "qvgm", "loop"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["finetune", "qvgm", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--policy", "--buffer", "--critic", "--method", "--only_success", "--trust_radius", "--alpha",
+                   "--bc_weight", "--last_steps", "--ascent_steps"):  # fmt: skip
+        assert option in out
+    assert cli.main(["finetune", "nope"]) == 2
+
+
+def test_bad_input_is_one_clear_line(tmp_path, capsys):
+    buf = _buffer(tmp_path / "buf.zarr")
+    diffusion = _checkpoint(tmp_path / "dp", buf, kind="diffusion")
+    flow = _checkpoint(tmp_path / "flow", buf)
+    cases = [
+        (["--policy", str(diffusion), "--buffer", str(buf)], "expected a flow policy (velocity sampler)"),
+        (["--policy", str(flow), "--buffer", str(_buffer(tmp_path / "nr.zarr", rewards=False))], "found none non-zero"),
+        (["--policy", str(flow), "--buffer", str(_buffer(tmp_path / "r.zarr", env="reach"))], "found env 'reach'"),
+    ]
+    for args, message in cases:
+        assert cli.main(["finetune", "qvgm", *args, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert message in err[0] and err[0].startswith("policylink finetune: error:")
+
+
+def test_critic_then_qvgm_gives_an_ordinary_checkpoint_with_lineage(tmp_path):
+    buf = _buffer(tmp_path / "buf.zarr")
+    base = _checkpoint(tmp_path / "base", buf)
+    critic = train_critic(CriticCmdConfig(policy=str(base), buffer=str(buf), out=str(tmp_path / "critic"),
+                                          steps=4, batch_size=8, hidden_dim=16))  # fmt: skip
+    assert json.loads((critic / "critic.json").read_text())["horizon"] == 2  # the policy's n_action_steps
+    out = finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic),
+                                        out=str(tmp_path / "ft"), steps=3, batch_size=8, round=1))  # fmt: skip
+    lineage = json.loads((out / "lineage.json").read_text())
+    assert lineage["base"] == str(base) and lineage["buffer"] == str(buf) and lineage["round"] == 1
+    assert lineage["method"] == "qvgm" and lineage["critic"] == str(critic)
+    assert not (out / "critic.pt").exists()
+    policy = load_policy(out, device="cpu")  # no critic needed
+    policy.update_observation({STATE: np.zeros((2, 3), np.float32)})
+    assert policy.predict_action_chunk().shape == (2, 4, 2)
+    rows = (out / "finetune_metrics.csv").read_text().splitlines()
+    assert rows[0].split(",")[:3] == ["step", "loss", "vgm_loss"] and "keep_best_margin" in rows[0]
+
+
+def test_filtered_bc_trains_on_successful_episodes_only(tmp_path):
+    buf = _buffer(tmp_path / "buf.zarr")
+    base = _checkpoint(tmp_path / "base", buf)
+    out = finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), method="bc", only_success=True,
+                                        out=str(tmp_path / "bc"), steps=2, batch_size=4))  # fmt: skip
+    assert json.loads((out / "lineage.json").read_text())["method"] == "bc"
+    with pytest.raises(ValueError, match="method: expected one of"):
+        finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), method="awr"))
+
+
+def test_best_of_n_picks_the_chunk_the_critic_prefers(tmp_path):
+    from policylink.policies.checkpoint import load_components
+    from policylink.policies.finetune.rerank import BestOfNPolicy
+
+    class Prefer(torch.nn.Module):  # Q = first action's x: the best of N has the largest x
+        def actor_q(self, s, a):
+            return a[:, 0, 0]
+
+    buf = _buffer(tmp_path / "buf.zarr")
+    _, spec, model, normalizer = load_components(_checkpoint(tmp_path / "base", buf))
+    obs = {STATE: np.zeros((3, 3), np.float32)}
+    plain = load_policy(tmp_path / "base", device="cpu", seed=0)
+    plain.update_observation(obs)
+    one = BestOfNPolicy(model, normalizer, spec, critic=Prefer(), n=1, seed=0)
+    many = BestOfNPolicy(model, normalizer, spec, critic=Prefer(), n=32, seed=0)
+    for p in (one, many):
+        p.update_observation(obs)
+    a1, a32 = one.predict_action_chunk(), many.predict_action_chunk()
+    assert a32.shape == (3, 4, 2)
+    assert (a32[:, 0, 0] >= a1[:, 0, 0]).all() and a32[:, 0, 0].mean() > a1[:, 0, 0].mean()
+    with pytest.raises(ValueError, match="rerank.n: expected >= 1"):
+        BestOfNPolicy(model, normalizer, spec, critic=Prefer(), n=0)
+
+
+def test_recorder_separates_terminations_from_time_limits(tmp_path):
+    from policylink.runtime.record import RecordConfig, record
+
+    path = tmp_path / "reach.zarr"
+    record(RecordConfig(env="reach", episodes=1, out=str(path), seed=0), progress=False)  # the expert succeeds
+    record(RecordConfig(env="reach", episodes=1, out=str(path), seed=1, max_steps=3), progress=False)  # time limit
+    with EpisodeStore(path, "r") as s:
+        ok, cut = s.get_episode(0), s.get_episode(1)
+        assert s.episode_meta(0).success and not s.episode_meta(1).success
+    assert ok["terminated"][-1] and not ok["terminated"][:-1].any() and ok["done"][-1]
+    assert cut["terminated"].tolist() == [False, False, False] and cut["done"].tolist() == [False, False, True]
