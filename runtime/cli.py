@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import inspect
 import json
 import os
+import re
 import sys
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from policylink.runtime.extras import report_missing_extra
@@ -31,7 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune": ("policylink.runtime.finetune", "offline improvement from rollouts: critic, Q-VGM, advantage"),
     "eval": ("policylink.runtime.evaluate", "evaluate N policies on M environments; tables, plots, videos"),
     "serve": ("policylink.runtime.serve", "serve a policy over ZeroMQ (and the openpi websocket protocol)"),
-    "robot": ("policylink.runtime.robot", "[planned] serve a robot (or a simulator as a robot) over ZeroMQ"),
+    "robot": (
+        "policylink.runtime.robot",
+        "serve a robot (or a simulated task as a robot) over ZeroMQ, behind its safety layer",
+    ),
     "run": ("policylink.runtime.run", "run one policy on one environment and print the episode results"),
     "dataset": (
         "policylink.runtime.dataset",
@@ -86,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if not is_user_error(e) or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
+        if isinstance(e, ConfigError):  # a usage mistake: the one line says all there is
+            print(f"policylink {name}: error: {e}", file=sys.stderr)
+            return 2
         print(f"policylink {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
         print(f"  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         return 2
@@ -114,8 +123,9 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
     dashes; every subcommand's flags go through :func:`normalise_flags` (dashes, bare booleans, comma lists).
 
     Raises:
-        SystemExit: on ``--help`` (after printing help).
-        ConfigError: on an invalid value or unknown field (the message names the field).
+        SystemExit: on ``-h``/``--help``, after printing :func:`format_help`.
+        ConfigError: an unknown flag (with the closest valid one), a config file that is missing or not valid
+            YAML (file, line and column), or an invalid value (the message names the field).
     """
     import draccus
 
@@ -131,7 +141,13 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
                 config_path = a.split("=", 1)[1]
                 del args[i]
                 break
+    if any(a in ("-h", "--help") for a in args):
+        print(format_help(cls, prog or f"policylink {cls.__name__}"))
+        raise SystemExit(0)
+    if config_path is not None:
+        check_yaml_file(config_path)
     args = normalise_flags(cls, args)
+    check_flags(cls, args)
     if prog is not None:
         sys.argv[0] = prog
     try:
@@ -172,6 +188,180 @@ def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:
                     list_type = _list_item(kind)
         out.append(a)
     return out
+
+
+def check_yaml_file(path: str) -> None:
+    """Raise :class:`ConfigError` naming ``path`` (and the line and column, 1-based) when it cannot be read or is
+    not valid YAML; do nothing otherwise."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        raise ConfigError(f"{where}: invalid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+
+
+def check_flags(cls: type, argv: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` for the first ``--flag`` in ``argv`` (as :func:`normalise_flags` writes them)
+    that is no option of dataclass ``cls``, naming the closest valid flag when one is close (``difflib``)."""
+    import difflib
+
+    valid = set(flag_paths(cls))
+    for a in argv:
+        if not a.startswith("--") or len(a) == 2:
+            continue
+        key = a[2:].partition("=")[0]
+        if key in valid:
+            continue
+        close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
+        hint = f"; did you mean --{close[0]}?" if close else f"; see --help for the {len(valid)} options"
+        raise ConfigError(f"unknown flag --{key}{hint}")
+
+
+def flag_paths(cls: type) -> list[str]:
+    """Every dotted option path of dataclass ``cls``: leaves and nested sections (``policy``, ``policy.type`` and
+    the fields of every registered policy type for a choice field such as :class:`PolicyConfig`)."""
+    paths = []
+    for path, _, _, _ in _options(cls, "", None, all_choices=True):
+        paths.append(path)
+        parts = path.split(".")
+        paths += [".".join(parts[:i]) for i in range(1, len(parts))]
+    return list(dict.fromkeys(paths))
+
+
+def format_help(cls: type, prog: str) -> str:
+    """The ``--help`` text of dataclass config ``cls``: its description, then every option with its type, its
+    default and the help of its field (the ``Attributes:`` section of the class docstrings); a choice field
+    (``policy``) lists its ``type`` choices and the fields of the default type."""
+    import textwrap
+
+    doc = _clean(inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
+    words = prog.split()
+    if len(words) == 2 and words[1] in COMMANDS and len(doc) <= len(prog) + 8:  # the docstring only names the command
+        doc = COMMANDS[words[1]][1]
+    lines = [f"usage: {prog} [--config FILE.yaml] [--OPTION VALUE ...]", "", doc, "", "options:"]
+    lines += ["  --config FILE.yaml", "      a YAML file of these options; the flags after it override its values"]
+    for path, kind, default, text in _options(cls, "", _default_instance(cls), all_choices=False):
+        lines.append(f"  --{path} {kind}  (default: {default})")
+        if text:
+            lines += textwrap.wrap(text, 110, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    lines += ["", "Dashes and underscores are the same (--obs-mode, --obs_mode); lists take a,b or [a,b]; a bare"]
+    lines += ["boolean flag means true."]
+    return "\n".join(lines)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Help text per field name of dataclass ``cls``, from the ``Attributes:`` sections of its docstring and its
+    bases' (Google style: ``name: text`` or ``a, b: text``, continued on more-indented lines), rST roles removed."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        for names, text in _attribute_entries(klass.__dict__.get("__doc__") or ""):
+            for name in names:
+                docs[name] = _clean(text)
+    return docs
+
+
+def _options(cls: type, prefix: str, instance: Any, all_choices: bool):
+    """Yield ``(path, type name, default, help)`` for every leaf option of ``cls`` (recursing into sections)."""
+    import draccus
+
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind, path = _unwrap(hints[f.name]), prefix + f.name
+        value = getattr(instance, f.name, None) if instance is not None else None
+        if isinstance(kind, type) and issubclass(kind, draccus.ChoiceRegistry):
+            choices = kind.get_known_choices()
+            current = type(value) if value is not None else None
+            name = kind.get_choice_name(current) if current is not None else kind.default_choice_name()
+            yield path + ".type", "{" + ",".join(choices) + "}", name, f"{docs.get(f.name, '')} Selects the type."
+            for sub_name, sub in choices.items():
+                if all_choices or sub_name == name:
+                    yield from _options(sub, path + ".", value if sub is current else None, all_choices)
+        elif dataclasses.is_dataclass(kind):
+            yield from _options(kind, path + ".", value, all_choices)
+        else:
+            yield path, _type_name(kind), _default_text(f, value, instance), docs.get(f.name, "")
+
+
+def _default_instance(cls: type) -> Any:
+    """``cls()`` when every field has a default (the shown defaults are then the real ones), else None."""
+    try:
+        return cls()
+    except Exception:
+        return None
+
+
+def _default_text(f: dataclasses.Field, value: Any, instance: Any) -> str:
+    if instance is None:
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            return "required"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value) if value else "[]"
+    return "''" if value == "" else str(value)
+
+
+def _type_name(kind: Any) -> str:
+    if kind is bool:
+        return "{true,false}"
+    origin = typing.get_origin(kind)
+    if origin is not None:
+        args = [_type_name(a) for a in typing.get_args(kind)]
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(args)}]" if args else origin.__name__
+    return getattr(kind, "__name__", str(kind))
+
+
+def _unwrap(kind: Any) -> Any:
+    """``X`` for ``X | None`` / ``Optional[X]``; other types unchanged."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return kind
+
+
+def _attribute_entries(doc: str) -> list[tuple[list[str], str]]:
+    """``(names, text)`` of each entry of the ``Attributes:`` section of a raw docstring."""
+    lines = inspect.cleandoc(doc).splitlines()
+    entries: list[tuple[list[str], str]] = []
+    inside, indent = False, None
+    for line in lines:
+        stripped = line.strip()
+        if stripped == "Attributes:":
+            inside, indent = True, None
+            continue
+        if not inside or not stripped:
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth == 0:
+            inside = False
+            continue
+        match = re.match(r"([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*)\s*:\s*(.*)", stripped)
+        if match and (indent is None or depth == indent):
+            indent = depth
+            entries.append(([n.strip() for n in match.group(1).split(",")], match.group(2)))
+        elif entries:
+            entries[-1] = (entries[-1][0], entries[-1][1] + " " + stripped)
+    return entries
+
+
+def _clean(text: str) -> str:
+    """reStructuredText roles and literals as plain text: ``:class:`~a.B``` -> ``B``, ````x```` -> ``x``."""
+    text = re.sub(r":\w+:`~?([^`]*)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)
+    return text.replace("``", "")
 
 
 def _own_validation_error(e: BaseException) -> BaseException | None:
@@ -216,5 +406,7 @@ def _list_item(kind: Any) -> Any:
     return args[0] if args else Any
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # run the imported module's main, so its exception classes are the ones raised
+    from policylink.runtime.cli import main as _main
+
+    raise SystemExit(_main())

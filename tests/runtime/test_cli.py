@@ -102,3 +102,81 @@ def test_one_flag_rewriter_for_every_subcommand():
     assert cli.normalise_flags(Flags, ["--force", "false", "--demos", "[3]"]) == ["--force", "false", "--demos", "[3]"]
     cfg = cli.parse_config(Flags, [*argv[:6], "--force"])
     assert cfg == Flags(obs_mode="image", policies=["a=ckpt/{env}/x", "b"], demos=[1, 2], force=True)
+
+
+@dataclass
+class Documented:
+    """``policylink toy``: a config with documented fields.
+
+    Attributes:
+        episodes: episodes per cell, one line.
+        envs: environment names; a long help text that
+            continues on the next line.
+        lr, warmup: optimiser settings (``warmup`` in steps).
+        opt: the optimiser section.
+        force: replace what is there.
+    """
+
+    episodes: int = 50
+    envs: list[str] = field(default_factory=lambda: ["push", "reach"])
+    lr: float = 1e-4
+    warmup: int = 10
+    force: bool = False
+    opt: Opt = field(default_factory=Opt)
+
+
+def test_help_shows_each_flag_with_its_default_and_docstring(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_config(Documented, ["--episodes", "3", "--help"], prog="policylink toy")
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[:3] == [
+        "usage: policylink toy [--config FILE.yaml] [--OPTION VALUE ...]",
+        "",
+        "policylink toy: a config with documented fields.",
+    ]
+    assert "  --episodes int  (default: 50)\n      episodes per cell, one line.\n" in out
+    assert "  --envs list[str]  (default: push,reach)\n      environment names; a long help text that continues" in out
+    assert "  --warmup int  (default: 10)\n      optimiser settings (warmup in steps).\n" in out
+    assert "  --force {true,false}  (default: false)\n" in out
+    assert "  --opt.lr float  (default: 0.001)\n" in out
+    assert "--config_path" not in out and "``" not in out
+
+
+def test_train_help_lists_policy_types_once_with_the_default_types_fields():
+    from policylink.runtime.train import TrainConfig
+
+    text = cli.format_help(TrainConfig, "policylink train")
+    assert text.count("--policy.type {") == 1 and "(default: diffusion)" in text
+    assert "  --policy.diffusion.num_inference_steps int  (default: 10)\n      DDIM steps at inference" in text
+    assert "--policy.flow.num_steps" not in text  # only the default type's own fields
+    assert "policy.flow.num_steps" in cli.flag_paths(TrainConfig)  # ...but every type's fields are valid flags
+
+
+def test_wrong_flag_is_one_line_with_the_closest_valid_flag(monkeypatch, capsys):
+    import types
+
+    mod = types.ModuleType("policylink_toy_cmd")
+    mod.main = lambda argv: cli.parse_config(Documented, argv, prog="policylink toy") and 0
+    monkeypatch.setitem(sys.modules, "policylink_toy_cmd", mod)
+    monkeypatch.setitem(cli.COMMANDS, "toy", ("policylink_toy_cmd", "a test command"))
+    assert cli.main(["toy", "--epsiodes", "3"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "policylink toy: error: unknown flag --epsiodes; did you mean --episodes?\n"
+    assert captured.out == ""
+    with pytest.raises(cli.ConfigError, match=r"^unknown flag --opt.rl; did you mean --opt.lr\?$"):
+        cli.parse_config(Documented, ["--opt.rl=2"])
+    with pytest.raises(cli.ConfigError, match=r"^unknown flag --zzz; see --help for the 7 options$"):
+        cli.parse_config(Documented, ["--zzz", "1"])
+    # every spelling of a valid flag still parses
+    cfg = cli.parse_config(Documented, ["--opt.lr", "2", "--force", "--envs", "a,b", "--warmup=3"])
+    assert cfg == Documented(opt=Opt(lr=2.0), force=True, envs=["a", "b"], warmup=3)
+
+
+def test_bad_yaml_names_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("episodes: 3\nopt:\n  lr: 0.1\n   warmup: 2\n")
+    with pytest.raises(cli.ConfigError, match=rf"^{bad}:4:10: invalid YAML: mapping values are not allowed here$"):
+        cli.parse_config(Documented, ["--config", str(bad)])
+    with pytest.raises(cli.ConfigError, match=r"--config .*missing.yaml: cannot read it \(No such file"):
+        cli.parse_config(Documented, ["--config", str(tmp_path / "missing.yaml")])
