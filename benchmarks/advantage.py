@@ -1,0 +1,131 @@
+"""Advantage-conditioned fine-tuning benchmark (issue 15): on a mixed-quality corpus recorded with the experts'
+quality knob, plain BC vs advantage-conditioned training (RECAP-style labels, classifier-free guidance sweep)
+vs advantage-weighted regression, all flow policies with the same config and steps, evaluated on held-out seeds.
+
+Every step is a ``policylink`` command (printed, and logged under ``--out``); finished steps are skipped on a
+re-run (stores, checkpoints and eval cells that exist). Results: ``<out>/summary.json``.
+
+    MUJOCO_GL=egl .venv/bin/python benchmarks/advantage.py --task push --demos 200 --steps 3000 --episodes 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_SEED = 100_000
+MIX = (("expert", 0.3, 0), ("noisy", 0.4, 10_000), ("poor", 0.3, 20_000))  # quality, share, first seed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns 0. See ``--help``."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="push")
+    ap.add_argument("--demos", type=int, default=200, help="episodes in the mixed corpus (30/40/30 split)")
+    ap.add_argument("--steps", type=int, default=3000, help="training steps of every policy")
+    ap.add_argument("--episodes", type=int, default=50, help="held-out evaluation episodes")
+    ap.add_argument("--scales", default="0,1,2", help="CFG weights w to evaluate the conditioned policy with")
+    ap.add_argument("--labels", default="value", help="label source: value (RECAP) or progress (ALTER)")
+    ap.add_argument("--seed", type=int, default=0, help="training seed")
+    ap.add_argument("--out", default="outputs/advantage")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = out / f"{args.task}_mixed.zarr"
+    for quality, share, first in MIX:
+        n = round(args.demos * share)
+        _run(out, f"record_{quality}", ["record", "--env", args.task, "--expert", quality, "--episodes", str(n),
+             "--seed", str(first), "--out", str(store)], skip=_recorded(store, quality))  # fmt: skip
+    config = ROOT / "configs" / "train" / f"flow_{args.task}_state_fast.yaml"
+    common = ["--config", str(config), "--dataset.path", str(store), "--steps", str(args.steps), "--progress",
+              "false", "--torch_threads", "1", "--seed", str(args.seed), "--dataset.val_fraction", "0"]  # fmt: skip
+    runs = {name: out / f"{name}_s{args.seed}" for name in ("bc", "adv", "awr")}
+    _run(out, "train_bc", ["train", *common, "--output_dir", str(runs["bc"])], skip=_done(runs["bc"]))
+    label_args = ["--dataset", str(store), "--source", args.labels, "--seed", str(args.seed)]
+    if args.labels == "value":
+        label_args += ["--checkpoint", str(runs["bc"] / "checkpoints" / "last")]
+    _run(out, f"label_{args.labels}", ["finetune", "advantage", "label", *label_args])
+    _run(out, "report", ["dataset", "advantage-report", str(store), "--out", str(out / "report")])
+    _run(out, "train_adv", ["finetune", "advantage", "train", *common, "--output_dir", str(runs["adv"])],
+         skip=_done(runs["adv"]))  # fmt: skip
+    _run(out, "train_awr", ["finetune", "advantage", "train", *common, "--loss", "awr", "--output_dir",
+         str(runs["awr"])], skip=_done(runs["awr"]))  # fmt: skip
+    policies = {"bc": runs["bc"] / "checkpoints" / "last", "awr": runs["awr"] / "checkpoints" / "last"}
+    for w in args.scales.split(","):
+        policies[f"adv_w{w}"] = _with_cfg_scale(runs["adv"] / "checkpoints" / "last", float(w), out / f"adv_w{w}")
+    refs = ",".join(f"{k}={v}" for k, v in policies.items())
+    evaluation = [
+        "eval",
+        "--policies",
+        refs,
+        "--envs",
+        args.task,
+        "--episodes",
+        str(args.episodes),
+        "--seed",
+        str(EVAL_SEED),
+        "--workers",
+        "1",
+        "--num_envs",
+        "10",
+        "--videos",
+        "0",
+        "--out",
+        str(out / "eval"),
+    ]
+    _run(out, "eval", evaluation)  # fmt: skip
+    rows = json.loads((out / "eval" / "results.json").read_text())
+    for r in rows:
+        print(f"{r['policy']:<10} {r['pc_success']:5.1f}%  [{r['ci95_low']:.0f}, {r['ci95_high']:.0f}]", flush=True)
+    (out / "summary.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _with_cfg_scale(ckpt: Path, w: float, dest: Path) -> Path:
+    """A copy of checkpoint ``ckpt`` whose recorded default CFG weight is ``w`` (``policy.cfg_scale``)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(ckpt, dest, ignore=shutil.ignore_patterns("training_state.pt"))
+    doc = yaml.safe_load((dest / "config.yaml").read_text())
+    doc["policy"]["cfg_scale"] = w
+    (dest / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return dest
+
+
+def _recorded(store: Path, quality: str) -> bool:
+    if not store.exists():
+        return False
+    from policylink.data.buffer import EpisodeStore
+
+    return any(m.quality == quality for m in EpisodeStore(store, "r").all_meta())
+
+
+def _done(run: Path) -> bool:
+    return (run / "checkpoints" / "last" / "model.safetensors").exists()
+
+
+def _run(out: Path, name: str, args: list[str], skip: bool = False) -> None:
+    cmd = [str(Path(sys.executable).parent / "policylink"), *args]
+    line = "policylink " + " ".join(args)
+    if skip:
+        print(f"[skip] {line}", flush=True)
+        return
+    print(f"[run] {line}", flush=True)
+    t0 = time.time()
+    with (out / f"{name}.log").open("w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    print(f"[done {time.time() - t0:.0f}s] {name}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
