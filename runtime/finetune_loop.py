@@ -32,16 +32,20 @@ class LoopConfig:
     """``policylink finetune loop`` options.
 
     Attributes:
-        policy: base flow checkpoint (few-shot policy). env: registered env of its training data.
-        rounds: learn-from-experience rounds R. episodes: rollouts recorded per round (the buffer grows).
+        policy: base flow checkpoint (the few-shot policy).
+        env: registered env of its training data.
+        rounds: learn-from-experience rounds R.
+        episodes: rollouts recorded per round (the buffer grows by this many).
         out: run folder (buffer.zarr, round_NN/{critic,policy,...}, rounds.csv/md/png).
-        record_seed: reset seed of the first recorded rollout (round r uses record_seed + r * episodes).
-        eval_episodes, eval_seed: held-out evaluation rollouts after each round (seeds eval_seed...).
+        record_seed: reset seed of the first recorded rollout (round r uses record_seed + (r - 1) * episodes).
+        eval_episodes: held-out evaluation rollouts after each round.
+        eval_seed: reset seed of the first held-out rollout.
         num_envs: parallel envs for recording and evaluation (0 = one per episode).
-        baselines: also evaluate ``rerank`` (best-of-N with the round's critic) and/or ``bc`` (filtered BC).
+        baselines: also evaluate ``rerank`` (best-of-N of the base with the round's critic) and/or ``bc``
+            (filtered BC: the base fine-tuned on the buffer's successful episodes).
         rerank_n: samples per chunk of the reranking baseline.
         critic: ``policylink finetune critic`` options (policy, buffer and out are set per round).
-        qvgm: ``policylink finetune qvgm`` options (policy, buffer, critic, out, method set per round).
+        qvgm: ``policylink finetune qvgm`` options (policy, buffer, critic, out and method are set per round).
     """
 
     policy: str = ""

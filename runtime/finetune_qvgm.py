@@ -40,9 +40,16 @@ class CriticCmdConfig:
         buffer: episode store with per-step reward / done (/ terminated) of that policy's env.
         out: folder for critic.pt, critic.json and critic_metrics.csv.
         horizon: executed steps H per chunk transition (0 = the policy's n_action_steps).
-        gamma: per-step discount. expectile: IQL expectile tau. n_heads: Q ensemble size.
-        hidden_dim, n_layers: each head's width and depth. polyak: target rate. lr: Adam learning rate.
-        steps: gradient steps. batch_size: transitions per step. seed: init and batch draws.
+        gamma: per-step discount.
+        expectile: IQL expectile tau in (0, 1).
+        n_heads: Q ensemble size.
+        hidden_dim: width of each head's hidden layers.
+        n_layers: hidden layers per head.
+        polyak: Polyak rate of the target heads.
+        lr: Adam learning rate of Q and V.
+        steps: gradient steps.
+        batch_size: transitions per step.
+        seed: seed of the initialisation and of the batch draws.
         torch_threads: intra-op CPU threads (0 = torch's default).
     """
 
@@ -75,11 +82,20 @@ class QVGMCmdConfig:
         method: ``qvgm`` (velocity matching toward critic-improved chunks + lambda_bc x flow matching) or
             ``bc`` (flow matching only: with only_success, the filtered-BC baseline).
         only_success: train on the buffer's successful episodes only.
-        last_steps, ascent_steps, step_size, trust_radius, alpha, bc_weight: Q-VGM settings
-            (policylink.policies.finetune.qvgm.QVGMConfig; normalised action units).
-        steps: optimizer steps. batch_size: windows per step. lr: AdamW learning rate (constant).
-        grad_clip: max gradient norm. seed: batch and noise draws. torch_threads: intra-op CPU threads.
-        base: lineage: the original base checkpoint (default: policy). round: lineage: loop round.
+        last_steps: intermediate times among the last M of the sampler's K Euler steps (paper: 5 of 10).
+        ascent_steps: normalised Q-gradient steps from the clean estimate (keep-best, start included).
+        step_size: length of one ascent step, RMS per normalised action entry.
+        trust_radius: max RMS distance of an ascent iterate from the clean estimate.
+        alpha: fraction of (a* - a_hat) the clean estimate is moved by.
+        bc_weight: lambda_bc, weight of flow matching on the buffer's actions.
+        steps: optimizer steps.
+        batch_size: windows per step.
+        lr: AdamW learning rate (constant).
+        grad_clip: max gradient norm.
+        seed: seed of the batch and noise draws.
+        torch_threads: intra-op CPU threads (0 = torch's default).
+        base: lineage: the original base checkpoint (default: policy).
+        round: lineage: the loop round that produced this checkpoint.
     """
 
     policy: str = ""
