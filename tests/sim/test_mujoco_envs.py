@@ -34,6 +34,7 @@ def test_spec_and_observation_match(name):
     validate_observation(spec, obs)
     assert env.observation_space.contains(obs)
     assert obs[TASK_KEY] in spec.tasks
+    assert info.pop("progress", 0.0) == 0.0  # tasks with a goal distance: progress 1 - d_t / d_0 is 0 at reset
     assert info == {"is_success": False}
     assert env.n_substeps * env.model.opt.timestep == pytest.approx(0.1)
     obs, reward, terminated, truncated, info = env.step(np.zeros(spec.action.dim, np.float32))
