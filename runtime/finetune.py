@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "qvgm": ("policylink.runtime.finetune_qvgm", "Q-VGM: fine-tune a flow policy with a trained chunk critic"),
     "advantage": ("policylink.runtime.finetune_advantage", "advantage labels + advantage-conditioned / AWR training"),
     "loop": ("policylink.runtime.finetune_loop", "learn from experience: record, critic, Q-VGM, evaluate per round"),
+    "monitor": ("policylink.runtime.finetune_monitor", "train + calibrate the corrective-execution latent monitor"),
 }
 
 

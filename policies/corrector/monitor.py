@@ -113,7 +113,7 @@ def episode_latents(policy: Any, episode: Mapping[str, np.ndarray], batch: int =
         episode: key -> ``(T, ...)`` arrays with every observation key of ``policy.spec``.
     """
     n = int(policy.spec.n_obs_steps)
-    keys = list(policy.spec.observation)
+    keys = list(policy.spec.observation_features)
     t_len = len(episode[keys[0]])
     idx = np.clip(np.arange(t_len)[:, None] + np.arange(-n + 1, 1)[None], 0, None)  # (T, n)
     out = []
