@@ -16,6 +16,7 @@ from policylink.policies.corrector.calibration import (
     cosine_deviation,
     ewma,
 )
+from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.policies.corrector.guidance import affine_inverse, corrective_cost, cost_guidance
 from policylink.policies.corrector.monitor import (
     MonitorConfig,
@@ -201,3 +202,42 @@ def test_corrective_cost_is_lowered_by_guidance_and_pins_committed_actions():
     assert (to_units(guided)[:, 0] - 0.25).abs().max() < (to_units(plain)[:, 0] - 0.25).abs().max()
     with pytest.raises(ValueError, match="affine"):
         affine_inverse(lambda x: torch.as_tensor(x) ** 2, 2)
+
+
+def test_finetune_monitor_then_guided_corrective_replan_on_a_flow_policy(tmp_path, kit, normalizer):
+    """``policylink finetune monitor`` on a store of successful episodes writes a calibrated monitor beside the
+    checkpoint; the corrective executor loads it and a forced replan of one row is guided (flow policy)."""
+    from policylink.data.buffer import EpisodeMeta, EpisodeStore
+    from policylink.policies import load_policy
+    from policylink.policies.policy import policy_for_model
+    from policylink.policies.registry import build_model
+    from policylink.runtime.executors import ExecutorConfig, make_executor
+    from policylink.runtime.finetune import main as finetune_main
+
+    cfg = kit.tiny_config("flow")
+    spec = kit.make_spec(cfg, kit.FEATURES)
+    ckpt = policy_for_model(build_model(cfg, kit.FEATURES, 2), normalizer, spec).save(tmp_path / "ckpt")
+    rng = np.random.default_rng(0)
+    with EpisodeStore(tmp_path / "rollouts.zarr", "w") as store:
+        for i in range(12):
+            ep = kit.episode(20, 0.3 * i, rng)
+            store.add_episode({k: ep[k] for k in (kit.STATE, "action")}, EpisodeMeta(success=i != 3))
+    argv = ["monitor", "--policy", str(ckpt), "--buffer", str(tmp_path / "rollouts.zarr"), "--horizon", "2",
+            "--steps", "50", "--hidden_dim", "16"]  # fmt: skip
+    assert finetune_main(argv) == 0
+    folder = tmp_path / "ckpt.monitor"
+    assert {"monitor.json", "monitor.safetensors", "calibration.json"} <= {p.name for p in folder.iterdir()}
+    import json
+
+    summary = json.loads((folder / "summary.json").read_text())
+    assert sum(summary["episodes"].values()) == 11  # the failed episode is left out
+    policy = load_policy(ckpt, device="cpu")
+    ex = make_executor(policy, ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor=str(folder))))
+    assert ex.n_action_steps == spec.chunk_size
+    ep = kit.episode(6, 0.0, rng)
+    for t in range(4):
+        ex.act({kit.STATE: np.repeat(ep[kit.STATE][t][None], 2, 0)})
+    z = policy.embed()
+    assert ex._guidance(np.array([1]), z, z) is not None
+    assert ex.replan([1], guidance=ex._guidance(np.array([1]), z, z)) is True
+    assert ex.inferences.tolist() == [1, 2]
