@@ -49,7 +49,8 @@ class EvalConfig:
             ``<run>`` (``<run>/checkpoints/<step>``: ``<run>_<step>``), other references by themselves.
         envs: environment registry names.
         episodes: episodes per (policy, env) cell.
-        seed: episode ``i`` resets with ``seed + i`` in every cell.
+        seed: episode ``i`` resets with ``seed + i`` in every cell (default 100000: away from the seeds ``record``
+            uses, ``0..N-1``; a warning names any overlap with the seeds a checkpoint's demos were recorded with).
         workers: parallel tasks (processes, or Ray CPUs for a local Ray cluster); 0 runs inline.
         out: output folder (cells, tables, plots, videos, report.html).
         ray_address: ``None`` for the local process pool; ``auto``, ``local`` (start one here) or an address;
@@ -71,7 +72,7 @@ class EvalConfig:
     policies: list[str] = field(default_factory=list)
     envs: list[str] = field(default_factory=list)
     episodes: int = 50
-    seed: int = 0
+    seed: int = 100_000
     workers: int = 2
     out: str = "outputs/eval"
     ray_address: str | None = None
@@ -111,7 +112,7 @@ def evaluate(
     envs: Sequence[Any],
     *,
     episodes: int = 50,
-    seed: int = 0,
+    seed: int = 100_000,
     workers: int = 2,
     out: str | Path = "outputs/eval",
     ray_address: str | None = None,
@@ -169,7 +170,11 @@ def evaluate(
     pols = _unique("policies", [_labelled(p) for p in policies])
     env_items = _unique("envs", [_labelled(e) for e in envs])
     if "obs_mode" not in cfg.env_kwargs:
-        cfg.env_kwargs.update(_checkpoint_env_kwargs(pols, [label for label, _ in env_items]))
+        cfg.env_kwargs.update(checkpoint_env_kwargs_of(pols, [label for label, _ in env_items]))
+    _require_checkpoints(pols, [label for label, _ in env_items])
+    warn_recorded_seed_overlap(
+        [policy_ref_for(r, e) for _, r in pols if isinstance(r, str) for e, _ in env_items], cfg.seed, cfg.episodes
+    )
     env_fns = {
         label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_with_video_render(cfg)))
         for label, ref in env_items
@@ -358,7 +363,7 @@ def policy_ref_for(ref: Any, env: str) -> Any:
     return ref.replace(ENV_PLACEHOLDER, env) if isinstance(ref, str) else ref
 
 
-def _checkpoint_env_kwargs(pols: list[tuple[str, Any]], env_labels: list[str]) -> dict[str, Any]:
+def checkpoint_env_kwargs_of(pols: list[tuple[str, Any]], env_labels: list[str]) -> dict[str, Any]:
     """``obs_mode`` (and ``image_size``) that every checkpoint among ``pols`` was trained with, when they all
     agree and it is not plain ``state``: an image checkpoint then evaluates without ``--env_kwargs``. Empty
     otherwise (a mix is left to the spec check, which names each mismatch)."""
@@ -376,6 +381,50 @@ def _checkpoint_env_kwargs(pols: list[tuple[str, Any]], env_labels: list[str]) -
         return {}
     print(f"env_kwargs from the checkpoints: {found[0]} (pass --env_kwargs to override)", file=sys.stderr)
     return dict(found[0])
+
+
+def warn_recorded_seed_overlap(refs: Sequence[Any], seed: int, episodes: int) -> list[int]:
+    """Warn (one line on stderr per checkpoint) when evaluation seeds ``seed .. seed + episodes - 1`` include seeds
+    that the demonstrations of a checkpoint among ``refs`` were recorded with (its ``config.yaml`` names the
+    training store; that store's ``meta/episode_seed``). Returns the overlapping seeds, sorted; other references,
+    and stores that are gone, are skipped."""
+    import yaml
+
+    from policylink.data.buffer import EpisodeStore, StoreError
+
+    wanted, overlap = set(range(seed, seed + episodes)), set()
+    for ref in dict.fromkeys(r for r in refs if isinstance(r, str)):
+        config = Path(ref) / "config.yaml"
+        try:
+            store_path = yaml.safe_load(config.read_text())["train"]["dataset"]["path"]
+            with EpisodeStore(store_path, "r") as store:
+                recorded = {m.seed for m in store.all_meta() if m.seed is not None}
+        except (OSError, KeyError, TypeError, yaml.YAMLError, StoreError):
+            continue
+        both = sorted(wanted & recorded)
+        if both:
+            overlap.update(both)
+            print(
+                f"warning: evaluation seeds {both[0]}..{both[-1]} ({len(both)} of {episodes}) were used to record the "
+                f"demonstrations of {ref} ({store_path}); pass a --seed past them (e.g. 100000) for held-out results",
+                file=sys.stderr,
+            )
+    return sorted(overlap)
+
+
+def _require_checkpoints(pols: list[tuple[str, Any]], env_labels: list[str]) -> None:
+    """Raise FileNotFoundError (naming every missing folder) for checkpoint references that do not exist, so that
+    a missing checkpoint is reported as missing, not as an incompatible cell."""
+    missing = []
+    for _, ref in pols:
+        if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")) or "/" not in ref:
+            continue
+        missing += [p for p in dict.fromkeys(policy_ref_for(ref, e) for e in env_labels) if not Path(p).is_dir()]
+    if missing:
+        raise FileNotFoundError(
+            f"policies: checkpoint folder not found: {', '.join(missing)} (policylink train writes "
+            "<output_dir>/checkpoints/last)"
+        )
 
 
 def _with_video_render(cfg: EvalConfig) -> dict[str, Any]:

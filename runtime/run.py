@@ -25,11 +25,13 @@ class RunConfig:
         policy: a registry name, a checkpoint folder, or a server address (``tcp://host:port``).
         env: an environment registry name (``push``, ``reacher``...).
         episodes: number of episodes.
-        seed: episode ``i`` resets with seed ``seed + i``.
+        seed: episode ``i`` resets with seed ``seed + i`` (default 100000: away from the seeds ``record`` uses,
+            ``0..N-1``; a warning names any overlap with the seeds a checkpoint's demonstrations were recorded with).
         num_envs: parallel envs in the vector env.
         device: torch device for checkpoints (``auto``, ``cpu``, ``cuda:0``).
         record: optional zarr store path; the episodes are appended to it.
-        env_kwargs: keyword arguments of the env factory (``obs_mode``, ``image_size``...).
+        env_kwargs: keyword arguments of the env factory (``obs_mode``, ``image_size``...); without ``obs_mode``,
+            a checkpoint's own observation mode and image size are used.
         executor: how chunks are executed (:class:`ExecutorConfig`).
         threads: torch CPU threads (0 = torch's default). One thread is the default because small chunk
             policies gain nothing from more on CPU and slow down many times over when the cores are shared.
@@ -45,7 +47,7 @@ class RunConfig:
     policy: str = ""
     env: str = ""
     episodes: int = 1
-    seed: int = 0
+    seed: int = 100_000
     num_envs: int = 1
     device: str = "auto"
     record: str | None = None
@@ -156,7 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"env={cfg.env!r}"
         )
     limit_threads(cfg.threads)
-    env_fn = RegistryEnvFn(cfg.env, **cfg.env_kwargs)
+    from policylink.runtime.evaluate import checkpoint_env_kwargs_of, warn_recorded_seed_overlap
+
+    env_kwargs = dict(cfg.env_kwargs)
+    if "obs_mode" not in env_kwargs:
+        env_kwargs.update(checkpoint_env_kwargs_of([(cfg.policy, cfg.policy)], [cfg.env]))
+    warn_recorded_seed_overlap([cfg.policy], cfg.seed, cfg.episodes)
+    env_fn = RegistryEnvFn(cfg.env, **env_kwargs)
     probe = env_fn()
     spec = env_spec_of(probe)
     probe.close()

@@ -351,7 +351,7 @@ def test_cli_rejects_bad_counts_and_executor_settings(tmp_path):
 def test_env_kwargs_default_to_the_checkpoints_observation_mode(tmp_path, capsys):
     import yaml
 
-    from policylink.runtime.evaluate import _checkpoint_env_kwargs
+    from policylink.runtime.evaluate import checkpoint_env_kwargs_of
 
     def ckpt(name, dataset):
         d = tmp_path / name
@@ -364,15 +364,15 @@ def test_env_kwargs_default_to_the_checkpoints_observation_mode(tmp_path, capsys
     small = ckpt("small_push", {"obs_mode": "image+proprio", "image_size": 32})
     state = ckpt("state_push", {"obs_mode": "state", "image_size": 96})
     per_env = str(tmp_path / "img_{env}")
-    assert _checkpoint_env_kwargs([("a", image), ("b", image2)], ["push"]) == {
+    assert checkpoint_env_kwargs_of([("a", image), ("b", image2)], ["push"]) == {
         "obs_mode": "image+proprio",
         "image_size": 64,
     }
     assert "env_kwargs from the checkpoints" in capsys.readouterr().err
-    assert _checkpoint_env_kwargs([("a", per_env)], ["push"]) == {"obs_mode": "image+proprio", "image_size": 64}
-    assert _checkpoint_env_kwargs([("a", image), ("b", small)], ["push"]) == {}  # they disagree: spec check names it
-    assert _checkpoint_env_kwargs([("a", state)], ["push"]) == {}  # the env default already
-    assert _checkpoint_env_kwargs([("a", "push_expert"), ("b", "tcp://127.0.0.1:5555")], ["push"]) == {}
+    assert checkpoint_env_kwargs_of([("a", per_env)], ["push"]) == {"obs_mode": "image+proprio", "image_size": 64}
+    assert checkpoint_env_kwargs_of([("a", image), ("b", small)], ["push"]) == {}  # they disagree: spec check names it
+    assert checkpoint_env_kwargs_of([("a", state)], ["push"]) == {}  # the env default already
+    assert checkpoint_env_kwargs_of([("a", "push_expert"), ("b", "tcp://127.0.0.1:5555")], ["push"]) == {}
 
 
 def test_bad_device_is_one_clear_error():
@@ -386,3 +386,38 @@ def test_bad_device_is_one_clear_error():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device: 'cuda' requested but CUDA is not available here"):
             resolve_device("cuda")
+
+
+def test_missing_checkpoint_is_reported_as_missing(tmp_path):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"checkpoint folder not found: .*/nope/line/checkpoints/last, "
+        r".*/nope/line2/checkpoints/last \(policylink train writes",
+    ):
+        ev.evaluate(
+            [str(tmp_path / "nope/{env}/checkpoints/last")],
+            ENVS,
+            episodes=1,
+            workers=0,
+            progress=False,
+            out=tmp_path / "out",
+        )
+
+
+def test_seeds_that_recorded_the_demos_are_warned_about(tmp_path, capsys):
+    from policylink.data.buffer import EpisodeMeta, EpisodeStore
+
+    store = tmp_path / "demos.zarr"
+    with EpisodeStore(str(store), "w") as s:
+        for seed in (0, 1, 2, 7):
+            s.add_episode(
+                {STATE: np.zeros((3, 1), np.float32), "action": np.zeros((3, 1), np.float32)}, EpisodeMeta(seed=seed)
+            )
+    ckpt = tmp_path / "run" / "checkpoints" / "last"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.yaml").write_text(f"train:\n  dataset:\n    path: {store}\n")
+    assert ev.warn_recorded_seed_overlap([str(ckpt), "greedy"], 1, 10) == [1, 2, 7]
+    err = capsys.readouterr().err
+    assert f"warning: evaluation seeds 1..7 (3 of 10) were used to record the demonstrations of {ckpt}" in err
+    assert ev.warn_recorded_seed_overlap([str(ckpt)], 100_000, 50) == [] and capsys.readouterr().err == ""
+    assert ev.EvalConfig().seed == 100_000
