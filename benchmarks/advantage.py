@@ -34,7 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3000, help="training steps of every policy")
     ap.add_argument("--episodes", type=int, default=50, help="held-out evaluation episodes")
     ap.add_argument("--scales", default="0,1,2", help="CFG weights w to evaluate the conditioned policy with")
-    ap.add_argument("--labels", default="value", help="label source: value (RECAP) or progress (ALTER)")
+    ap.add_argument(
+        "--labels",
+        default="value",
+        help="label source: value (RECAP) or progress (ALTER, ablation: "
+        "trains only the conditioned policy, evaluated next to the value run's cells)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="training seed")
     ap.add_argument("--out", default="outputs/advantage")
     args = ap.parse_args(argv)
@@ -49,20 +54,29 @@ def main(argv: list[str] | None = None) -> int:
     config = ROOT / "configs" / "train" / f"flow_{args.task}_state_fast.yaml"
     common = ["--config", str(config), "--dataset.path", str(store), "--steps", str(args.steps), "--progress",
               "false", "--torch_threads", "1", "--seed", str(args.seed), "--dataset.val_fraction", "0"]  # fmt: skip
-    runs = {name: out / f"{name}_s{args.seed}" for name in ("bc", "adv", "awr")}
+    # labels from a value model (RECAP, the main result) or from task progress (ALTER, the ablation): own names
+    tag = "" if args.labels == "value" else f"_{args.labels}"
+    runs = {name: out / f"{name}{tag}_s{args.seed}" for name in ("adv", "awr")}
+    runs["bc"] = out / f"bc_s{args.seed}"
+    label_set = f"advantage{tag}"
     _run(out, "train_bc", ["train", *common, "--output_dir", str(runs["bc"])], skip=_done(runs["bc"]))
-    label_args = ["--dataset", str(store), "--source", args.labels, "--seed", str(args.seed)]
+    label_args = ["--dataset", str(store), "--source", args.labels, "--seed", str(args.seed), "--name", label_set]
     if args.labels == "value":
         label_args += ["--checkpoint", str(runs["bc"] / "checkpoints" / "last")]
     _run(out, f"label_{args.labels}", ["finetune", "advantage", "label", *label_args])
-    _run(out, "report", ["dataset", "advantage-report", str(store), "--out", str(out / "report")])
-    _run(out, "train_adv", ["finetune", "advantage", "train", *common, "--output_dir", str(runs["adv"])],
+    _run(out, f"report{tag}", ["dataset", "advantage-report", str(store), "--name", label_set, "--out",
+         str(out / f"report{tag}")])  # fmt: skip
+    common += ["--advantage.labels", label_set]
+    _run(out, f"train_adv{tag}", ["finetune", "advantage", "train", *common, "--output_dir", str(runs["adv"])],
          skip=_done(runs["adv"]))  # fmt: skip
-    _run(out, "train_awr", ["finetune", "advantage", "train", *common, "--loss", "awr", "--output_dir",
-         str(runs["awr"])], skip=_done(runs["awr"]))  # fmt: skip
-    policies = {"bc": runs["bc"] / "checkpoints" / "last", "awr": runs["awr"] / "checkpoints" / "last"}
+    _run(out, f"train_awr{tag}", ["finetune", "advantage", "train", *common, "--loss", "awr", "--output_dir",
+         str(runs["awr"])], skip=_done(runs["awr"]) or bool(tag))  # fmt: skip
+    policies = {"bc": runs["bc"] / "checkpoints" / "last"} if not tag else {}
+    if not tag:
+        policies["awr"] = runs["awr"] / "checkpoints" / "last"
     for w in args.scales.split(","):
-        policies[f"adv_w{w}"] = _with_cfg_scale(runs["adv"] / "checkpoints" / "last", float(w), out / f"adv_w{w}")
+        name = f"adv{tag}_w{w}"
+        policies[name] = _with_cfg_scale(runs["adv"] / "checkpoints" / "last", float(w), out / name)
     refs = ",".join(f"{k}={v}" for k, v in policies.items())
     evaluation = [
         "eval",

@@ -154,6 +154,13 @@ def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tm
 
     rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
     assert all(np.isfinite(float(r["loss"])) for r in rows) and "dropped_fraction" in rows[0]
+    # RECAP labels from a value model on this checkpoint's frozen latents (cross-fitted over 2 episode folds)
+    value = ValueConfig(steps=30, hidden=16, batch_size=32)
+    cmd = LabelCommand(dataset=str(reach_store), checkpoint=str(ckpt), name="value", n_step=3, value=value)
+    attrs = label_store(cmd)
+    value_labels = read_labels(reach_store, "value").label
+    assert attrs["source"] == "value" and attrs["max_episode_steps"] == 14 and 0.0 < attrs["positive"] <= 0.3
+    assert value_labels.shape == (84,) and value_labels[14 + 4 : 28].sum() == 0  # failure window: last 10 steps
     local = load_policy(ckpt, device="cpu")
     assert (local.config.conditioning.num_labels, local.config.default_label, local.config.cfg_scale) == (2, 1, 1.5)
     with pytest.raises(ValueError, match=r"expected values in \[-1, 2\)"):
