@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import draccus
 
 from policylink.adapters.capabilities import ConditioningSpec
-from policylink.policies.common.encoders import EncoderConfig
+from policylink.policies.common.encoder_config import EncoderConfig
 
 DEFAULT_POLICY_TYPE = "diffusion"
 """The type a ``policy:`` mapping without a ``type`` key gets (the type default of the original config)."""

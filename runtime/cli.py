@@ -30,7 +30,7 @@ T = TypeVar("T")
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("policylink.runtime.demo", "the main job: record demos, train two policies, evaluate N x M, report"),
     "record": ("policylink.runtime.record", "record episodes (scripted expert or policy) into a zarr store"),
-    "train": ("policylink.runtime.train", "train a policy from a dataset (imitation)"),
+    "train": ("policylink.runtime.train_config", "train a policy from a dataset (imitation)"),
     "finetune": ("policylink.runtime.finetune", "offline improvement from rollouts: critic, Q-VGM, advantage"),
     "eval": ("policylink.runtime.evaluate", "evaluate N policies on M environments; tables, plots, videos"),
     "serve": ("policylink.runtime.serve", "serve a policy over ZeroMQ (and the openpi websocket protocol)"),

@@ -32,22 +32,11 @@ from policylink.policies.model import ChunkModel
 from policylink.policies.policy import ChunkPolicy, policy_for_model
 from policylink.policies.registry import build_model
 from policylink.runtime.losses import Loss, make_loss, training_batch
-from policylink.runtime.train_config import DatasetConfig, EvalConfig, TrainConfig, validate_config  # noqa: F401
+from policylink.runtime.train_config import DatasetConfig, EvalConfig, TrainConfig, main, validate_config  # noqa: F401
 from policylink.runtime.train_data import training_data
 
 METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
-
-
-def main(argv: list[str]) -> int:
-    """``policylink train --config configs/train/<name>.yaml [--steps N] [--resume true] ...``."""
-    from policylink.runtime.cli import parse_config
-
-    cfg = parse_config(TrainConfig, argv, prog="policylink train")
-    path = train(cfg)
-    if _rank() == 0:
-        print(f"checkpoint: {path}")
-    return 0
 
 
 def train(cfg: TrainConfig) -> Path:

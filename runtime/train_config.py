@@ -1,18 +1,18 @@
-"""Configuration of ``policylink train`` (:class:`TrainConfig`, YAML via ``--config`` plus dotted overrides) and
-its validation before any work starts."""
+"""Configuration of ``policylink train`` (:class:`TrainConfig`, YAML via ``--config`` plus dotted overrides), its
+validation before any work starts, and the command's entry point (:func:`main`). Nothing here imports torch, so
+``policylink train --help`` prints at once; the trainer (:mod:`policylink.runtime.train`) is imported to run."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from policylink.adapters.obs_modes import OBS_MODES
 from policylink.adapters.registry import available_envs
 from policylink.adapters.schema import ControlMode
-from policylink.policies.checkpoint import resolve_device
 from policylink.policies.config import PolicyConfig
 from policylink.policies.registry import default_config
-from policylink.runtime.losses import available_losses
 
 
 @dataclass
@@ -115,6 +115,9 @@ def validate_config(cfg: TrainConfig) -> None:
             ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), or a bad policy config.
         FileNotFoundError: ``dataset.path`` does not exist.
     """
+    from policylink.policies.checkpoint import resolve_device  # torch: imported when a run starts, not for --help
+    from policylink.runtime.losses import available_losses
+
     cfg.policy.validate()
     d = cfg.dataset
     if not d.path:
@@ -170,4 +173,18 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ValueError(f"betas: expected two values in [0, 1), received {cfg.betas}")
 
 
-__all__ = ["DatasetConfig", "EvalConfig", "TrainConfig", "validate_config"]
+def main(argv: list[str]) -> int:
+    """``policylink train --config configs/train/<name>.yaml [--steps N] [--resume true] ...``: parse the config
+    (``--help`` exits here, before torch is imported), then :func:`policylink.runtime.train.train`."""
+    from policylink.runtime.cli import parse_config
+
+    cfg = parse_config(TrainConfig, argv, prog="policylink train")
+    from policylink.runtime.train import train
+
+    path = train(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"checkpoint: {path}")
+    return 0
+
+
+__all__ = ["DatasetConfig", "EvalConfig", "TrainConfig", "main", "validate_config"]

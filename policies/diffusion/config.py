@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from policylink.policies.common.unet1d import UNetPolicyConfig
+from policylink.policies.common.unet_config import UNetPolicyConfig
 
 
 @dataclass
