@@ -1,10 +1,13 @@
 """Single-writer lock of an episode store: ``<store>.lock`` held with ``filelock`` (released by the OS when the
-holder dies) plus ``<store>.lock.owner``, a JSON note of who holds it, so a refused writer can name the holder."""
+holder dies) plus ``<store>.lock.owner``, a JSON note of who holds it, so a refused writer can name the holder;
+and the clean-up of what a killed writer leaves beside a store (:func:`remove_stale_temporaries`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import socket
 import sys
 import time
@@ -63,4 +66,62 @@ class WriteLock:
         self._lock.release()
 
 
-__all__ = ["WriteLock"]
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (``os.kill(pid, 0)``; a process of another user counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike, tags: tuple[str, ...], restore: str = "") -> list[Path]:
+    """Remove the temporaries that writers killed with SIGKILL left beside the store at ``path``.
+
+    A writer names its temporaries ``.<name>.<tag>-<pid>`` (plus ``.lock`` / ``.lock.owner`` files of its own
+    write lock) next to ``<name>``; those whose ``pid`` no longer runs on this host are removed, those of live
+    processes are kept. The store's own ``<name>.lock.owner`` note is removed when its pid is dead (the
+    ``<name>.lock`` file itself stays: filelock keeps it between holders).
+
+    Args:
+        path: the store's path (need not exist).
+        tags: the temporary kinds to look for, e.g. ``("merging", "replaced")``.
+        restore: a tag among ``tags`` whose stale folder is a backup of the store: when ``path`` is missing (the
+            writer died between moving the store aside and moving its output in), the backup is renamed back to
+            ``path`` instead of being removed.
+
+    Returns:
+        The removed (or restored) temporaries, sorted.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.({'|'.join(map(re.escape, tags))})-(\d+)(\.lock(\.owner)?)?$")
+    removed = []
+    for p in path.parent.iterdir():
+        m = pattern.match(p.name)
+        if not m or pid_alive(int(m.group(2))):
+            continue
+        if restore and m.group(1) == restore and not m.group(3) and not path.exists():
+            os.replace(p, path)
+        elif p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    owner = path.with_name(path.name + ".lock.owner")
+    try:
+        note = json.loads(owner.read_text())
+        if note.get("host") == socket.gethostname() and not pid_alive(int(note["pid"])):
+            owner.unlink(missing_ok=True)
+            removed.append(owner)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return sorted(removed)
+
+
+__all__ = ["WriteLock", "pid_alive", "remove_stale_temporaries"]

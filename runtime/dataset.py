@@ -201,11 +201,13 @@ def merge(cfg: MergeConfig) -> int:
     from tqdm import tqdm
 
     from policylink.data.buffer import EpisodeStore, StoreLockedError
-    from policylink.data.lock import WriteLock
+    from policylink.data.lock import WriteLock, remove_stale_temporaries
 
     if not cfg.inputs:
         raise ValueError("inputs: expected at least one store path, received none")
     out = Path(_required(cfg.out, "out"))
+    for p in remove_stale_temporaries(out, ("merging", "replaced"), restore="replaced"):  # of a killed merge
+        print(f"cleaned up {p.name} (left by a killed merge)", file=sys.stderr)
     for p in cfg.inputs:
         if Path(p).resolve() == out.resolve():
             raise ValueError(

@@ -149,3 +149,61 @@ def test_usage(capsys):
     assert cli.main(["frobnicate"]) == 2
     with pytest.raises(ValueError, match="path: expected a path"):
         cli.main(["info"])
+
+
+_KILLED_MERGE = """
+import sys, time
+from policylink.data.buffer import EpisodeStore
+from policylink.runtime import dataset
+
+def stall(self, *a, **k):  # the merge's temporary store and locks exist; wait here to be SIGKILLed
+    open(sys.argv[1], "w").close()
+    time.sleep(600)
+
+EpisodeStore.add_episode = stall
+dataset.main(["merge", "--inputs", sys.argv[2], "--out", sys.argv[3]])
+"""
+
+
+def test_merge_after_sigkill_cleans_stale_temporaries(tmp_path, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    a = _store(tmp_path / "a.zarr", [1.0, 2.0], [True, False])
+    m, ready = tmp_path / "m.zarr", tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_MERGE, str(ready), str(a), str(m)])
+    deadline = time.monotonic() + 120
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), "the merge subprocess never reached add_episode"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    tag = f".m.zarr.merging-{proc.pid}"
+    left = {p.name for p in tmp_path.iterdir()}
+    assert {tag, tag + ".lock", tag + ".lock.owner", "m.zarr.lock.owner"} <= left and "m.zarr" not in left
+    live = tmp_path / f".m.zarr.merging-{os.getppid()}"  # a merge of a live process (our parent): kept
+    live.mkdir()
+    assert cli.main(["merge", "--inputs", str(a), "--out", str(m)]) == 0
+    err = capsys.readouterr().err
+    assert f"cleaned up {tag} (left by a killed merge)" in err and f"cleaned up {tag}.lock " in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".") or "owner" in p.name) == [live.name]
+    assert EpisodeStore(m).n_episodes == 2
+
+
+def test_merge_killed_between_renames_restores_the_replaced_store(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    old = _store(tmp_path / "m.zarr", [7.0], [True])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    backup = tmp_path / f".m.zarr.replaced-{int(dead.stdout)}"
+    old.rename(backup)  # the state after `os.replace(out, old)` when the merge died before `os.replace(tmp, out)`
+    b = _store(tmp_path / "b.zarr", [5.0], [True])
+    with pytest.raises(ValueError, match="already exists; pass --overwrite true"):
+        cli.main(["merge", "--inputs", str(b), "--out", str(tmp_path / "m.zarr")])
+    assert not backup.exists()
+    s = EpisodeStore(tmp_path / "m.zarr")
+    assert s.n_episodes == 1 and float(s.get_episode(0)["observation.state"][0, 0]) == 7.0
