@@ -318,10 +318,33 @@ def print_status(stats: DeployStats, period_s: float, stream: Any = sys.stderr) 
     stream.flush()
 
 
+@dataclass
+class DeployOutcome:
+    """What :func:`deploy` returns: the exit ``code`` (0 done, 1 a server stopped answering, 130 Ctrl-C), the
+    finished episodes' ``results`` (:class:`~policylink.runtime.rollout.EpisodeResult`), the :class:`DeployStats`
+    and the control ``period_s``."""
+
+    code: int
+    results: list[Any]
+    stats: DeployStats
+    period_s: float
+
+
 def run_on_robot(cfg: Any) -> int:
-    """``policylink run --policy P --robot tcp://HOST:PORT [--hz F] [--record STORE]``: run ``cfg.episodes``
-    episodes of policy ``P`` on the served robot through the rollout loop, with the live status line; returns the
-    exit code (0 done, 1 the policy server stopped answering, 130 Ctrl-C). The robot holds at the end.
+    """``policylink run --policy P --robot tcp://HOST:PORT [--hz F] [--record STORE]``: :func:`deploy` with the
+    live status line and a final summary; returns the exit code."""
+    out = deploy(cfg, status=True)
+    n_ok = sum(r.success for r in out.results)
+    print(f"success: {n_ok}/{len(out.results)} | {out.stats.line(out.period_s)}")
+    if cfg.record:
+        print(f"recorded to {cfg.record}")
+    return out.code
+
+
+def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
+    """Run ``cfg.episodes`` episodes of ``cfg.policy`` on the robot served at ``cfg.robot`` through the rollout
+    loop (``cfg``: a :class:`~policylink.runtime.run.RunConfig`), recording to ``cfg.record`` when set. Ctrl-C and a
+    dead policy or robot server end the run with one message on stderr; the robot holds at the end either way.
 
     Raises:
         IncompatibleSpecError: the policy, robot and executor do not fit (before anything moves).
@@ -335,6 +358,7 @@ def run_on_robot(cfg: Any) -> int:
     from policylink.runtime.run import cell_problems, limit_threads
 
     robot = RemoteRobot(cfg.robot)
+    robot.rearm()  # starting a run is the operator's explicit re-arm after an earlier watchdog trip
     spec = robot.env_spec
     period = 1.0 / float(cfg.hz or spec.control_frequency)
     policy = _load_deploy_policy(cfg, period)
@@ -343,25 +367,27 @@ def run_on_robot(cfg: Any) -> int:
     if problems:
         raise IncompatibleSpecError(problems)
     stats = DeployStats()
-    env = DeployEnv(robot, 1.0 / period, stats=stats, status=lambda st: print_status(st, period))
+    line = (lambda st: print_status(st, period)) if status else None
+    env = DeployEnv(robot, 1.0 / period, stats=stats, status=line)
     vec = make_vector_env(lambda: BorrowedEnv(env), plan_episodes(cfg.episodes, cfg.seed, 1), spec.max_episode_steps)
     executor = make_executor(policy, cfg.executor)
     recorder = open_deploy_recorder(cfg.record, spec) if cfg.record else None
     subs = [DeployRecorder(recorder)] if recorder is not None else []
-    code, results = 0, []
+    out = DeployOutcome(0, [], stats, period)
 
     def progress(r: Any) -> None:
-        results.append(r)
-        print(f"\repisode {r.index} seed {r.seed}: success={r.success} steps={r.n_steps} | {stats.line(period)}")
+        out.results.append(r)
+        if status:
+            print(f"\repisode {r.index} seed {r.seed}: success={r.success} steps={r.n_steps} | {stats.line(period)}")
 
     try:
         rollout(vec, executor, cfg.episodes, subscribers=subs, progress=progress)
     except KeyboardInterrupt:
         print("\ninterrupted: the robot is holding", file=sys.stderr)
-        code = 130
+        out.code = 130
     except (TimeoutError, RemoteError, ConnectionError) as e:
         print(f"\npolicy or robot server stopped answering ({type(e).__name__}: {e}); the robot holds", file=sys.stderr)
-        code = 1
+        out.code = 1
     finally:
         _hold_quietly(robot)
         executor.close()
@@ -369,11 +395,7 @@ def run_on_robot(cfg: Any) -> int:
         if recorder is not None:
             recorder.close()
         robot.disconnect()
-    n_ok = sum(r.success for r in results)
-    print(f"success: {n_ok}/{len(results)} | {stats.line(period)}")
-    if cfg.record:
-        print(f"recorded to {cfg.record}")
-    return code
+    return out
 
 
 def _load_deploy_policy(cfg: Any, period: float) -> Any:

@@ -1,0 +1,306 @@
+"""The deployment loop: absolute-deadline pacing (fake clock), late actions dropped, human takeover recorded with
+source ``human``, interrupted episodes kept; and the three processes on loopback (policy server, sim-as-real robot
+server, ``policylink run --robot``) with a trained reach policy, including a policy server killed mid-run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from policylink.adapters.schema import ActionSpec, ControlMode, EnvSpec, FeatureSpec
+from policylink.data.buffer import EpisodeStore
+from policylink.real.robot import Robot
+from policylink.real.teleop import KeyboardTeleop
+from policylink.runtime.deploy import DEPLOY_KEYS, DeployEnv, DeployRecorder, Pacer, open_deploy_recorder
+from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
+
+
+class FakeClock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, until, clock=None):
+        self.t = max(self.t, until)
+
+
+def test_pacing_1000_periods_at_100_hz_with_2_ms_work_takes_10_s_exactly():
+    clock = FakeClock()
+    pacer = Pacer(0.01, clock, clock.sleep)
+    t0 = pacer.t0
+    for _ in range(1000):
+        clock.t += 0.002  # the work of one period
+        assert pacer.wait() == 0.0
+    assert clock.t - t0 == pytest.approx(10.0, abs=1e-9) and pacer.overruns == 0
+
+
+def test_an_overrun_is_counted_and_skipped_not_accumulated():
+    clock = FakeClock(0.0)
+    pacer = Pacer(0.1, clock, clock.sleep)
+    clock.t = 0.05
+    pacer.wait()
+    assert clock.t == pytest.approx(0.1)
+    clock.t = 0.43  # deadlines 0.2, 0.3 and 0.4 were missed
+    pacer.wait()
+    assert (pacer.overruns, pacer.skipped) == (1, 3)
+    assert clock.t == pytest.approx(0.5)  # back on the grid t0 + k * period
+    clock.t = 0.52
+    pacer.wait()
+    assert clock.t == pytest.approx(0.6) and pacer.overruns == 1
+    with pytest.raises(ValueError, match="period_s"):
+        Pacer(0.0)
+
+
+class FakeRobot(Robot):
+    """A 2-D delta-controlled point; episode ends after 4 steps (success when x > 0.03)."""
+
+    def __init__(self, clock):
+        self.env_spec = EnvSpec(
+            name="point",
+            observation_features={"observation.state": FeatureSpec("float32", (2,)), "task": FeatureSpec("string", ())},
+            action=ActionSpec(("dx", "dy"), ControlMode.EE_DELTA, ("m", "m"), (-0.02, -0.02), (0.02, 0.02)),
+            control_frequency=10.0,
+            max_episode_steps=4,
+        )
+        self.clock, self.sent, self.x, self.n = clock, [], np.zeros(2, np.float32), 0
+
+    def reset(self, seed=None, options=None):
+        self.x[:], self.n = 0.0, 0
+        return self.get_observation(), {"is_success": False}
+
+    def get_observation(self):
+        return {"observation.state": self.x.copy(), "task": "go right"}
+
+    def send_action(self, action):
+        a = np.asarray(action, np.float32)
+        self.sent.append(a)
+        self.x += a
+        return a
+
+    def hold_action(self):
+        return np.zeros(2, np.float32)
+
+    def observe(self):
+        self.n += 1
+        done = self.n >= 4
+        return self.get_observation(), {"is_success": bool(self.x[0] > 0.03), "terminated": False, "truncated": done}
+
+
+class SlowOnce:
+    """An action source whose second act takes 0.15 s (longer than the 0.1 s period)."""
+
+    def __init__(self, clock, action=(0.02, 0.0)):
+        self.clock, self.calls, self.action = clock, 0, np.array([action], np.float32)
+        self.inferences = np.zeros(1, np.int64)
+        self.stall_steps = np.zeros(1, np.int64)
+
+    def act(self, obs):
+        self.calls += 1
+        if self.calls == 2:
+            self.clock.t += 0.15
+        return self.action
+
+    def reset(self, env_ids=None):
+        pass
+
+
+def _deploy(tmp_path, clock, robot, source, episodes=1, teleop=None):
+    env = DeployEnv(robot, teleop=teleop, clock=clock)
+    env.pacer._sleep = clock.sleep
+    vec = make_vector_env(lambda: BorrowedEnv(env), plan_episodes(episodes, 7, 1), 4)
+    rec = open_deploy_recorder(str(tmp_path / "run.zarr"), robot.env_spec)
+    try:
+        results = rollout(vec, source, episodes, subscribers=[DeployRecorder(rec)])
+    finally:
+        rec.close()
+    return env, results, EpisodeStore(tmp_path / "run.zarr", "r")
+
+
+def test_a_late_action_is_dropped_and_every_step_is_recorded_with_its_timing(tmp_path):
+    clock = FakeClock()
+    robot = FakeRobot(clock)
+    env, results, store = _deploy(tmp_path, clock, robot, SlowOnce(clock))
+    assert env.stats.steps == 4 and env.stats.late == 1
+    assert len(robot.sent) == 3  # the late action never reached the robot
+    ep = store.get_episode(0)
+    np.testing.assert_array_equal(ep["deploy.late"], [False, True, False, False])
+    np.testing.assert_allclose(ep["action"][1], [0.0, 0.0])  # recorded: what the robot executed (hold)
+    np.testing.assert_allclose(ep["deploy.latency_s"][1], 0.15, atol=1e-6)
+    np.testing.assert_array_equal(ep["deploy.source"], [0, 0, 0, 0])
+    assert set(DEPLOY_KEYS) <= set(store.keys) and store.info["step_sources"] == ["policy", "human"]
+    assert results[0].success and store.episode_meta(0).success is True
+
+
+def test_human_takeover_replaces_the_policy_and_is_recorded_as_human(tmp_path):
+    clock = FakeClock()
+    robot = FakeRobot(clock)
+    tele = KeyboardTeleop(2, step=0.01, keys={"d": (0, 1.0)})
+    tele.press(" ")
+    tele.press("d")
+    policy = SlowOnce(clock, action=(-0.02, 0.0))
+    policy.calls = 10  # never slow
+    env, _, store = _deploy(tmp_path, clock, robot, policy, teleop=tele)
+    ep = store.get_episode(0)
+    np.testing.assert_array_equal(ep["deploy.source"], [1, 1, 1, 1])
+    np.testing.assert_allclose(ep["action"][0], [0.01, 0.0])  # the human's key press, not the policy's -0.02
+    np.testing.assert_allclose(ep["action"][1], [0.0, 0.0])  # engaged, no key: hold still
+    assert env.stats.human == 4
+
+
+def test_an_interrupted_episode_is_committed_with_unknown_success(tmp_path):
+    clock = FakeClock()
+    robot = FakeRobot(clock)
+
+    class Interrupt(SlowOnce):
+        def act(self, obs):
+            self.calls += 1
+            if self.calls == 3:
+                raise KeyboardInterrupt
+            return self.action
+
+    with pytest.raises(KeyboardInterrupt):
+        _deploy(tmp_path, clock, robot, Interrupt(clock))
+    store = EpisodeStore(tmp_path / "run.zarr", "r")
+    assert store.n_episodes == 1 and store.episode_lengths.tolist() == [2]
+    assert store.episode_meta(0).success is None
+
+
+# -- three processes on loopback -----------------------------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def reach_checkpoint(tmp_path_factory):
+    """A small flow policy (5 Euler steps) trained on 60 scripted reach episodes for 150 steps: ~4 of 6 reach
+    episodes succeed on the sim-as-real robot on the loaded 2-core machine."""
+    import torch
+
+    from policylink.policies.common.unet1d import UNetConfig
+    from policylink.policies.flow.config import FlowConfig
+    from policylink.policies.registry import make_config
+    from policylink.runtime.record import RecordConfig, record
+    from policylink.runtime.train import DatasetConfig, TrainConfig, train
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("reach")
+    record(RecordConfig(env="reach", expert="expert", episodes=60, out=str(out / "data.zarr")), progress=False)
+    policy = make_config(
+        "flow",
+        n_obs_steps=1,
+        chunk_size=8,
+        n_action_steps=4,
+        observation_keys=["observation.state"],
+        flow=FlowConfig(num_steps=5),
+        unet=UNetConfig(down_dims=[32, 64], time_embed_dim=32),
+    )
+    cfg = TrainConfig(
+        policy=policy,
+        dataset=DatasetConfig(path=str(out / "data.zarr"), env="reach", val_fraction=0.0),
+        output_dir=str(out / "run"),
+        steps=150,
+        batch_size=64,
+        lr=3e-3,
+        warmup_steps=10,
+        log_every=60,
+        val_every=0,
+        device="cpu",
+        progress=False,
+        torch_threads=1,
+    )
+    return train(cfg)
+
+
+def _start(args):
+    # one torch thread: with two on two shared cores one inference takes seconds (see runtime.run.limit_threads)
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "policylink.runtime.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    seen = []
+    while not seen or "serving" not in seen[-1]:  # wait for the "serving ... on tcp://..." line
+        seen.append(proc.stdout.readline())
+        assert seen[-1] or proc.poll() is None, "".join(seen)
+    return proc
+
+
+@pytest.mark.slow
+def test_three_processes_policy_server_robot_server_and_run_complete_reach(reach_checkpoint, tmp_path):
+    from policylink.data.sampler import SequenceDataset
+    from policylink.real.server import RemoteRobot
+
+    pport, rport = _free_port(), _free_port()
+    policy_addr, robot_addr = f"tcp://127.0.0.1:{pport}", f"tcp://127.0.0.1:{rport}"
+    server = _start(["serve", "--checkpoint", str(reach_checkpoint), "--bind", policy_addr, "--device", "cpu"])
+    robot = _start(["robot", "--sim", "reach", "--bind", robot_addr, "--watchdog-ms", "300"])
+    store = tmp_path / "deploy.zarr"
+    run = [
+        sys.executable,
+        "-m",
+        "policylink.runtime.cli",
+        "run",
+        "--policy",
+        policy_addr,
+        "--robot",
+        robot_addr,
+        "--record",
+        str(store),
+        "--executor.n_action_steps",
+        "4",
+    ]
+    try:
+        first = [*run, "--episodes", "4", "--seed", "100", "--executor.kind", "receding_horizon"]
+        done = subprocess.run(first, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        n_ok = int(re.search(r"success: (\d)/4", done.stdout).group(1))
+        assert n_ok >= 1, done.stdout
+        recorded = EpisodeStore(store, "r")
+        assert recorded.n_episodes == 4 and set(DEPLOY_KEYS) <= set(recorded.keys)
+        acts = recorded.load(["action"])["action"]
+        assert np.all(np.abs(acts) <= 0.02 + 1e-6)  # everything executed is within the limits
+        ds = SequenceDataset(recorded, n_obs_steps=1, horizon=8, obs_keys=["observation.state"])
+        assert len(ds) == recorded.n_steps  # the recording loads for training
+        recorded.close()
+
+        # kill the policy server mid-run: the run ends with one message, the robot holds, the data stays
+        second = subprocess.Popen(
+            [*run, "--episodes", "40", "--seed", "200", "--executor.kind", "async"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and EpisodeStore(store, "r").n_episodes < 5:
+            time.sleep(0.2)
+        server.send_signal(signal.SIGKILL)
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 1, out + err
+        assert err.count("stopped answering") == 1
+        client = RemoteRobot(robot_addr)
+        status = client.observe()[1]["safety"]
+        client.disconnect()
+        assert status["watchdog"] == "tripped" and status["counts"]["watchdog"] >= 1  # held without actions
+        assert EpisodeStore(store, "r").n_episodes >= 5
+    finally:
+        for p in (server, robot):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=20)
