@@ -81,6 +81,28 @@ def test_export_loads_in_lerobot_with_same_values(store, tmp_path):
 
 
 @pytest.mark.lerobot
+def test_video_export_loads_in_lerobot_within_codec_tolerance(store, tmp_path):
+    """LeRobot 0.4.4 decodes our mp4 export with torchcodec: every frame within 3/255 of the stored image (H.264,
+    crf 18); neighbouring frames differ by 10/255 in red, so a frame off by one index fails."""
+    pytest.importorskip("lerobot")
+    pytest.importorskip("torchcodec")
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    root = export_lerobot(store, tmp_path / "lr", video=True)
+    ds = LeRobotDataset(repo_id="policylink/test", root=root)
+    assert ds.video_backend == "torchcodec" and ds.meta.video_keys == ["observation.images.front"]
+    assert len(ds) == sum(LENGTHS)
+    for i in range(len(ds)):
+        item = ds[i]
+        e, t = int(item["episode_index"]), int(item["frame_index"])
+        ref = np.moveaxis(store.get_episode(e)["observation.images.front"][t], -1, 0) / 255.0
+        got = item["observation.images.front"].numpy()
+        assert got.shape == (3, 16, 16)
+        np.testing.assert_allclose(got, ref, atol=3 / 255, err_msg=f"episode {e} frame {t}")
+        np.testing.assert_array_equal(item["observation.state"].numpy(), store.get_episode(e)["observation.state"][t])
+
+
+@pytest.mark.lerobot
 def test_import_dataset_written_by_lerobot(tmp_path):
     pytest.importorskip("lerobot")
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
