@@ -96,11 +96,16 @@ class DeployStats:
         latencies_s, period_errors_s, periods_s: per step: observation-to-action time, wake-up error, and the
             time between consecutive observations, seconds.
         active_s: time spent stepping (resets excluded), seconds; ``safety``: the robot's latest safety status.
+        startup_steps, startup_late, startup_s: each episode's first step (its first chunk is a blocking
+            inference while the robot stands still): counted here, not in the running figures above.
     """
 
     steps: int = 0
     late: int = 0
     human: int = 0
+    startup_steps: int = 0
+    startup_late: int = 0
+    startup_s: float = 0.0
     latencies_s: list[float] = field(default_factory=list)
     period_errors_s: list[float] = field(default_factory=list)
     periods_s: list[float] = field(default_factory=list)
@@ -131,8 +136,9 @@ class DeployStats:
         s = self.summary(period_s)
         clips = sum((self.safety.get("counts") or {}).values())
         return (
-            f"rate {s['rate_hz']:.2f} Hz | late {self.late} | latency p50 {s['latency_p50_ms']:.1f} ms p99 "
-            f"{s['latency_p99_ms']:.1f} ms | safety clips/holds {clips} | human steps {self.human}"
+            f"rate {s['rate_hz']:.2f} Hz | late {self.late} (+{self.startup_late} at episode starts) | latency p50 "
+            f"{s['latency_p50_ms']:.1f} ms p99 {s['latency_p99_ms']:.1f} ms | safety clips/holds {clips} | "
+            f"human steps {self.human}"
         )
 
 
@@ -174,14 +180,14 @@ class DeployEnv(EnvAdapter):
         self.stats = stats if stats is not None else DeployStats()
         self._status, self._last_status = status, clock()
         self._obs: dict[str, Any] = {}
-        self._obs_t = self._episode_t0 = clock()
+        self._obs_t, self._first = clock(), True
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict]:
         """Begin an episode on the robot; the pacing grid starts now."""
         super().reset(seed=seed)
         obs, info = self.robot.reset(seed=seed, options=options)
         self.pacer.start()
-        self._obs, self._obs_t = obs, self.pacer.t0
+        self._obs, self._obs_t, self._first = obs, self.pacer.t0, True
         return obs, {"is_success": bool(info.get("is_success", False))}
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict]:
@@ -205,13 +211,19 @@ class DeployEnv(EnvAdapter):
         obs, info = self.robot.observe()
         t = self.clock()
         s = self.stats
-        s.steps += 1
-        s.late += int(late)
         s.human += source
-        s.latencies_s.append(latency)
-        s.period_errors_s.append(wake_error)
-        s.periods_s.append(t - self._obs_t)
-        s.active_s += t - self._obs_t
+        if self._first:
+            s.startup_steps += 1
+            s.startup_late += int(late)
+            s.startup_s += t - self._obs_t
+        else:
+            s.steps += 1
+            s.late += int(late)
+            s.latencies_s.append(latency)
+            s.period_errors_s.append(wake_error)
+            s.periods_s.append(t - self._obs_t)
+            s.active_s += t - self._obs_t
+        self._first = False
         s.safety = dict(info.get("safety") or s.safety)
         self._obs, self._obs_t = obs, t
         if self._status is not None and t - self._last_status >= 1.0:

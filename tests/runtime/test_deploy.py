@@ -130,7 +130,7 @@ def test_a_late_action_is_dropped_and_every_step_is_recorded_with_its_timing(tmp
     clock = FakeClock()
     robot = FakeRobot(clock)
     env, results, store = _deploy(tmp_path, clock, robot, SlowOnce(clock))
-    assert env.stats.steps == 4 and env.stats.late == 1
+    assert (env.stats.startup_steps, env.stats.steps, env.stats.late) == (1, 3, 1)
     assert len(robot.sent) == 3  # the late action never reached the robot
     ep = store.get_episode(0)
     np.testing.assert_array_equal(ep["deploy.late"], [False, True, False, False])
