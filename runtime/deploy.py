@@ -380,7 +380,7 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
         raise IncompatibleSpecError(problems)
     stats = DeployStats()
     line = (lambda st: print_status(st, period)) if status else None
-    env = DeployEnv(robot, 1.0 / period, stats=stats, status=line)
+    env = DeployEnv(robot, 1.0 / period, teleop=_teleop(cfg, spec.action.dim), stats=stats, status=line)
     vec = make_vector_env(lambda: BorrowedEnv(env), plan_episodes(cfg.episodes, cfg.seed, 1), spec.max_episode_steps)
     executor = make_executor(policy, cfg.executor)
     recorder = open_deploy_recorder(cfg.record, spec) if cfg.record else None
@@ -423,6 +423,23 @@ def _load_deploy_policy(cfg: Any, period: float) -> Any:
     else:
         policy = load_policy_ref(ref, cfg.device, cfg.seed)
     return inject_inference_latency(policy, float(cfg.inject_latency_ms) / 1e3)
+
+
+def _teleop(cfg: Any, action_dim: int) -> Teleoperator | None:
+    """The human takeover device of ``cfg.teleop`` (``keyboard``: this terminal), or None.
+
+    Raises:
+        ValueError: an unknown ``teleop`` name."""
+    if not cfg.teleop:
+        return None
+    if cfg.teleop != "keyboard":
+        raise ValueError(f"teleop: expected 'keyboard' or None, received {cfg.teleop!r}")
+    from policylink.real.teleop import KeyboardTeleop
+
+    tele = KeyboardTeleop(action_dim, step=cfg.teleop_step)
+    tele.start_terminal()
+    print("keyboard takeover: space toggles, w/s a/d r/f move, x = e-stop", file=sys.stderr)
+    return tele
 
 
 def _hold_quietly(robot: Any) -> None:

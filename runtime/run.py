@@ -39,6 +39,9 @@ class RunConfig:
             instead of ``env`` (:mod:`policylink.runtime.deploy`).
         hz: control rate on the robot (None = its control frequency).
         inject_latency_ms: make each inference take at least this long (deployment benchmarks).
+        teleop: ``keyboard`` lets a human take over on the robot from this terminal (space toggles, wasd/rf move
+            ``teleop_step`` per key press, x = e-stop); None = off.
+        teleop_step: action units per key press.
 
     Raises:
         ValueError: ``episodes < 1``, ``num_envs < 1`` or ``threads < 0``.
@@ -57,6 +60,8 @@ class RunConfig:
     robot: str | None = None
     hz: float | None = None
     inject_latency_ms: float = 0.0
+    teleop: str | None = None
+    teleop_step: float = 0.01
 
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, num_envs=1, threads=0)

@@ -1,0 +1,28 @@
+"""``policylink robot``: configuration errors are one line and exit 2; the driver reference forms."""
+
+import pytest
+
+from policylink.runtime import robot as robot_cli
+
+
+def test_non_loopback_bind_without_keys_is_refused(capsys):
+    assert robot_cli.main(["--sim", "reach", "--bind", "tcp://0.0.0.0:5999"]) == 2
+    assert "insecure" in capsys.readouterr().err
+
+
+def test_sim_and_driver_are_exclusive_and_driver_needs_a_factory():
+    with pytest.raises(ValueError, match="exactly one"):
+        robot_cli.build_robot(robot_cli.RobotConfig())
+    with pytest.raises(ValueError, match="module:factory"):
+        robot_cli.build_robot(robot_cli.RobotConfig(driver="somearm"))
+
+
+def test_safety_config_from_the_options():
+    from policylink.adapters.registry import make_env
+    from policylink.real.sim_robot import SimRobot
+
+    sim = SimRobot(make_env("reach", obs_mode="state"), realtime=False)
+    cfg = robot_cli.safety_config(robot_cli.RobotConfig(watchdog_ms=250, max_step=0.01, on_timeout="stop"), sim)
+    assert (cfg.watchdog_s, cfg.max_step, cfg.on_timeout, cfg.control_mode) == (0.25, 0.01, "stop", "ee_delta")
+    assert cfg.low == pytest.approx((-0.02,) * 3) and cfg.high == pytest.approx((0.02,) * 3)
+    sim.disconnect()
