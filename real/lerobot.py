@@ -76,6 +76,7 @@ class LeRobotRobot(Robot):
 
     def __init__(self, robot: Any, config: LeRobotBridgeConfig | None = None):
         self.robot, self.config = robot, config or LeRobotBridgeConfig()
+        self._pose: dict[str, float] | None = None
         self.state_keys, self.cameras, images = [], {}, {}
         for key, ft in dict(robot.observation_features).items():
             if _is_scalar(ft):
@@ -132,10 +133,19 @@ class LeRobotRobot(Robot):
         obs: dict[str, Any] = {}
         if self.state_keys:
             obs[STATE_KEY] = np.array([float(_get(raw, k)) for k in self.state_keys], np.float32)
+            self._pose = {k: float(raw[k]) for k in self.state_keys}
         for key, ours in self.cameras.items():
             obs[ours] = np.asarray(_get(raw, key), np.uint8)
         obs[TASK_KEY] = self.config.task
         return obs
+
+    def hold_action(self) -> np.ndarray | None:
+        """The last observed positions of the action's motors (absolute modes: holding = commanding the current
+        pose; also the safety layer's step reference before the first command); None before any observation or
+        when some action key is not observed."""
+        if self._pose is None or not set(self.action_keys) <= set(self._pose):
+            return None
+        return np.array([self._pose[k] for k in self.action_keys], np.float32)
 
     def send_action(self, action: np.ndarray) -> np.ndarray:
         """Send ``{action key: float}``; returns what LeRobot reports it sent (its own clipping included), float32

@@ -202,7 +202,8 @@ class SafetyLayer:
             action: the proposed action, any array-like (``(A,)`` float expected).
             now: the clock reading, seconds (monotonic); arms / refreshes the watchdog.
             state: float ``observation.state`` ``(D,)`` for a delta-mode workspace (None: workspace unchecked).
-            hold: the robot's hold command ``(A,)`` (None: zeros in delta modes, else the last command).
+            hold: the robot's hold command ``(A,)`` (None: zeros in delta modes, else the last command); in
+                absolute modes also the step bound's reference before the first command (the robot's pose).
 
         Returns:
             A :class:`SafetyReport`; ``command`` satisfies every limit (hold commands are clamped as well).
@@ -216,6 +217,10 @@ class SafetyLayer:
         if a is None:
             log.warning("safety: invalid action %s held", _describe(action))
             return self._hold("invalid", state, hold)
+        if self.last_command is None and not self.config.delta and hold is not None:
+            h = _finite_vector(hold, self.dim)  # the first step is bounded from the robot's pose when it reports one
+            if h is not None:
+                self.last_command = np.clip(h, self.low, self.high).astype(np.float32)
         cmd, reasons = self._clamp(a, state)
         for r in reasons:
             self.counts[r] += 1

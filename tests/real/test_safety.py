@@ -91,6 +91,12 @@ def test_invalid_actions_are_held_not_sent():
     assert all(np.isfinite(w).all() and w.shape == (2,) for w in motors.written)
 
 
+def test_first_step_is_bounded_from_the_pose_the_robot_reports():
+    safe, motors, _ = _robot(max_step=0.1)
+    motors.hold_action = lambda: np.array([0.5, -0.5], np.float32)  # a driver reporting its current pose
+    np.testing.assert_allclose(safe.send_action([-1.0, 0.0]), [0.4, -0.4], atol=1e-6)
+
+
 def test_invalid_first_action_in_absolute_mode_sends_nothing():
     safe, motors, _ = _robot()
     safe.send_action([np.nan, 0.0])

@@ -138,7 +138,9 @@ def test_lerobot_robot_bridge_maps_keys_and_units():
     assert spec.action.names == ("shoulder.pos", "elbow.pos") and spec.action.units == ("deg", "deg")
     with bridge:
         assert arm.is_connected
+        assert bridge.hold_action() is None  # nothing observed yet
         obs = bridge.get_observation()
+        np.testing.assert_array_equal(bridge.hold_action(), [10.0, -20.0])  # hold = the observed pose
         np.testing.assert_array_equal(obs["observation.state"], np.array([10.0, -20.0], np.float32))
         assert obs["observation.images.wrist_cam"].shape == (4, 5, 3) and obs["task"] == "wave"
         sent = bridge.send_action(np.array([70.0, -5.0], np.float32))
