@@ -1,13 +1,14 @@
 """MP4 encoding and decoding of uint8 RGB frames with PyAV (FFmpeg), and frame lookup by timestamp.
 
-Frames stay RGB end to end: they are handed to FFmpeg as ``rgb24`` and read back as ``rgb24`` (no OpenCV, so
-no BGR reordering). A timestamp maps to frame ``round((t - t0) * fps)``, clamped into the valid range, so a
-query a hair past the last frame returns the last frame instead of indexing past it.
+Frames stay RGB end to end: they are handed to FFmpeg as ``rgb24`` and read back as ``rgb24`` (OpenCV only draws
+captions, on RGB arrays, so no BGR reordering). A timestamp maps to frame ``round((t - t0) * fps)``, clamped into
+the valid range, so a query a hair past the last frame returns the last frame instead of indexing past it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,45 @@ def pad_to_even(frames: np.ndarray) -> np.ndarray:
     if h % 2 or w % 2:
         frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
     return frames
+
+
+CAPTION_MIN_WIDTH = 64
+"""Frames narrower than this (px) get no caption: the text would not be legible."""
+
+
+def caption_frames(
+    frames: Sequence[np.ndarray], texts: Sequence[str], colour: tuple[int, int, int] = (40, 40, 40)
+) -> list[np.ndarray]:
+    """Burn one line of text per frame into a caption strip added below it (the frame's pixels are untouched).
+
+    Args:
+        frames: ``T`` uint8 RGB frames ``(H, W, 3)`` of one shape.
+        texts: ``T`` captions (ASCII; OpenCV's Hershey font), white on the strip.
+        colour: RGB of the strip (e.g. green for a success, red for a failure).
+
+    Returns:
+        ``T`` uint8 frames ``(H + h, W, 3)`` with a strip of height ``h = max(12, round(0.09 W))`` px, or the frames
+        unchanged when ``W`` < :data:`CAPTION_MIN_WIDTH`.
+
+    Raises:
+        ValueError: ``len(texts) != len(frames)``.
+    """
+    if len(texts) != len(frames):
+        raise ValueError(f"texts: expected one caption per frame ({len(frames)}), received {len(texts)}")
+    if not len(frames) or frames[0].shape[1] < CAPTION_MIN_WIDTH:
+        return [np.asarray(f, np.uint8) for f in frames]
+    import cv2
+
+    w = frames[0].shape[1]
+    h = max(12, round(0.09 * w))
+    scale = h / 32.0
+    out = []
+    for frame, text in zip(frames, texts):
+        strip = np.empty((h, w, 3), np.uint8)
+        strip[:] = colour
+        cv2.putText(strip, text, (3, int(h * 0.72)), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA)
+        out.append(np.concatenate([np.asarray(frame, np.uint8), strip], axis=0))
+    return out
 
 
 def decode_video(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
@@ -152,4 +192,12 @@ def _rate(fps: float) -> Any:
     return Fraction(fps).limit_denominator(1001)
 
 
-__all__ = ["DEFAULT_CODEC", "VideoFrames", "decode_video", "encode_video", "pad_to_even"]
+__all__ = [
+    "CAPTION_MIN_WIDTH",
+    "DEFAULT_CODEC",
+    "VideoFrames",
+    "caption_frames",
+    "decode_video",
+    "encode_video",
+    "pad_to_even",
+]

@@ -57,7 +57,8 @@ class EvalConfig:
             ``workers`` then caps the Ray tasks in flight (0 = no cap).
         num_envs: vector envs per task.
         shard_episodes: episodes per task.
-        videos: the first ``videos`` episodes of each cell are saved as mp4.
+        videos: the first ``videos`` episodes of each cell are saved as mp4 (captioned with seed, step and
+            outcome), plus the first failed episode of the shards holding them when none of them failed.
         device: torch device for checkpoints.
         resume: reuse the shards already written in ``out`` (a changed ``episodes`` count keeps the shards it
             still needs and runs the others; a changed ``videos`` count re-runs the shards whose videos change);
@@ -261,7 +262,8 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
         task.env_fn, plan_episodes(task.count, task.seed, num_envs, task.first), task.max_episode_steps
     )
     executor = make_executor(policy, task.executor)
-    video = VideoSubscriber(task.video_episodes, task.video_dir, fps=task.fps)
+    # a shard that films also keeps its first failed episode, so a cell's videos show a failure when it has one
+    video = VideoSubscriber(task.video_episodes, task.video_dir, fps=task.fps, failures=int(bool(task.video_episodes)))
     try:
         results = rollout(vec, executor, task.count, subscribers=[video])
     finally:
@@ -511,9 +513,9 @@ def _load_done(cdir: Path, cfg: EvalConfig, on_mismatch: str) -> dict[int, dict[
     """The saved shards of cell folder ``cdir`` that this run can reuse, by first episode.
 
     A shard is reused when its result settings equal this run's, it starts a shard of this run with the same
-    episode count, and it filmed exactly the episodes this run films; shards past ``episodes`` stay on disk
-    unused. Without ``cfg.resume`` (or with ``on_mismatch="redo"`` and other result settings) the cell's saved
-    shards and videos are deleted first.
+    episode count, and it filmed every episode this run films (a film of a failure beyond them is kept); shards
+    past ``episodes`` stay on disk unused. Without ``cfg.resume`` (or with ``on_mismatch="redo"`` and other
+    result settings) the cell's saved shards and videos are deleted first.
 
     Raises:
         ValueError: saved shards of other result settings with ``on_mismatch="error"`` (names the settings).
@@ -544,7 +546,7 @@ def _load_done(cdir: Path, cfg: EvalConfig, on_mismatch: str) -> dict[int, dict[
         if first % cfg.shard_episodes or first >= cfg.episodes:
             continue
         count, vids = _shard_plan(cfg, first)
-        if len(doc["episodes"]) == count and sorted(int(i) for i in doc.get("video_paths", {})) == vids:
+        if len(doc["episodes"]) == count and set(vids) <= {int(i) for i in doc.get("video_paths", {})}:
             done[first] = {k: v for k, v in doc.items() if k != "settings"}
     return done
 

@@ -27,6 +27,7 @@ from policylink.adapters.schema import TASK_KEY, EnvSpec
 EPISODE_INDEX = "policylink_episode"  # reset-info key: index of the planned episode (-1 = padding)
 EPISODE_SEED = "policylink_seed"  # reset-info key: its reset seed (-1 = none)
 TERMINATED_INFO = "policylink_terminated"  # step-info key: env.step's ``terminated`` (done = terminated | truncated)
+FINAL_FRAME_INFO = "policylink_final_frame"  # final-info key: uint8 (H, W, 3) render of an episode's last state
 
 
 @dataclass
@@ -161,26 +162,43 @@ class RecorderSubscriber(EpisodeSubscriber):
 
 
 class VideoSubscriber(EpisodeSubscriber):
-    """Films the planned episodes ``episodes``: the reset frame, then one frame per non-terminal step (the env
-    must render ``rgb_array``). With ``video_dir`` each film is written to ``video_dir/episode_NNNN.mp4`` at
-    ``fps`` Hz when its episode ends (:func:`policylink.runtime.report.write_video`); otherwise the frames go
-    to :attr:`EpisodeResult.frames`.
+    """Films the planned episodes ``episodes``: the reset frame, one frame per step, and the terminal state (the
+    env must render ``rgb_array``; the terminal frame comes from :class:`EpisodePlan`'s ``final_info``). With
+    ``video_dir`` each film is written to ``video_dir/episode_NNNN.mp4`` at ``fps`` Hz when its episode ends,
+    captioned with its episode, seed, step and outcome (:func:`policylink.data.video.caption_frames`);
+    otherwise the raw frames go to :attr:`EpisodeResult.frames`.
+
+    Args:
+        episodes: planned episode indices always filmed.
+        video_dir, fps: where and at which rate films are written (None: frames kept in the results).
+        failures: also film every other episode and keep failed ones until this many films of failed episodes
+            exist (so a report shows a failure when there is one; costs one render per step of every episode).
 
     Attributes:
         paths: ``{episode index: mp4 path}`` of the films written.
 
     Raises:
-        ValueError: ``video_dir`` without a positive ``fps``; ``env.render()`` returned None (when filming).
+        ValueError: ``video_dir`` without a positive ``fps``, ``failures`` < 0; ``env.render()`` returned None.
     """
 
-    def __init__(self, episodes: Sequence[int], video_dir: str | Path | None = None, fps: float | None = None):
+    def __init__(
+        self,
+        episodes: Sequence[int],
+        video_dir: str | Path | None = None,
+        fps: float | None = None,
+        failures: int = 0,
+    ):
         if video_dir is not None and not (fps and fps > 0):
             raise ValueError(f"fps: expected a positive frame rate with video_dir, received {fps!r}")
+        if failures < 0:
+            raise ValueError(f"failures: expected an int >= 0, received {failures}")
         self.episodes = {int(i) for i in episodes}
         self.video_dir = None if video_dir is None else Path(video_dir)
         self.fps = fps
+        self.failures = int(failures)
         self.paths: dict[int, Path] = {}
         self._frames: dict[int, list[np.ndarray]] = {}
+        self._failed_films = 0
         self._vec: gym.vector.VectorEnv | None = None
 
     def on_start(self, vec_env, source) -> None:
@@ -188,27 +206,43 @@ class VideoSubscriber(EpisodeSubscriber):
         self._vec = vec_env
 
     def on_reset(self, slot, index, seed, info) -> None:
-        """Start a film with the reset frame when ``index`` is filmed."""
-        if index in self.episodes:
+        """Start a film with the reset frame when ``index`` is filmed (or failures are still wanted)."""
+        if index in self.episodes or self._failed_films < self.failures:
             self._frames[slot] = [render_slot(self._vec, slot)]
 
     def on_step(self, slot, obs, action, reward, done, info) -> None:
-        """Add the frame after a non-terminal step (after a terminal one the slot shows the next episode)."""
-        if slot in self._frames and not done:
+        """Add the frame after a step; after the terminal step, the terminal frame from the final info (the slot
+        itself already shows the next episode)."""
+        if slot not in self._frames:
+            return
+        if not done:
             self._frames[slot].append(render_slot(self._vec, slot))
+        elif FINAL_FRAME_INFO in info:
+            self._frames[slot].append(np.asarray(info[FINAL_FRAME_INFO], np.uint8))
 
     def on_episode_end(self, slot, result) -> None:
-        """Write the film, or hand its frames to ``result``."""
+        """Write the film (or hand its frames to ``result``) when it is kept."""
         frames = self._frames.pop(slot, None)
         if frames is None:
             return
+        failed_film = not result.success and self._failed_films < self.failures
+        if result.index not in self.episodes and not failed_film:
+            return
+        self._failed_films += int(not result.success)
         if self.video_dir is None:
             result.frames = frames
             return
+        from policylink.data.video import caption_frames
         from policylink.runtime.report import write_video
 
+        outcome = "success" if result.success else "failure"
+        texts = [
+            f"ep {result.index}  seed {result.seed}  step {min(t, result.n_steps)}/{result.n_steps}  {outcome}"
+            for t in range(len(frames))
+        ]
         path = self.video_dir / f"episode_{result.index:04d}.mp4"
-        self.paths[result.index] = write_video(path, frames, fps=float(self.fps))
+        colour = (40, 160, 60) if result.success else (200, 50, 40)
+        self.paths[result.index] = write_video(path, caption_frames(frames, texts, colour), fps=float(self.fps))
 
     def on_abort(self, slot) -> None:
         """Drop the unfinished film."""
@@ -395,10 +429,16 @@ class EpisodePlan(gym.Wrapper):
         return obs, info
 
     def step(self, action):
-        """Step, truncating at ``max_episode_steps``."""
+        """Step, truncating at ``max_episode_steps``; the step ending an episode of an ``rgb_array`` env carries
+        its render under :data:`FINAL_FRAME_INFO` (the vector env resets the slot within the same step)."""
         obs, reward, terminated, truncated, info = self.env.step(action)
         self._t += 1
-        return obs, reward, terminated, truncated or self._t >= self._max_steps, info
+        truncated = truncated or self._t >= self._max_steps
+        if (terminated or truncated) and self.render_mode == "rgb_array":
+            frame = self.env.render()
+            if frame is not None:
+                info = {**info, FINAL_FRAME_INFO: np.asarray(frame, np.uint8)}
+        return obs, reward, terminated, truncated, info
 
 
 class BorrowedEnv(gym.Wrapper):

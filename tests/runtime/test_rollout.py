@@ -88,10 +88,10 @@ def test_rollout_counts_each_episode_up_to_its_terminal_step():
     assert [r.success for r in results] == [True, False, True, False, True]
     assert [r.inferences for r in results] == [2, 2, 3, 2, 2]  # re-plan every 2 steps, fresh at each episode
     for r in results:
-        if r.index in (0, 3):  # video starts at its own reset frame, then one frame per non-terminal step
+        if r.index in (0, 3):  # video: its own reset frame, one frame per step, the terminal state last
             seeds = [int(f[0, 0, 0]) for f in r.frames]
             ts = [int(f[0, 0, 1]) for f in r.frames]
-            assert seeds == [r.seed] * r.n_steps and ts == list(range(r.n_steps))
+            assert seeds == [r.seed] * (r.n_steps + 1) and ts == list(range(r.n_steps + 1))
         else:
             assert r.frames is None
 
@@ -162,8 +162,34 @@ def test_video_subscriber_writes_each_filmed_episode(tmp_path):
     assert sorted(video.paths) == [1, 2] and all(r.frames is None for r in results)
     frames, _ = decode_video(video.paths[2])
     assert video.paths[2].name == "episode_0002.mp4"
-    assert frames.shape == (results[2].n_steps, 8, 8, 3) == (5, 8, 8, 3)  # reset frame + 4 non-terminal steps
-    assert np.abs(frames[:, 4, 4, 1].astype(int) - np.arange(5)).max() <= 3  # green = t, lossy codec
+    assert frames.shape == (results[2].n_steps + 1, 8, 8, 3) == (6, 8, 8, 3)  # reset frame + 5 steps (terminal too)
+    assert np.abs(frames[:, 4, 4, 1].astype(int) - np.arange(6)).max() <= 3  # green = t, lossy codec
+
+
+def test_video_keeps_a_failure_and_captions_each_frame(tmp_path):
+    from policylink.data.video import decode_video
+
+    class Wide(Countdown):  # 96 px wide: captioned (Countdown's 8 px frames are too small for text)
+        def render(self):
+            return np.repeat(np.repeat(super().render(), 12, axis=0), 12, axis=1)
+
+    video = ro.VideoSubscriber([0], tmp_path / "videos", fps=10, failures=1)
+    vec = ro.make_vector_env(Wide, ro.plan_episodes(5, 0, 2), max_episode_steps=50)
+    try:
+        results = ro.rollout(vec, make_executor(Zero(), ExecutorConfig()), 5, subscribers=[video])
+    finally:
+        vec.close()
+    assert [r.success for r in results] == [True, False, True, False, True]
+    assert sorted(video.paths) == [0, 1]  # the planned film, and the first failure (episode 1; not episode 3)
+    frames, _ = decode_video(video.paths[1])
+    assert frames.shape == (results[1].n_steps + 1, 96 + 12, 96, 3) == (5, 108, 96, 3)  # + a 12 px caption strip
+    assert np.abs(frames[:, 48, 48, 1].astype(int) - np.arange(5)).max() <= 3  # the frame itself is untouched
+    strip = frames[:, 96:].astype(int)
+    assert (np.abs(strip[:, -2, 1] - [200, 50, 40]).max(axis=1) <= 30).all()  # red strip (200, 50, 40): a failure
+    assert (strip.max(axis=(1, 2, 3)) >= 200).all()  # white caption text on every frame
+    assert ro.VideoSubscriber([0], tmp_path, fps=10).failures == 0
+    with pytest.raises(ValueError, match="^failures: expected an int >= 0, received -1$"):
+        ro.VideoSubscriber([0], tmp_path, fps=10, failures=-1)
 
 
 def test_perturb_reaches_the_env_but_subscribers_see_the_clean_action():
