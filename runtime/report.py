@@ -106,6 +106,10 @@ def write_video(path: str | Path, frames: Sequence[np.ndarray], fps: float) -> P
     return Path(path)
 
 
+BAR_YMAX = 112
+"""Upper y limit (%) of the success bar plot: room above 100 % for the error bars."""
+
+
 def write_plots(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[str, Path]:
     """Heat map of success rates (policies x envs) and a grouped bar plot with Wilson error bars (PNG)."""
     import matplotlib
@@ -134,7 +138,7 @@ def write_plots(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[st
     heat = out / "success_heatmap.png"
     fig.savefig(heat, dpi=100)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(envs) * max(len(policies), 1) * 0.5, 3.2))
+    fig, ax = plt.subplots(figsize=(2.7 + 0.6 * len(envs) * max(len(policies), 1), 3.2))  # + 1.2 in for the legend
     width = 0.8 / max(len(policies), 1)
     for i, p in enumerate(policies):
         xs = np.arange(len(envs)) + (i - (len(policies) - 1) / 2) * width
@@ -144,9 +148,11 @@ def write_plots(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[st
         yerr = np.clip([lo, hi], 0.0, None)  # the interval holds the estimate; clip float round-off at 0 / 100 %
         ax.bar(xs, ys, width, yerr=yerr, capsize=3, label=p)
     ax.set_xticks(range(len(envs)), envs)
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, BAR_YMAX)  # headroom above 100 % for the error bars and caps
+    ax.set_yticks(range(0, 101, 20))
+    ax.axhline(100, color="0.6", lw=0.8, ls=":")
     ax.set_ylabel("success rate (%), 95% Wilson")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # beside, not on the bars
     fig.tight_layout()
     bars = out / "success_bars.png"
     fig.savefig(bars, dpi=100)

@@ -3,6 +3,7 @@ the HTML report with its plots."""
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,3 +80,25 @@ def test_report_html_and_plots(tmp_path):
     heat = iio.imread(tmp_path / "success_heatmap.png")
     assert heat.ndim == 3 and heat.shape[0] > 50
     assert (tmp_path / "success_bars.png").stat().st_size > 1000
+
+
+def test_bar_plot_has_headroom_and_the_legend_beside_the_bars(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    seen = {}
+    real_savefig = Figure.savefig
+
+    def spy(fig, path, *a, **k):
+        if Path(path).name == "success_bars.png":
+            fig.canvas.draw()
+            ax = fig.axes[0]
+            legend = ax.get_legend().get_window_extent()
+            bars = [p.get_window_extent() for p in ax.patches]
+            seen.update(ylim=ax.get_ylim(), legend=legend, axes=ax.get_window_extent(), bars=bars)
+        return real_savefig(fig, path, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    report.write_plots(tmp_path, [_summary("dp", "push", 10, 10), _summary("flow", "push", 9, 10)])
+    assert seen["ylim"] == (0.0, report.BAR_YMAX) and report.BAR_YMAX > 100
+    assert seen["legend"].x0 >= seen["axes"].x1  # right of the plot area: over no bar
+    assert not any(seen["legend"].overlaps(b) for b in seen["bars"]) and len(seen["bars"]) == 2
