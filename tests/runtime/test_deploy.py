@@ -61,6 +61,16 @@ def test_an_overrun_is_counted_and_skipped_not_accumulated():
         Pacer(0.0)
 
 
+def test_catch_up_keeps_every_deadline_so_the_total_stays_n_periods():
+    clock = FakeClock(0.0)
+    pacer = Pacer(0.1, clock, clock.sleep, catch_up=True)
+    clock.t = 0.43  # a stall: deadlines 0.1 .. 0.4 passed
+    errors = [pacer.wait() for _ in range(4)]
+    assert errors == pytest.approx([0.33, 0.23, 0.13, 0.03]) and clock.t == pytest.approx(0.43)
+    assert pacer.wait() == 0.0 and clock.t == pytest.approx(0.5)  # caught up: on the grid again
+    assert (pacer.overruns, pacer.skipped) == (4, 0)
+
+
 class FakeRobot(Robot):
     """A 2-D delta-controlled point; episode ends after 4 steps (success when x > 0.03)."""
 
