@@ -11,7 +11,6 @@ global batch B follow the same loss curve as one process at batch B, and a resum
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 import shutil
@@ -32,6 +31,7 @@ from policylink.policies.model import ChunkModel
 from policylink.policies.policy import ChunkPolicy, policy_for_model
 from policylink.policies.registry import build_model
 from policylink.runtime.losses import Loss, make_loss, training_batch
+from policylink.runtime.metrics_log import MetricsLogger
 from policylink.runtime.train_config import DatasetConfig, EvalConfig, TrainConfig, main, validate_config  # noqa: F401
 from policylink.runtime.train_data import training_data
 
@@ -76,7 +76,14 @@ def train(cfg: TrainConfig) -> Path:
 
         train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-    logger = _MetricsLogger(out_dir, enabled=rank == 0, resume=step > 0, extra=loss_fn.metrics)
+    logger = MetricsLogger(
+        out_dir,
+        (*METRIC_FIELDS, *loss_fn.metrics),
+        enabled=rank == 0,
+        resume=step > 0,
+        wandb_project=cfg.wandb_project,
+        config=_plain(cfg),
+    )
     local_b = cfg.batch_size // world
     bar = _progress(cfg, step)
     period = _Period(loss_fn.metrics, world, device)
@@ -347,44 +354,6 @@ def _progress(cfg: TrainConfig, step: int):
     from tqdm import tqdm
 
     return tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
-
-
-class _MetricsLogger:
-    """Rank 0 writes ``metrics.csv`` (appending on resume) and, when tensorboard is installed, ``tb/``."""
-
-    def __init__(self, out_dir: Path, enabled: bool, resume: bool, extra: tuple[str, ...] = ()):
-        self.enabled = enabled
-        self.file = self.writer = self.tb = None
-        if not enabled:
-            return
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / METRICS_FILE
-        fresh = not (resume and path.exists())
-        self.file = path.open("w" if fresh else "a", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=[*METRIC_FIELDS, *extra])
-        if fresh:
-            self.writer.writeheader()
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(out_dir / "tb"))
-        except ImportError:
-            self.tb = None
-
-    def log(self, step: int, row: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        self.writer.writerow({"step": step, **row})
-        self.file.flush()
-        if self.tb is not None:
-            for k, v in row.items():
-                self.tb.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        if self.tb is not None:
-            self.tb.close()
 
 
 if __name__ == "__main__":  # torchrun --nproc_per_node=N -m policylink.runtime.train --config ...

@@ -4,6 +4,7 @@ validation before any work starts, and the command's entry point (:func:`main`).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,8 @@ class TrainConfig:
         resume: continue from ``output_dir/checkpoints/last`` when it exists.
         progress: show a tqdm bar (rank 0).
         torch_threads: intra-op CPU threads (0 = torch's default).
+        wandb_project: also log the metrics to this Weights & Biases project (wandb installed and logged in;
+            empty = off). TensorBoard logs go to ``output_dir/tb/`` whenever tensorboard is installed.
     """
 
     policy: PolicyConfig = field(default_factory=default_config)
@@ -103,6 +106,7 @@ class TrainConfig:
     resume: bool = False
     progress: bool = True
     torch_threads: int = 0
+    wandb_project: str = ""
 
 
 def validate_config(cfg: TrainConfig) -> None:
@@ -136,6 +140,11 @@ def validate_config(cfg: TrainConfig) -> None:
     if d.control_mode and d.control_mode not in {m.value for m in ControlMode}:
         raise ValueError(
             f"dataset.control_mode: expected one of {[m.value for m in ControlMode]}, received {d.control_mode!r}"
+        )
+    if cfg.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ValueError(
+            f"wandb_project: {cfg.wandb_project!r} needs wandb (pip install wandb; wandb login), which is not "
+            "installed; leave it empty for metrics.csv and TensorBoard only"
         )
     if cfg.loss not in available_losses():
         raise ValueError(f"loss: expected one of {available_losses()}, received {cfg.loss!r}")
