@@ -7,6 +7,7 @@ Examples::
     policylink dataset export-lerobot outputs/data/push.zarr --out outputs/lerobot/push [--video true]
     policylink dataset import-lerobot outputs/lerobot/push --out outputs/data/push_back.zarr
     policylink dataset merge --inputs a.zarr,b.zarr --out all.zarr [--only_success true] [--overwrite true]
+    policylink dataset view outputs/data/push.zarr --episode 3   # -> outputs/data/push.zarr.view/episode_0003/
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SUBCOMMANDS = {
     "import-lerobot": "read a LeRobot v3.0 dataset folder into an episode store",
     "merge": "concatenate episode stores (same features) into a new store (--overwrite true to replace one)",
     "advantage-report": "advantage labels: fraction positive per task/source/quality, histogram, worst episodes",
+    "view": "one episode as an HTML page: camera mp4s and state/action/reward curves over time",
 }
 
 
@@ -97,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if rest and not rest[0].startswith("-"):  # positional PATH
         rest = ["--path", rest[0], *rest[1:]]
+    if name == "view":  # its own module (runtime/dataset_view.py)
+        from policylink.runtime.dataset_view import main as view_main
+
+        return view_main(rest)
     if name == "advantage-report":  # its own module (runtime/dataset_advantage.py)
         from policylink.runtime.dataset_advantage import main as advantage_report_main
 
