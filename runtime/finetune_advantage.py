@@ -189,6 +189,7 @@ class LabelCommand:
         max_episode_steps: for RECAP's reward normalisation (default: the longest episode).
         positive_fraction, failure_window, positive_sources, positive_qualities: :class:`LabelConfig`.
         value: the :class:`ValueConfig`. seed: value-model seed. device: for the latents.
+        torch_threads: intra-op CPU threads (0 = torch's default; 1 on a shared machine).
     """
 
     dataset: str = ""
@@ -206,6 +207,7 @@ class LabelCommand:
     value: ValueConfig = field(default_factory=ValueConfig)
     seed: int = 0
     device: str = "cpu"
+    torch_threads: int = 1
 
 
 def label_store(cmd: LabelCommand) -> dict[str, Any]:
@@ -216,6 +218,8 @@ def label_store(cmd: LabelCommand) -> dict[str, Any]:
     """
     from policylink.data.buffer import EpisodeStore
 
+    if cmd.torch_threads:
+        torch.set_num_threads(cmd.torch_threads)
     store = EpisodeStore(cmd.dataset, "r")
     metas = store.all_meta()
     ends = store.episode_ends
