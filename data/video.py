@@ -107,12 +107,14 @@ def caption_frames(
 
     w = frames[0].shape[1]
     h = max(12, round(0.09 * w))
-    scale = h / 32.0
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    widest = max(cv2.getTextSize(t, font, 1.0, 1)[0][0] for t in texts) or 1
+    scale = min(h / 32.0, (w - 6) / widest)  # the longest caption fits the width
     out = []
     for frame, text in zip(frames, texts):
         strip = np.empty((h, w, 3), np.uint8)
         strip[:] = colour
-        cv2.putText(strip, text, (3, int(h * 0.72)), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA)
+        cv2.putText(strip, text, (3, int(h * 0.72)), font, scale, (255, 255, 255), 1, cv2.LINE_AA)
         out.append(np.concatenate([np.asarray(frame, np.uint8), strip], axis=0))
     return out
 

@@ -237,7 +237,7 @@ class VideoSubscriber(EpisodeSubscriber):
 
         outcome = "success" if result.success else "failure"
         texts = [
-            f"ep {result.index}  seed {result.seed}  step {min(t, result.n_steps)}/{result.n_steps}  {outcome}"
+            f"ep {result.index} | seed {result.seed} | step {min(t, result.n_steps)}/{result.n_steps} | {outcome}"
             for t in range(len(frames))
         ]
         path = self.video_dir / f"episode_{result.index:04d}.mp4"
