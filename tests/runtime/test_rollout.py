@@ -239,7 +239,12 @@ def test_training_time_evaluation_runs_the_same_loop():
 def test_run_command(capsys):
     register_env("countdown_run", Countdown, overwrite=True)
     register_policy("zero_run", Zero, overwrite=True)
-    assert run_cmd.main(["--policy", "zero_run", "--env", "countdown_run", "--episodes", "3", "--num_envs", "2"]) == 0
+    assert (
+        run_cmd.main(
+            ["--policy", "zero_run", "--env", "countdown_run", "--episodes", "3", "--num_envs", "2", "--seed", "0"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "episode 2 seed 2: success=True steps=5" in out and "success: 2/3 (66.7%)" in out
 
@@ -271,7 +276,7 @@ def test_run_rejects_bad_counts_and_executor_settings_by_field():
         run_cmd.main([*RUN, "--num_envs", "0"])
     with pytest.raises(
         ValueError,
-        match=r"^executor.kind: expected one of \['receding_horizon', 'temporal_ensemble', 'async'\], "
+        match=r"^executor.kind: expected one of \['receding_horizon', 'temporal_ensemble', 'async', 'corrective'\], "
         r"received 'fastest'$",
     ):
         run_cmd.main([*RUN, "--executor.kind", "fastest"])
