@@ -37,17 +37,23 @@ class SimTiming:
         actuation_latency_s: an action received at ``t`` can act from the first tick after ``t + actuation_latency_s``.
         jitter_s: each tick fires up to this much after its deadline (uniform, seeded).
         seed: seed of the jitter.
+        time_scale: wall-clock speed of the simulated world: ticks come every ``1 / (f * time_scale)`` s for a
+            task of control frequency ``f`` Hz (0.5 = half speed, for a slow or loaded machine; the deployment
+            loop then runs at ``--hz f * time_scale``).
 
     Raises:
-        ValueError: a negative or non-finite value (names the field).
+        ValueError: a negative or non-finite value, or ``time_scale <= 0`` (names the field).
     """
 
     observation_latency_s: float = 0.0
     actuation_latency_s: float = 0.0
     jitter_s: float = 0.0
     seed: int = 0
+    time_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (np.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ValueError(f"time_scale: expected a finite factor > 0, received {self.time_scale}")
         for name in ("observation_latency_s", "actuation_latency_s", "jitter_s"):
             v = float(getattr(self, name))
             if not (np.isfinite(v) and v >= 0):
@@ -73,7 +79,7 @@ class SimRobot(Robot):
     ):
         self.env, self.timing, self.clock = env, timing or SimTiming(), clock
         self.env_spec = env.env_spec
-        self.period = 1.0 / float(self.env_spec.control_frequency)
+        self.period = 1.0 / (float(self.env_spec.control_frequency) * self.timing.time_scale)
         self._rng = np.random.default_rng(self.timing.seed)
         self._lock = threading.Lock()
         self._pending: deque[tuple[float, np.ndarray]] = deque()

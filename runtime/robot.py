@@ -38,6 +38,7 @@ class RobotConfig:
         low, high: LeRobot motor limits (one value for every motor), in ``unit``.
         unit, hz: LeRobot motor unit and control frequency.
         observation_latency_ms, actuation_latency_ms, jitter_ms, seed: sim-as-real timing.
+        time_scale: sim-as-real wall-clock speed (0.5 = ticks at half the task's control frequency).
         watchdog_ms: hold (or stop) when no action arrives this long after the session's first; 0 = off.
         on_timeout: ``hold`` or ``stop``.
         max_step: per-period step bound for every action dimension (None = the limits only).
@@ -57,6 +58,7 @@ class RobotConfig:
     actuation_latency_ms: float = 0.0
     jitter_ms: float = 0.0
     seed: int = 0
+    time_scale: float = 1.0
     watchdog_ms: float = 500.0
     on_timeout: str = "hold"
     max_step: float | None = None
@@ -80,7 +82,11 @@ def build_robot(cfg: RobotConfig) -> Robot:
         from policylink.runtime.rollout import RegistryEnvFn
 
         timing = SimTiming(
-            cfg.observation_latency_ms / 1e3, cfg.actuation_latency_ms / 1e3, cfg.jitter_ms / 1e3, cfg.seed
+            cfg.observation_latency_ms / 1e3,
+            cfg.actuation_latency_ms / 1e3,
+            cfg.jitter_ms / 1e3,
+            cfg.seed,
+            cfg.time_scale,
         )
         return SimRobot(RegistryEnvFn(cfg.sim, **cfg.sim_kwargs)(), timing)
     kind, _, name = cfg.driver.partition(":")

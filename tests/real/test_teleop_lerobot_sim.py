@@ -65,6 +65,15 @@ def test_sim_robot_latencies_holds_and_overwrites():
 def test_sim_timing_refuses_negative_latency():
     with pytest.raises(ValueError, match="jitter_s"):
         SimTiming(jitter_s=-0.01)
+    with pytest.raises(ValueError, match=r"time_scale: expected a finite factor > 0, received 0.0"):
+        SimTiming(time_scale=0.0)
+
+
+def test_sim_time_scale_sets_the_wall_clock_period():
+    from policylink.adapters.registry import make_env
+
+    robot = SimRobot(make_env("reach"), SimTiming(time_scale=0.5), realtime=False)
+    assert robot.period == pytest.approx(0.2)  # reach is 10 Hz: half speed ticks every 0.2 s
 
 
 @pytest.mark.lerobot

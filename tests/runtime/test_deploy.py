@@ -260,7 +260,8 @@ def test_three_processes_policy_server_robot_server_and_run_complete_reach(reach
     pport, rport = _free_port(), _free_port()
     policy_addr, robot_addr = f"tcp://127.0.0.1:{pport}", f"tcp://127.0.0.1:{rport}"
     server = _start(["serve", "--checkpoint", str(reach_checkpoint), "--bind", policy_addr, "--device", "cpu"])
-    robot = _start(["robot", "--sim", "reach", "--bind", robot_addr, "--watchdog-ms", "300"])
+    # half speed (5 Hz wall): the policy's inference fits a period even on a loaded 2-core CI machine
+    robot = _start(["robot", "--sim", "reach", "--bind", robot_addr, "--watchdog-ms", "600", "--time_scale", "0.5"])
     store = tmp_path / "deploy.zarr"
     run = [
         sys.executable,
@@ -275,6 +276,8 @@ def test_three_processes_policy_server_robot_server_and_run_complete_reach(reach
         str(store),
         "--executor.n_action_steps",
         "4",
+        "--hz",
+        "5",
     ]
     try:
         first = [*run, "--episodes", "4", "--seed", "100", "--executor.kind", "receding_horizon"]
