@@ -61,9 +61,9 @@ def test_env_spec_is_the_mujoco_spec(envs, name, mujoco_name):
 def test_seed_gives_the_mujoco_episode(envs, name, mujoco_name):
     """Episodes are sampled by the MuJoCo task, so a seed starts the same episode on both backends."""
     obs, info = envs[name].reset(seed=11)
-    ref, _ = registry.make_env(mujoco_name).reset(seed=11)
+    ref, ref_info = registry.make_env(mujoco_name).reset(seed=11)
     np.testing.assert_array_equal(obs[STATE_KEY], ref[STATE_KEY])
-    assert obs[TASK_KEY] == ref[TASK_KEY] and info == {"is_success": False}
+    assert obs[TASK_KEY] == ref[TASK_KEY] and info == ref_info == {"is_success": False, "progress": 0.0}
 
 
 @pytest.mark.parametrize("name", [n for n, _ in PAIRS])
