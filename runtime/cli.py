@@ -18,7 +18,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -98,6 +98,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"policylink {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
         print(f"  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         return 2
+
+
+def split_subcommand(
+    prog: str, table: Mapping[str, tuple[str | None, str]], argv: Sequence[str], usage: str = "[--option value ...]"
+) -> tuple[str, list[str]] | int:
+    """The one subcommand dispatcher of ``policylink dataset|finetune <subcommand> ...``.
+
+    Args:
+        prog: e.g. ``"policylink dataset"``.
+        table: subcommand -> (module implementing ``main(argv)`` or None when ``prog`` handles it, one-line help).
+        argv: the arguments after ``prog``.
+        usage: what follows ``<subcommand>`` in the usage line.
+
+    Returns:
+        ``(name, rest)``; or 0 after printing the list for no argument / ``--help``; or 2 after one stderr line
+        for an unknown subcommand (naming the closest one when one is close).
+    """
+    import difflib
+
+    argv = list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        width = max(len(n) for n in table) + 4
+        print(f"usage: {prog} <subcommand> {usage}\n\nsubcommands:")
+        for name, (_, text) in table.items():
+            print(f"  {name:<{width}}{text}")
+        print(f"\nRun '{prog} <subcommand> --help' for its options.")
+        return 0
+    if argv[0] not in table:
+        close = difflib.get_close_matches(argv[0], list(table), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of {', '.join(table)}"
+        print(f"{prog}: unknown subcommand {argv[0]!r}{hint}", file=sys.stderr)
+        return 2
+    return argv[0], argv[1:]
 
 
 DEBUG_ENV = "POLICYLINK_DEBUG"

@@ -23,14 +23,21 @@ from pathlib import Path
 
 import numpy as np
 
-SUBCOMMANDS = {
-    "info": "episodes, steps, features (shape, dtype), fps, success rate, sources/qualities/tasks",
-    "stats": "per-feature mean/std/min/max/q01/q99 (optionally written to JSON)",
-    "export-lerobot": "write a LeRobot v3.0 dataset folder (parquet + images or mp4 videos)",
-    "import-lerobot": "read a LeRobot v3.0 dataset folder into an episode store",
-    "merge": "concatenate episode stores (same features) into a new store (--overwrite true to replace one)",
-    "advantage-report": "advantage labels: fraction positive per task/source/quality, histogram, worst episodes",
-    "view": "one episode as an HTML page: camera mp4s and state/action/reward curves over time",
+# name -> (module implementing main(argv), or None when handled here; one-line help)
+SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
+    "info": (None, "episodes, steps, features (shape, dtype), fps, success rate, sources/qualities/tasks"),
+    "stats": (None, "per-feature mean/std/min/max/q01/q99 (optionally written to JSON)"),
+    "export-lerobot": (None, "write a LeRobot v3.0 dataset folder (parquet + images or mp4 videos)"),
+    "import-lerobot": (None, "read a LeRobot v3.0 dataset folder into an episode store"),
+    "merge": (None, "concatenate episode stores (same features) into a new store (--overwrite true to replace one)"),
+    "advantage-report": (
+        "policylink.runtime.dataset_advantage",
+        "advantage labels: fraction positive per task/source/quality, histogram, worst episodes",
+    ),
+    "view": (
+        "policylink.runtime.dataset_view",
+        "one episode as an HTML page: camera mp4s and state/action/reward curves over time",
+    ),
 }
 
 
@@ -83,31 +90,20 @@ class MergeConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``policylink dataset <subcommand>``. Returns the exit code (2 on a usage error)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: policylink dataset <subcommand> [PATH] [--option value ...]\n\nsubcommands:")
-        for name, text in SUBCOMMANDS.items():
-            print(f"  {name:<16}{text}")
-        print("\nRun 'policylink dataset <subcommand> --help' for its options.")
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in SUBCOMMANDS:
-        print(
-            f"policylink dataset: unknown subcommand {name!r}; expected one of {', '.join(SUBCOMMANDS)}",
-            file=sys.stderr,
-        )
-        return 2
+    import importlib
+
+    from policylink.runtime.cli import parse_config, split_subcommand
+
+    argv = sys.argv[1:] if argv is None else argv
+    split = split_subcommand("policylink dataset", SUBCOMMANDS, argv, usage="[PATH] [--option value ...]")
+    if isinstance(split, int):
+        return split
+    name, rest = split
     if rest and not rest[0].startswith("-"):  # positional PATH
         rest = ["--path", rest[0], *rest[1:]]
-    if name == "view":  # its own module (runtime/dataset_view.py)
-        from policylink.runtime.dataset_view import main as view_main
-
-        return view_main(rest)
-    if name == "advantage-report":  # its own module (runtime/dataset_advantage.py)
-        from policylink.runtime.dataset_advantage import main as advantage_report_main
-
-        return advantage_report_main(rest)
-    from policylink.runtime.cli import parse_config
+    module = SUBCOMMANDS[name][0]
+    if module is not None:
+        return int(importlib.import_module(module).main(rest) or 0)
 
     cls = {
         "info": InfoConfig,

@@ -26,19 +26,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``policylink finetune <subcommand>``. Returns the exit code (2 on a usage error)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: policylink finetune <subcommand> [--option value ...]\n\nsubcommands:")
-        for name, (_, text) in SUBCOMMANDS.items():
-            print(f"  {name:<12}{text}")
-        print("\nRun 'policylink finetune <subcommand> --help' for its options.")
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in SUBCOMMANDS:
-        print(
-            f"policylink finetune: unknown subcommand {name!r}; expected one of {', '.join(SUBCOMMANDS)}",
-            file=sys.stderr,
-        )
-        return 2
+    from policylink.runtime.cli import split_subcommand
+
+    split = split_subcommand("policylink finetune", SUBCOMMANDS, sys.argv[1:] if argv is None else argv)
+    if isinstance(split, int):
+        return split
+    name, rest = split
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main([name, *rest]) or 0)

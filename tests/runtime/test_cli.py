@@ -180,3 +180,15 @@ def test_bad_yaml_names_file_line_and_column(tmp_path):
         cli.parse_config(Documented, ["--config", str(bad)])
     with pytest.raises(cli.ConfigError, match=r"--config .*missing.yaml: cannot read it \(No such file"):
         cli.parse_config(Documented, ["--config", str(tmp_path / "missing.yaml")])
+
+
+def test_subcommands_share_one_dispatcher(capsys):
+    from policylink.runtime import dataset, finetune
+
+    assert dataset.main(["inf"]) == 2
+    assert capsys.readouterr().err == "policylink dataset: unknown subcommand 'inf'; did you mean 'info'?\n"
+    assert finetune.main(["zzz"]) == 2
+    assert "expected one of critic, qvgm" in capsys.readouterr().err
+    assert finetune.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: policylink finetune <subcommand>") and "  monitor " in out
