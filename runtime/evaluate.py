@@ -23,6 +23,16 @@ import numpy as np
 
 from policylink.adapters.schema import IncompatibleSpecError
 from policylink.runtime import report
+from policylink.runtime.eval_refs import (  # noqa: F401 - ENV_PLACEHOLDER re-exported for callers
+    ENV_PLACEHOLDER,
+    checkpoint_env_kwargs_of,
+    labelled,
+    policy_ref_for,
+    reference_label,
+    require_checkpoints,
+    unique_labels,
+    warn_recorded_seed_overlap,
+)
 from policylink.runtime.executors import ExecutorConfig, make_executor
 from policylink.runtime.rollout import (
     RegistryEnvFn,
@@ -35,7 +45,6 @@ from policylink.runtime.rollout import (
 from policylink.runtime.run import cell_problems, limit_threads, load_policy_ref, require_counts
 
 EVAL_INFO = "eval_info.json"
-ENV_PLACEHOLDER = "{env}"  # in a policy reference: one checkpoint per env, e.g. outputs/train/{env}/diffusion
 
 
 @dataclass
@@ -168,11 +177,11 @@ def evaluate(
         env_kwargs=dict(env_kwargs or {}),
         executor=executor or ExecutorConfig(),
     )
-    pols = _unique("policies", [_labelled(p) for p in policies])
-    env_items = _unique("envs", [_labelled(e) for e in envs])
+    pols = unique_labels("policies", [labelled(p) for p in policies])
+    env_items = unique_labels("envs", [labelled(e) for e in envs])
     if "obs_mode" not in cfg.env_kwargs:
         cfg.env_kwargs.update(checkpoint_env_kwargs_of(pols, [label for label, _ in env_items]))
-    _require_checkpoints(pols, [label for label, _ in env_items])
+    require_checkpoints(pols, [label for label, _ in env_items])
     warn_recorded_seed_overlap(
         [policy_ref_for(r, e) for _, r in pols if isinstance(r, str) for e, _ in env_items], cfg.seed, cfg.episodes
     )
@@ -183,33 +192,7 @@ def evaluate(
     specs = _check_cells(pols, env_fns, cfg.device, cfg.executor, isolate=cfg.ray_address is None and cfg.workers > 0)
     out = Path(cfg.out)
     settings = _settings(cfg)
-    tasks, done_shards = [], {}
-    for p_label, p_ref in pols:
-        for e_label in env_fns:
-            cell = cell_name(p_label, e_label)
-            cdir = out / "cells" / cell
-            done_shards[cell] = _load_done(cdir, cfg, on_mismatch)
-            for first in range(0, cfg.episodes, cfg.shard_episodes):
-                if first in done_shards[cell]:
-                    continue
-                count, vids = _shard_plan(cfg, first)
-                tasks.append(
-                    ShardTask(
-                        cell,
-                        policy_ref_for(p_ref, e_label),
-                        env_fns[e_label],
-                        first,
-                        count,
-                        cfg.seed,
-                        cfg.num_envs,
-                        specs[e_label].max_episode_steps,
-                        specs[e_label].control_frequency,
-                        cfg.executor,
-                        vids,
-                        str(cdir / "videos"),
-                        cfg.device,
-                    )
-                )
+    tasks, done_shards = _plan_shards(cfg, pols, env_fns, specs, out, on_mismatch)
     bars = _bars(pols, env_fns, cfg.episodes, done_shards, progress)
     for task, result in _run_tasks(tasks, cfg):
         cdir = out / "cells" / task.cell
@@ -218,13 +201,7 @@ def evaluate(
         done_shards[task.cell][task.first] = result
         if bars is not None:
             bars[task.cell].update(task.count)
-    summaries = []
-    for p_label, _ in pols:
-        for e_label in env_fns:
-            cell = cell_name(p_label, e_label)
-            info = report.cell_info(p_label, e_label, specs[e_label].tasks, done_shards[cell], out, settings)
-            (out / "cells" / cell / EVAL_INFO).write_text(json.dumps(info, indent=2))
-            summaries.append(report.cell_summary(p_label, e_label, cell, info))
+    summaries = _write_cells(pols, env_fns, specs, done_shards, out, settings)
     if bars is not None:
         for bar in bars.values():
             bar.close()
@@ -233,6 +210,41 @@ def evaluate(
         report.write_report(
             out, summaries, config={**settings, "policies": [p for p, _ in pols], "envs": list(env_fns)}
         )
+    return summaries
+
+
+def _plan_shards(cfg: EvalConfig, pols, env_fns, specs, out: Path, on_mismatch: str):
+    """``(tasks, done_shards)``: a :class:`ShardTask` per shard still to run, and each cell's saved shards."""
+    tasks, done_shards = [], {}
+    for p_label, p_ref in pols:
+        for e_label in env_fns:
+            cell = cell_name(p_label, e_label)
+            cdir = out / "cells" / cell
+            done_shards[cell] = _load_done(cdir, cfg, on_mismatch)
+            spec = specs[e_label]
+            for first in range(0, cfg.episodes, cfg.shard_episodes):
+                if first in done_shards[cell]:
+                    continue
+                count, vids = _shard_plan(cfg, first)
+                ref = policy_ref_for(p_ref, e_label)
+                tasks.append(
+                    ShardTask(
+                        cell, ref, env_fns[e_label], first, count, cfg.seed, cfg.num_envs, spec.max_episode_steps,
+                        spec.control_frequency, cfg.executor, vids, str(cdir / "videos"), cfg.device,
+                    )
+                )  # fmt: skip
+    return tasks, done_shards
+
+
+def _write_cells(pols, env_fns, specs, done_shards, out: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Write each cell's ``eval_info.json``; return the cell summaries, policies-major."""
+    summaries = []
+    for p_label, _ in pols:
+        for e_label in env_fns:
+            cell = cell_name(p_label, e_label)
+            info = report.cell_info(p_label, e_label, specs[e_label].tasks, done_shards[cell], out, settings)
+            (out / "cells" / cell / EVAL_INFO).write_text(json.dumps(info, indent=2))
+            summaries.append(report.cell_summary(p_label, e_label, cell, info))
     return summaries
 
 
@@ -310,123 +322,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.markdown_table(summaries))
     print(f"wrote {Path(cfg.out) / 'report.html'}")
     return 0
-
-
-def _labelled(item: Any) -> tuple[str, Any]:
-    """``(label, ref)`` of a policy/env reference: a ``(label, ref)`` pair, ``label=ref``, or a plain ref
-    labelled by :func:`reference_label`."""
-    if isinstance(item, tuple) and len(item) == 2:
-        return str(item[0]), item[1]
-    if callable(item):
-        raise TypeError(
-            f"policy/env reference: expected a string or a (label, callable) pair, received a bare "
-            f"{type(item).__name__}"
-        )
-    text = str(item)
-    label, eq, ref = text.partition("=")
-    if eq and label and ref and not any(c in label for c in "/:\\{"):
-        return label, ref
-    return reference_label(text), text
-
-
-def reference_label(ref: str) -> str:
-    """A short, meaningful label for a reference: ``<run>`` for ``.../<run>/checkpoints/last``,
-    ``<run>_<step>`` for ``.../<run>/checkpoints/<step>``, the folder name for another path (``{env}``
-    removed: ``ckpt/{env}/flow`` -> ``flow``), the reference itself for names and addresses."""
-    text = ref.replace(ENV_PLACEHOLDER, "") if ENV_PLACEHOLDER in ref else ref
-    if text.startswith(("tcp://", "ipc://")) or ("/" not in text and not Path(text).is_dir()):
-        return (text.strip("_-.") or ref) if text != ref else ref
-    path = Path(text.rstrip("/"))
-    if path.parent.name == "checkpoints":
-        run = path.parent.parent.name.strip("_-.") or path.parent.parent.name
-        return run if path.name == "last" else f"{run}_{path.name}"
-    return path.name.strip("_-.") or ref
-
-
-def _unique(what: str, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """``items`` unchanged when their labels are unique.
-
-    Raises:
-        ValueError: two items share a label (their cells would overwrite each other).
-    """
-    seen: dict[str, Any] = {}
-    for label, ref in items:
-        if label in seen:
-            raise ValueError(
-                f"{what}: expected unique labels, received label {label!r} for both {seen[label]!r} and {ref!r}; "
-                f"name them with label=reference (e.g. --{what} a={seen[label]},b={ref})"
-            )
-        seen[label] = ref
-    return items
-
-
-def policy_ref_for(ref: Any, env: str) -> Any:
-    """``ref`` with ``{env}`` replaced by the env's label (per-env checkpoints); other refs unchanged."""
-    return ref.replace(ENV_PLACEHOLDER, env) if isinstance(ref, str) else ref
-
-
-def checkpoint_env_kwargs_of(pols: list[tuple[str, Any]], env_labels: list[str]) -> dict[str, Any]:
-    """``obs_mode`` (and ``image_size``) that every checkpoint among ``pols`` was trained with, when they all
-    agree and it is not plain ``state``: an image checkpoint then evaluates without ``--env_kwargs``. Empty
-    otherwise (a mix is left to the spec check, which names each mismatch)."""
-    from policylink.policies.checkpoint import checkpoint_env_kwargs
-
-    found = []
-    for _, ref in pols:
-        if not isinstance(ref, str):
-            continue
-        for path in {policy_ref_for(ref, env) for env in env_labels}:
-            kw = checkpoint_env_kwargs(path)
-            if kw is not None:
-                found.append(kw)
-    if not found or any(kw != found[0] for kw in found) or found[0]["obs_mode"] == "state":
-        return {}
-    print(f"env_kwargs from the checkpoints: {found[0]} (pass --env_kwargs to override)", file=sys.stderr)
-    return dict(found[0])
-
-
-def warn_recorded_seed_overlap(refs: Sequence[Any], seed: int, episodes: int) -> list[int]:
-    """Warn (one line on stderr per checkpoint) when evaluation seeds ``seed .. seed + episodes - 1`` include seeds
-    that the demonstrations of a checkpoint among ``refs`` were recorded with (its ``config.yaml`` names the
-    training store; that store's ``meta/episode_seed``). Returns the overlapping seeds, sorted; other references,
-    and stores that are gone, are skipped."""
-    import yaml
-
-    from policylink.data.buffer import EpisodeStore, StoreError
-
-    wanted, overlap = set(range(seed, seed + episodes)), set()
-    for ref in dict.fromkeys(r for r in refs if isinstance(r, str)):
-        config = Path(ref) / "config.yaml"
-        try:
-            store_path = yaml.safe_load(config.read_text())["train"]["dataset"]["path"]
-            with EpisodeStore(store_path, "r") as store:
-                recorded = {m.seed for m in store.all_meta() if m.seed is not None}
-        except (OSError, KeyError, TypeError, yaml.YAMLError, StoreError):
-            continue
-        both = sorted(wanted & recorded)
-        if both:
-            overlap.update(both)
-            print(
-                f"warning: evaluation seeds {both[0]}..{both[-1]} ({len(both)} of {episodes}) were used to record the "
-                f"demonstrations of {ref} ({store_path}); pass a --seed past them (e.g. 100000) for held-out results",
-                file=sys.stderr,
-            )
-    return sorted(overlap)
-
-
-def _require_checkpoints(pols: list[tuple[str, Any]], env_labels: list[str]) -> None:
-    """Raise FileNotFoundError (naming every missing folder) for checkpoint references that do not exist, so that
-    a missing checkpoint is reported as missing, not as an incompatible cell."""
-    missing = []
-    for _, ref in pols:
-        if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")) or "/" not in ref:
-            continue
-        missing += [p for p in dict.fromkeys(policy_ref_for(ref, e) for e in env_labels) if not Path(p).is_dir()]
-    if missing:
-        raise FileNotFoundError(
-            f"policies: checkpoint folder not found: {', '.join(missing)} (policylink train writes "
-            "<output_dir>/checkpoints/last)"
-        )
 
 
 def _with_video_render(cfg: EvalConfig) -> dict[str, Any]:

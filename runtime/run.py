@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"env={cfg.env!r}"
         )
     limit_threads(cfg.threads)
-    from policylink.runtime.evaluate import checkpoint_env_kwargs_of, warn_recorded_seed_overlap
+    from policylink.runtime.eval_refs import checkpoint_env_kwargs_of, warn_recorded_seed_overlap
 
     env_kwargs = dict(cfg.env_kwargs)
     if "obs_mode" not in env_kwargs:

@@ -310,7 +310,7 @@ def test_labels_name_the_run_and_must_be_unique(tmp_path):
     assert ev.reference_label("outputs/ckpt/{env}/flow") == "flow"
     assert ev.reference_label("diffusion") == "diffusion"
     assert ev.reference_label("tcp://host:5555") == "tcp://host:5555"
-    assert ev._labelled("mine=/a/run/checkpoints/last") == ("mine", "/a/run/checkpoints/last")
+    assert ev.labelled("mine=/a/run/checkpoints/last") == ("mine", "/a/run/checkpoints/last")
     with pytest.raises(ValueError) as err:  # both would be cell "run__line": one would never be evaluated
         ev.evaluate(["/x/run/checkpoints/last", "/y/run/checkpoints/last"], ENVS, progress=False, out=tmp_path)
     assert str(err.value) == (
@@ -355,7 +355,7 @@ def test_cli_rejects_bad_counts_and_executor_settings(tmp_path):
 def test_env_kwargs_default_to_the_checkpoints_observation_mode(tmp_path, capsys):
     import yaml
 
-    from policylink.runtime.evaluate import checkpoint_env_kwargs_of
+    from policylink.runtime.eval_refs import checkpoint_env_kwargs_of
 
     def ckpt(name, dataset):
         d = tmp_path / name

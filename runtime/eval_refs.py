@@ -1,0 +1,130 @@
+"""Policy references of an evaluation: labels (``label=ref``), the per-env checkpoint placeholder ``{env}``,
+the env settings a checkpoint was trained with, checkpoint existence, and the warning when evaluation seeds
+overlap the seeds that recorded a checkpoint's demonstrations.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ENV_PLACEHOLDER = "{env}"  # in a policy reference: one checkpoint per env, e.g. outputs/train/{env}/diffusion
+
+
+def labelled(item: Any) -> tuple[str, Any]:
+    """``(label, ref)`` of a policy/env reference: a ``(label, ref)`` pair, ``label=ref``, or a plain ref
+    labelled by :func:`reference_label`."""
+    if isinstance(item, tuple) and len(item) == 2:
+        return str(item[0]), item[1]
+    if callable(item):
+        raise TypeError(
+            f"policy/env reference: expected a string or a (label, callable) pair, received a bare "
+            f"{type(item).__name__}"
+        )
+    text = str(item)
+    label, eq, ref = text.partition("=")
+    if eq and label and ref and not any(c in label for c in "/:\\{"):
+        return label, ref
+    return reference_label(text), text
+
+
+def reference_label(ref: str) -> str:
+    """A short, meaningful label for a reference: ``<run>`` for ``.../<run>/checkpoints/last``,
+    ``<run>_<step>`` for ``.../<run>/checkpoints/<step>``, the folder name for another path (``{env}``
+    removed: ``ckpt/{env}/flow`` -> ``flow``), the reference itself for names and addresses."""
+    text = ref.replace(ENV_PLACEHOLDER, "") if ENV_PLACEHOLDER in ref else ref
+    if text.startswith(("tcp://", "ipc://")) or ("/" not in text and not Path(text).is_dir()):
+        return (text.strip("_-.") or ref) if text != ref else ref
+    path = Path(text.rstrip("/"))
+    if path.parent.name == "checkpoints":
+        run = path.parent.parent.name.strip("_-.") or path.parent.parent.name
+        return run if path.name == "last" else f"{run}_{path.name}"
+    return path.name.strip("_-.") or ref
+
+
+def unique_labels(what: str, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``items`` unchanged when their labels are unique.
+
+    Raises:
+        ValueError: two items share a label (their cells would overwrite each other).
+    """
+    seen: dict[str, Any] = {}
+    for label, ref in items:
+        if label in seen:
+            raise ValueError(
+                f"{what}: expected unique labels, received label {label!r} for both {seen[label]!r} and {ref!r}; "
+                f"name them with label=reference (e.g. --{what} a={seen[label]},b={ref})"
+            )
+        seen[label] = ref
+    return items
+
+
+def policy_ref_for(ref: Any, env: str) -> Any:
+    """``ref`` with ``{env}`` replaced by the env's label (per-env checkpoints); other refs unchanged."""
+    return ref.replace(ENV_PLACEHOLDER, env) if isinstance(ref, str) else ref
+
+
+def checkpoint_env_kwargs_of(pols: list[tuple[str, Any]], env_labels: list[str]) -> dict[str, Any]:
+    """``obs_mode`` (and ``image_size``) that every checkpoint among ``pols`` was trained with, when they all
+    agree and it is not plain ``state``: an image checkpoint then evaluates without ``--env_kwargs``. Empty
+    otherwise (a mix is left to the spec check, which names each mismatch)."""
+    from policylink.policies.checkpoint import checkpoint_env_kwargs
+
+    found = []
+    for _, ref in pols:
+        if not isinstance(ref, str):
+            continue
+        for path in {policy_ref_for(ref, env) for env in env_labels}:
+            kw = checkpoint_env_kwargs(path)
+            if kw is not None:
+                found.append(kw)
+    if not found or any(kw != found[0] for kw in found) or found[0]["obs_mode"] == "state":
+        return {}
+    print(f"env_kwargs from the checkpoints: {found[0]} (pass --env_kwargs to override)", file=sys.stderr)
+    return dict(found[0])
+
+
+def warn_recorded_seed_overlap(refs: Sequence[Any], seed: int, episodes: int) -> list[int]:
+    """Warn (one line on stderr per checkpoint) when evaluation seeds ``seed .. seed + episodes - 1`` include seeds
+    that the demonstrations of a checkpoint among ``refs`` were recorded with (its ``config.yaml`` names the
+    training store; that store's ``meta/episode_seed``). Returns the overlapping seeds, sorted; other references,
+    and stores that are gone, are skipped."""
+    import yaml
+
+    from policylink.data.buffer import EpisodeStore, StoreError
+
+    wanted, overlap = set(range(seed, seed + episodes)), set()
+    for ref in dict.fromkeys(r for r in refs if isinstance(r, str)):
+        config = Path(ref) / "config.yaml"
+        try:
+            store_path = yaml.safe_load(config.read_text())["train"]["dataset"]["path"]
+            with EpisodeStore(store_path, "r") as store:
+                recorded = {m.seed for m in store.all_meta() if m.seed is not None}
+        except (OSError, KeyError, TypeError, yaml.YAMLError, StoreError):
+            continue
+        both = sorted(wanted & recorded)
+        if both:
+            overlap.update(both)
+            print(
+                f"warning: evaluation seeds {both[0]}..{both[-1]} ({len(both)} of {episodes}) were used to record the "
+                f"demonstrations of {ref} ({store_path}); pass a --seed past them (e.g. 100000) for held-out results",
+                file=sys.stderr,
+            )
+    return sorted(overlap)
+
+
+def require_checkpoints(pols: list[tuple[str, Any]], env_labels: list[str]) -> None:
+    """Raise FileNotFoundError (naming every missing folder) for checkpoint references that do not exist, so that
+    a missing checkpoint is reported as missing, not as an incompatible cell."""
+    missing = []
+    for _, ref in pols:
+        if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")) or "/" not in ref:
+            continue
+        missing += [p for p in dict.fromkeys(policy_ref_for(ref, e) for e in env_labels) if not Path(p).is_dir()]
+    if missing:
+        raise FileNotFoundError(
+            f"policies: checkpoint folder not found: {', '.join(missing)} (policylink train writes "
+            "<output_dir>/checkpoints/last)"
+        )
