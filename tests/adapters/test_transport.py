@@ -114,7 +114,9 @@ def test_off_spec_observation_gets_invalid_field_and_server_keeps_serving(server
         remote.predict_action_chunk()
     remote.update_observation({"observation.state": np.ones((2, 2), np.float32), "task": ["only one"]})
     with pytest.raises(
-        RemoteError, match=r"batch size: expected the same leading dim for every feature.*'observation.state': 2, 'task': 1"
+        RemoteError,
+        match=r"batch size: expected the same leading dim for every feature.*'observation.state': 2, "
+        r"'task': 1",
     ):
         remote.predict_action_chunk()
     remote.update_observation({"observation.state": np.ones((1, 2), np.float32), "task": np.array(["numpy str"])})
