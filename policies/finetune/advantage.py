@@ -60,7 +60,8 @@ class ValueConfig:
 
 
 class ValueModel(nn.Module):
-    """``V(z)`` from latents ``z`` float32 ``(N, D)``: standardise (training-set mean / std) -> MLP -> ``num_bins`` logits or one scalar.
+    """``V(z)`` from latents ``z`` float32 ``(N, D)``: standardise (training-set mean / std) -> MLP ->
+    ``num_bins`` logits or one scalar.
 
     Args:
         latent_dim: ``D``. cfg: :class:`ValueConfig`.
