@@ -102,52 +102,64 @@ def export_lerobot(
     with pq.ParquetWriter(str(data_file), schema) as writer:
         for i in it:
             ep, meta, sl = store.get_episode(i), metas[i], store.episode_slice(i)
-            t = sl.stop - sl.start
-            cols: dict[str, Any] = {}
-            for k in keys:
-                if k in cams:
-                    if video:
-                        videos[k].append(ep[k])
-                    else:
-                        cols[k] = [{"bytes": _png(img), "path": None} for img in ep[k]]
-                else:
-                    cols[TO_LEROBOT.get(k, k)] = _column(ep[k])
-            frame = np.arange(t)
-            cols["timestamp"] = (frame / fps).astype(np.float32)
-            cols["frame_index"], cols["episode_index"] = frame, np.full(t, i)
-            cols["index"], cols["task_index"] = np.arange(sl.start, sl.stop), np.full(t, tasks.index(meta.task))
+            for c in videos:
+                videos[c].append(ep[c])
+            cols = _episode_columns(ep, keys, cams, video, sl, fps, i, tasks.index(meta.task))
             writer.write_table(pa.table({f.name: cols[f.name] for f in schema}, schema=schema))
-            row = {
-                "episode_index": i,
-                "tasks": [meta.task],
-                "length": t,
-                "data/chunk_index": 0,
-                "data/file_index": 0,
-                "dataset_from_index": sl.start,
-                "dataset_to_index": sl.stop,
-                "meta/episodes/chunk_index": 0,
-                "meta/episodes/file_index": 0,
-                f"{_META_PREFIX}success": -1 if meta.success is None else int(meta.success),
-                f"{_META_PREFIX}seed": -1 if meta.seed is None else int(meta.seed),
-                f"{_META_PREFIX}source": meta.source,
-                f"{_META_PREFIX}quality": meta.quality,
-            }
-            for c in cams if video else ():
-                row.update(
-                    {
-                        f"videos/{c}/chunk_index": 0,
-                        f"videos/{c}/file_index": 0,
-                        f"videos/{c}/from_timestamp": sl.start / fps,
-                        f"videos/{c}/to_timestamp": sl.stop / fps,
-                    }
-                )
-            episodes.append(row)
+            episodes.append(_episode_row(i, meta, sl, cams if video else [], fps))
     for c, clips in videos.items():
         features[c]["info"] = encode_video(
             np.concatenate(clips), root / VIDEO_PATH.format(video_key=c, chunk_index=0, file_index=0), fps, codec=codec
         )
     _write_meta(root, store, features, episodes, tasks, fps, robot_type, video)
     return root
+
+
+def _episode_columns(
+    ep: dict[str, np.ndarray], keys: list[str], cams: list[str], video: bool, sl: slice, fps: float, i: int, task: int
+) -> dict[str, Any]:
+    """Parquet columns of episode ``i`` (global rows ``sl``): features (PNG images unless ``video``), timestamps
+    (s), frame/episode/global/task indices."""
+    cols: dict[str, Any] = {}
+    for k in keys:
+        if k not in cams:
+            cols[TO_LEROBOT.get(k, k)] = _column(ep[k])
+        elif not video:
+            cols[k] = [{"bytes": _png(img), "path": None} for img in ep[k]]
+    frame = np.arange(sl.stop - sl.start)
+    cols["timestamp"] = (frame / fps).astype(np.float32)
+    cols["frame_index"], cols["episode_index"] = frame, np.full(len(frame), i)
+    cols["index"], cols["task_index"] = np.arange(sl.start, sl.stop), np.full(len(frame), task)
+    return cols
+
+
+def _episode_row(i: int, meta: Any, sl: slice, video_cams: list[str], fps: float) -> dict[str, Any]:
+    """The ``meta/episodes`` row of episode ``i``: lengths, index ranges, our metadata, video time ranges (s)."""
+    row = {
+        "episode_index": i,
+        "tasks": [meta.task],
+        "length": sl.stop - sl.start,
+        "data/chunk_index": 0,
+        "data/file_index": 0,
+        "dataset_from_index": sl.start,
+        "dataset_to_index": sl.stop,
+        "meta/episodes/chunk_index": 0,
+        "meta/episodes/file_index": 0,
+        f"{_META_PREFIX}success": -1 if meta.success is None else int(meta.success),
+        f"{_META_PREFIX}seed": -1 if meta.seed is None else int(meta.seed),
+        f"{_META_PREFIX}source": meta.source,
+        f"{_META_PREFIX}quality": meta.quality,
+    }
+    for c in video_cams:
+        row.update(
+            {
+                f"videos/{c}/chunk_index": 0,
+                f"videos/{c}/file_index": 0,
+                f"videos/{c}/from_timestamp": sl.start / fps,
+                f"videos/{c}/to_timestamp": sl.stop / fps,
+            }
+        )
+    return row
 
 
 def import_lerobot(
@@ -210,30 +222,40 @@ def import_lerobot(
         it = tqdm(it, total=len(episodes), desc="import lerobot", unit="ep")
     for _, ep in it:
         rows = data.iloc[int(ep["dataset_from_index"]) : int(ep["dataset_to_index"])]
-        arrays = {}
-        for k, ft in feats.items():
-            if ft["dtype"] == "video":
-                vkey = (k, int(ep[f"videos/{k}/chunk_index"]), int(ep[f"videos/{k}/file_index"]))
-                if vkey not in readers:
-                    readers[vkey] = VideoFrames(
-                        root / info["video_path"].format(video_key=k, chunk_index=vkey[1], file_index=vkey[2]), fps=fps
-                    )
-                start = float(ep[f"videos/{k}/from_timestamp"])
-                first = int(round(start * fps))
-                last = int(round(float(ep[f"videos/{k}/to_timestamp"]) * fps)) - 1
-                arrays[k] = readers[vkey].frames_at(start + rows["timestamp"].to_numpy(np.float64), first, last)
-            elif ft["dtype"] == "image":
-                arrays[k] = np.stack([_decode_image(v, root) for v in rows[k]])
-            elif k in FROM_LEROBOT:  # our reward / done are (T,)
-                arrays[FROM_LEROBOT[k]] = _from_column(rows[k], ft).reshape(len(rows))
-            else:
-                arrays[k] = _from_column(rows[k], ft)
+        arrays = _episode_arrays(ep, rows, feats, root, info, fps, readers)
         meta = _episode_meta(ep, task_of, rows)
         store.add_episode(arrays, meta)
     for r in readers.values():
         r.close()
     store.close()
     return EpisodeStore(out, "r")
+
+
+def _episode_arrays(
+    ep: Any, rows: Any, feats: dict[str, Any], root: Path, info: dict[str, Any], fps: float, readers: dict
+) -> dict[str, np.ndarray]:
+    """Our arrays of one LeRobot episode (its ``meta/episodes`` row ``ep`` and data ``rows``): video frames at the
+    rows' timestamps (decoders cached in ``readers`` per file), decoded images, and numeric columns (reward/done
+    as ``(T,)``)."""
+    arrays = {}
+    for k, ft in feats.items():
+        if ft["dtype"] == "video":
+            vkey = (k, int(ep[f"videos/{k}/chunk_index"]), int(ep[f"videos/{k}/file_index"]))
+            if vkey not in readers:
+                readers[vkey] = VideoFrames(
+                    root / info["video_path"].format(video_key=k, chunk_index=vkey[1], file_index=vkey[2]), fps=fps
+                )
+            start = float(ep[f"videos/{k}/from_timestamp"])
+            first = int(round(start * fps))
+            last = int(round(float(ep[f"videos/{k}/to_timestamp"]) * fps)) - 1
+            arrays[k] = readers[vkey].frames_at(start + rows["timestamp"].to_numpy(np.float64), first, last)
+        elif ft["dtype"] == "image":
+            arrays[k] = np.stack([_decode_image(v, root) for v in rows[k]])
+        elif k in FROM_LEROBOT:  # our reward / done are (T,)
+            arrays[FROM_LEROBOT[k]] = _from_column(rows[k], ft).reshape(len(rows))
+        else:
+            arrays[k] = _from_column(rows[k], ft)
+    return arrays
 
 
 def _features(store: EpisodeStore, keys: list[str], cams: list[str], video: bool) -> dict[str, dict[str, Any]]:
