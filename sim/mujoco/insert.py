@@ -63,6 +63,13 @@ class InsertEnv(GripperTaskEnv):
         hole = np.array([h[0], h[1], HOLE_TOP_M])
         return np.concatenate([self._robot_state(), self.object_position, hole]).astype(np.float32)
 
+    def goal_distance(self, state: np.ndarray) -> np.ndarray:
+        """Gripper-to-peg plus peg-to-inserted-pose distance, m, float64 ``(N,)`` from states ``(N, 10)`` (the
+        inserted pose is the hole's x, y with the peg's bottom on the table: centre z = its half height)."""
+        s = np.asarray(state, np.float64)
+        goal = np.concatenate([s[:, 7:9], np.full((len(s), 1), PEG_HALF_HEIGHT_M)], axis=1)
+        return np.linalg.norm(s[:, 0:3] - s[:, 4:7], axis=1) + np.linalg.norm(s[:, 4:7] - goal, axis=1)
+
     def _is_success(self) -> bool:
         peg, hole = self.object_position, self.data.mocap_pos[self._hole_mocap]
         bottom = peg[2] - PEG_HALF_HEIGHT_M

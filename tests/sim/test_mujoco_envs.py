@@ -232,3 +232,23 @@ def test_image_proprio_mode_shows_only_the_robot_state(name, proprio):
     assert obs["observation.images.top" if name == "push" else "observation.images.front"].shape == (32, 32, 3)
     np.testing.assert_array_equal(obs[STATE_KEY], full_obs[STATE_KEY][: len(names)])
     np.testing.assert_array_equal(env.privileged_state(), full_obs[STATE_KEY])  # what scripted experts read
+
+
+def test_insert_progress_reaches_one_when_the_expert_inserts():
+    """``insert`` exposes progress 1 - d_t / d_0: 0 at reset, close to 1 once the expert has inserted the peg."""
+    from policylink.sim.experts import make_expert
+
+    env = registry.make_env("insert")
+    obs, info = env.reset(seed=3)
+    assert info["progress"] == 0.0
+    s = np.asarray(obs[STATE_KEY])[None]
+    goal = env.goal_position
+    expected = np.linalg.norm(s[0, 0:3] - s[0, 4:7]) + np.linalg.norm(s[0, 4:7] - goal)
+    assert env.goal_distance(s)[0] == pytest.approx(expected, abs=1e-6)
+    expert = make_expert(env, quality="expert")
+    expert.reset(3)
+    for _ in range(env.env_spec.max_episode_steps):
+        obs, _, terminated, truncated, info = env.step(expert.act(obs, env))
+        if terminated or truncated:
+            break
+    assert info["is_success"] and info["progress"] > 0.8
