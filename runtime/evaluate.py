@@ -177,18 +177,7 @@ def evaluate(
         env_kwargs=dict(env_kwargs or {}),
         executor=executor or ExecutorConfig(),
     )
-    pols = unique_labels("policies", [labelled(p) for p in policies])
-    env_items = unique_labels("envs", [labelled(e) for e in envs])
-    if "obs_mode" not in cfg.env_kwargs:
-        cfg.env_kwargs.update(checkpoint_env_kwargs_of(pols, [label for label, _ in env_items]))
-    require_checkpoints(pols, [label for label, _ in env_items])
-    warn_recorded_seed_overlap(
-        [policy_ref_for(r, e) for _, r in pols if isinstance(r, str) for e, _ in env_items], cfg.seed, cfg.episodes
-    )
-    env_fns = {
-        label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_with_video_render(cfg)))
-        for label, ref in env_items
-    }
+    pols, env_fns = _resolve(cfg, policies, envs)
     specs = _check_cells(pols, env_fns, cfg.device, cfg.executor, isolate=cfg.ray_address is None and cfg.workers > 0)
     out = Path(cfg.out)
     settings = _settings(cfg)
@@ -211,6 +200,24 @@ def evaluate(
             out, summaries, config={**settings, "policies": [p for p, _ in pols], "envs": list(env_fns)}
         )
     return summaries
+
+
+def _resolve(cfg: EvalConfig, policies: Sequence[Any], envs: Sequence[Any]) -> tuple[list, dict[str, Any]]:
+    """Labelled policies and env constructors of an evaluation; fills ``cfg.env_kwargs`` from the checkpoints
+    when no ``obs_mode`` is given, checks the checkpoints exist and warns on recorded-seed overlap."""
+    pols = unique_labels("policies", [labelled(p) for p in policies])
+    env_items = unique_labels("envs", [labelled(e) for e in envs])
+    if "obs_mode" not in cfg.env_kwargs:
+        cfg.env_kwargs.update(checkpoint_env_kwargs_of(pols, [label for label, _ in env_items]))
+    require_checkpoints(pols, [label for label, _ in env_items])
+    warn_recorded_seed_overlap(
+        [policy_ref_for(r, e) for _, r in pols if isinstance(r, str) for e, _ in env_items], cfg.seed, cfg.episodes
+    )
+    env_fns = {
+        label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_with_video_render(cfg)))
+        for label, ref in env_items
+    }
+    return pols, env_fns
 
 
 def _plan_shards(cfg: EvalConfig, pols, env_fns, specs, out: Path, on_mismatch: str):

@@ -288,13 +288,7 @@ def rollout(
         Results sorted by episode index. An exception aborts every unfinished episode (``on_abort``) and
         propagates.
     """
-    subs = list(subscribers)
-    if recorder is not None:
-        from policylink.data.buffer import EpisodeMeta
-
-        subs.append(RecorderSubscriber(recorder, EpisodeMeta(source=source)))
-    if len(video_episodes):
-        subs.append(VideoSubscriber(video_episodes))
+    subs = _subscribers(subscribers, recorder, video_episodes, source)
     for s in subs:
         s.on_start(vec_env, executor)
     obs, info = vec_env.reset()
@@ -321,13 +315,8 @@ def rollout(
             finished = np.flatnonzero(done)
             for j in finished:
                 if slots[j].index >= 0:
-                    res = slots[j].result(executor, int(j))
-                    slots[j] = _Trace(-1, -1)
+                    res = _finish(slots, int(j), executor, subs, progress)
                     results[res.index] = res
-                    for s in subs:
-                        s.on_episode_end(int(j), res)
-                    if progress is not None:
-                        progress(res)
             if finished.size:
                 executor.reset(finished.tolist())
                 for j in finished:
@@ -339,6 +328,31 @@ def rollout(
                     s.on_abort(j)
         raise
     return [results[i] for i in sorted(results)]
+
+
+def _subscribers(
+    subscribers: Sequence[EpisodeSubscriber], recorder: Any, video_episodes: Sequence[int], source: str
+) -> list[EpisodeSubscriber]:
+    """``subscribers`` plus the recorder / video shorthands of :func:`rollout`, in that order."""
+    subs = list(subscribers)
+    if recorder is not None:
+        from policylink.data.buffer import EpisodeMeta
+
+        subs.append(RecorderSubscriber(recorder, EpisodeMeta(source=source)))
+    if len(video_episodes):
+        subs.append(VideoSubscriber(video_episodes))
+    return subs
+
+
+def _finish(slots: list, j: int, source: ActionSource, subs: Sequence[EpisodeSubscriber], progress) -> EpisodeResult:
+    """Close slot ``j``'s planned episode: its result, the subscribers' ``on_episode_end``, then ``progress``."""
+    res = slots[j].result(source, j)
+    slots[j] = _Trace(-1, -1)
+    for s in subs:
+        s.on_episode_end(j, res)
+    if progress is not None:
+        progress(res)
+    return res
 
 
 def episode_metrics(

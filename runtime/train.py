@@ -57,17 +57,11 @@ def train(cfg: TrainConfig) -> Path:
     out_dir = Path(cfg.output_dir)
     ckpt_dir = out_dir / "checkpoints" / "last"
     if rank == 0 and not cfg.resume and ckpt_dir.exists():
-        print(
-            f"WARNING: {out_dir} already holds a run; starting over and replacing it (pass --resume true to "
-            "continue it, or another --output_dir to keep it)",
-            file=sys.stderr,
-        )
+        _warn_replacing(out_dir)
     loss_fn = make_loss(cfg)
     fields = loss_fn.fields
     spec, normalizer, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
-    p = cfg.policy
-
-    run = _Optimization(cfg, build_model(p, spec.observation_features, spec.action.dim).to(device))
+    run = _Optimization(cfg, build_model(cfg.policy, spec.observation_features, spec.action.dim).to(device))
     model, ema, scheduler = run.model, run.ema, run.scheduler
     step = run.load(load_training_state(ckpt_dir, device)) if cfg.resume and ckpt_dir.exists() else 0
     train_model: torch.nn.Module = model
@@ -99,13 +93,12 @@ def train(cfg: TrainConfig) -> Path:
         step += 1
         period.add(loss.detach(), metrics, cfg.batch_size)
         row: dict[str, Any] = {}
-        if cfg.log_every and step % cfg.log_every == 0 or step == cfg.steps:
+        if _due(cfg.log_every, step, cfg.steps) or step == cfg.steps:
             row.update(period.flush(), lr=scheduler.get_last_lr()[0], grad_norm=grad_norm)
-        if val_ds is not None and cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
+        if val_ds is not None and _due(cfg.val_every, step, cfg.steps):
             row["val_loss"] = validation_loss(ema.model, val_ds, loss_fn, cfg, device)
-        if rank == 0 and cfg.eval.every and cfg.eval.episodes and (step % cfg.eval.every == 0 or step == cfg.steps):
-            policy = policy_for_model(ema.model, normalizer, spec, device=device, seed=cfg.eval.seed)
-            row["success_rate"] = evaluate_success(policy, cfg.dataset, cfg.eval.episodes, cfg.eval.seed)
+        if rank == 0 and cfg.eval.episodes and _due(cfg.eval.every, step, cfg.steps):
+            row["success_rate"] = _success_rate(cfg, policy_for_model(ema.model, normalizer, spec, device=device))
         if row:
             logger.log(step, row)
             if bar is not None:
@@ -125,6 +118,25 @@ def train(cfg: TrainConfig) -> Path:
 
         dist.barrier()
     return ckpt_dir
+
+
+def _warn_replacing(out_dir: Path) -> None:
+    print(
+        f"WARNING: {out_dir} already holds a run; starting over and replacing it (pass --resume true to "
+        "continue it, or another --output_dir to keep it)",
+        file=sys.stderr,
+    )
+
+
+def _due(every: int, step: int, total: int) -> bool:
+    """A periodic action is due after ``step``: every ``every`` steps and at the last one (``every = 0``: off)."""
+    return bool(every) and (step % every == 0 or step == total)
+
+
+def _success_rate(cfg: TrainConfig, policy: ChunkPolicy) -> float:
+    """Training-time evaluation: :func:`evaluate_success` over ``cfg.eval`` (policy reseeded with its seed)."""
+    policy.reseed(cfg.eval.seed)
+    return evaluate_success(policy, cfg.dataset, cfg.eval.episodes, cfg.eval.seed)
 
 
 class _Optimization:
