@@ -140,6 +140,10 @@ def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkMo
     from safetensors.torch import load_file
 
     path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint folder not found: {str(path)!r} (policylink train writes <output_dir>/checkpoints/last)"
+        )
     for name in (CONFIG_FILE, MODEL_FILE, NORMALIZER_FILE, SPEC_FILE):
         if not (path / name).is_file():
             raise CheckpointError(

@@ -218,6 +218,8 @@ def label_store(cmd: LabelCommand) -> dict[str, Any]:
     """
     from policylink.data.buffer import EpisodeStore
 
+    if not cmd.dataset:
+        raise ValueError("dataset: expected an episode store path (--dataset STORE.zarr), received ''")
     if cmd.torch_threads:
         torch.set_num_threads(cmd.torch_threads)
     store = EpisodeStore(cmd.dataset, "r")

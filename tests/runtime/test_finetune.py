@@ -159,3 +159,12 @@ def test_recorder_separates_terminations_from_time_limits(tmp_path):
         assert s.episode_meta(0).success and not s.episode_meta(1).success
     assert ok["terminated"][-1] and not ok["terminated"][:-1].any() and ok["done"][-1]
     assert cut["terminated"].tolist() == [False, False, False] and cut["done"].tolist() == [False, False, True]
+
+
+def test_missing_checkpoint_and_dataset_are_named(capsys):
+    from policylink.runtime.cli import main
+
+    assert main(["finetune", "critic", "--policy", "/nope", "--buffer", "/nope"]) == 2
+    assert "checkpoint folder not found: '/nope'" in capsys.readouterr().err
+    assert main(["finetune", "advantage", "label"]) == 2
+    assert "dataset: expected an episode store path" in capsys.readouterr().err
