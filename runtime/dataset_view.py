@@ -59,7 +59,7 @@ def view(cfg: ViewConfig) -> Path:
             f"episode: expected an index in [0, {store.n_episodes}) for {cfg.path}, received {cfg.episode}"
         )
     fps = float(cfg.fps or store.info.get("fps") or 10.0)
-    out = Path(cfg.out or Path(cfg.path).with_name(f"{Path(cfg.path).name}.view") / f"episode_{cfg.episode:04d}")
+    out, page = _out_paths(cfg)
     out.mkdir(parents=True, exist_ok=True)
     ep = store.get_episode(cfg.episode)
     n = len(ep[ACTION_KEY])
@@ -70,9 +70,20 @@ def view(cfg: ViewConfig) -> Path:
         path = out / f"{key[len(IMAGE_PREFIX) :]}.mp4"
         videos.append((key, write_video(path, caption_frames(list(ep[key]), texts), fps=fps)))
     curves = plot_curves(out / "curves.png", ep, fps, _names(store.info))
-    page = out / "index.html"
-    page.write_text(_page(cfg, store.episode_meta(cfg.episode), n, fps, videos, curves))
+    rel = [(key, path.relative_to(page.parent)) for key, path in videos]
+    page.write_text(_page(cfg, store.episode_meta(cfg.episode), n, fps, rel, curves.relative_to(page.parent)))
     return page
+
+
+def _out_paths(cfg: ViewConfig) -> tuple[Path, Path]:
+    """(asset folder, page path): ``--out page.html`` writes that page with its videos and plot in
+    ``page_files/`` beside it; any other ``--out`` is a folder holding ``index.html``; no ``--out`` is
+    ``<store>.view/episode_NNNN/``."""
+    if cfg.out.lower().endswith((".html", ".htm")):
+        page = Path(cfg.out)
+        return page.with_name(f"{page.stem}_files"), page
+    out = Path(cfg.out or Path(cfg.path).with_name(f"{Path(cfg.path).name}.view") / f"episode_{cfg.episode:04d}")
+    return out, out / "index.html"
 
 
 def plot_curves(path: Path, ep: Mapping[str, np.ndarray], fps: float, names: Mapping[str, Sequence[str]]) -> Path:
@@ -129,6 +140,7 @@ def _names(info: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 def _page(cfg: ViewConfig, meta: Any, n: int, fps: float, videos: list[tuple[str, Path]], curves: Path) -> str:
+    """The HTML page; ``videos`` and ``curves`` are paths relative to the page's folder."""
     esc = html.escape
     facts = {
         "store": str(Path(cfg.path).resolve()),
@@ -142,17 +154,18 @@ def _page(cfg: ViewConfig, meta: Any, n: int, fps: float, videos: list[tuple[str
         "quality": meta.quality,
     }
     clips = "".join(
-        f'<figure><video src="{esc(p.name)}" controls muted loop width="320"></video>'
+        f'<figure><video src="{esc(p.as_posix())}" controls muted loop width="320"></video>'
         f"<figcaption>{esc(key)}</figcaption></figure>"
         for key, p in videos
     )
     title = f"{esc(Path(cfg.path).name)}: episode {cfg.episode}"
+    plot = f'<img src="{esc(curves.as_posix())}" alt="curves">'
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:sans-serif;margin:1.5em}} .row{{display:flex;gap:1em;flex-wrap:wrap;align-items:flex-start}}
 figure{{margin:0}} pre{{background:#f4f4f4;padding:.6em}}</style></head><body>
 <h1>{title}</h1>
 <pre>{esc(json.dumps(facts, indent=2), quote=False)}</pre>
-<div class="row">{clips or "<p>no camera frames in this store</p>"}<img src="{esc(curves.name)}" alt="curves"></div>
+<div class="row">{clips or "<p>no camera frames in this store</p>"}{plot}</div>
 </body></html>
 """
 

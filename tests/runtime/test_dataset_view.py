@@ -46,6 +46,16 @@ def test_view_writes_page_video_and_curves(tmp_path, capsys):
     assert '"steps": 7' in page and '"success": true' in page and '"seed": 41' in page and "push the block" in page
 
 
+def test_view_out_html_is_the_page_with_assets_beside_it(tmp_path, capsys):
+    store = _store(tmp_path / "s.zarr")
+    page = tmp_path / "ep0.html"
+    assert dataset.main(["view", str(store), "--out", str(page)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {page}"
+    assert page.is_file() and (tmp_path / "ep0_files" / "front.mp4").is_file()
+    text = page.read_text()
+    assert '<video src="ep0_files/front.mp4"' in text and 'src="ep0_files/curves.png"' in text
+
+
 def test_view_bad_episode_names_the_field(tmp_path):
     store = _store(tmp_path / "s.zarr")
     with pytest.raises(ValueError, match=rf"^episode: expected an index in \[0, 2\) for {store}, received 2$"):
