@@ -101,7 +101,9 @@ def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
     )
 
     if not cfg.policy or not cfg.buffer:
-        raise ValueError(f"policy, buffer: expected paths, received {cfg.policy!r}, {cfg.buffer!r}")
+        raise ValueError(
+            f"policy, buffer: expected paths (--policy CKPT --buffer X.zarr), received {cfg.policy!r}, {cfg.buffer!r}"
+        )
     torch.set_num_threads(int(cfg.torch_threads))
     policy = load_policy(cfg.policy, device="cpu")
     if not isinstance(policy, Embedder):

@@ -145,7 +145,7 @@ def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[s
     from policylink.policies.checkpoint import CONFIG_FILE, load_components
 
     if not path:
-        raise ValueError("policy: expected a checkpoint folder, received ''")
+        raise ValueError("policy: expected a checkpoint folder (--policy CKPT), received ''")
     cfg, spec, model, normalizer = load_components(path)
     if require_flow and model.sampler.prediction != Prediction.VELOCITY:
         raise ValueError(
@@ -245,7 +245,9 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     )
     if cfg.method == "qvgm":
         if not cfg.critic:
-            raise ValueError("critic: expected the folder of policylink finetune critic for method qvgm, received ''")
+            raise ValueError(
+                "critic: expected the folder of policylink finetune critic (--critic DIR) for method qvgm, received ''"
+            )
         qc = QVGMConfig(cfg.last_steps, cfg.ascent_steps, cfg.step_size, cfg.trust_radius, cfg.alpha, cfg.bc_weight)
         loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
     else:

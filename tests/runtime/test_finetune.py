@@ -168,3 +168,7 @@ def test_missing_checkpoint_and_dataset_are_named(capsys):
     assert "checkpoint folder not found: '/nope'" in capsys.readouterr().err
     assert main(["finetune", "advantage", "label"]) == 2
     assert "dataset: expected an episode store path" in capsys.readouterr().err
+    assert main(["finetune", "qvgm"]) == 2
+    assert "policy: expected a checkpoint folder (--policy CKPT), received ''" in capsys.readouterr().err
+    assert main(["finetune", "monitor"]) == 2
+    assert "(--policy CKPT --buffer X.zarr)" in capsys.readouterr().err
