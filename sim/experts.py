@@ -18,6 +18,7 @@ EXPERT_FACTORIES: dict[str, str] = {
     "pick_place": "policylink.sim.mujoco.pick_place_expert:make_pick_place_expert",
     "insert": "policylink.sim.mujoco.pick_place_expert:make_insert_expert",
     "multitask": "policylink.sim.mujoco.pick_place_expert:make_multitask_expert",
+    "memory": "policylink.sim.mujoco.memory_expert:make_memory_expert",
     "genesis_reach": "policylink.sim.mujoco.reach_expert:make_reach_expert",  # same task on Genesis physics
     "genesis_pick_place": "policylink.sim.mujoco.pick_place_expert:make_pick_place_expert",
     "reacher": "policylink.sim.gym_experts:make_reacher_expert",
