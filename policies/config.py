@@ -18,6 +18,7 @@ import draccus
 
 from policylink.adapters.capabilities import ConditioningSpec
 from policylink.policies.common.encoder_config import EncoderConfig
+from policylink.policies.temporal_config import SegaConfig
 
 DEFAULT_POLICY_TYPE = "diffusion"
 """The type a ``policy:`` mapping without a ``type`` key gets (the type default of the original config)."""
@@ -50,6 +51,9 @@ class PolicyConfig(draccus.ChoiceRegistry):
             to ``[-1, 1]``).
         mask_padded_actions: leave the padded steps past an episode's end out of the loss (they repeat the
             last action; wrong for delta actions when episodes end at success).
+        memory: long-horizon memory of the observation encoder: ``"none"`` or ``"sega"`` (SeedPolicy's gated
+            latent state, :mod:`policylink.policies.temporal`).
+        sega: the SEGA size and training chain (used when ``memory == "sega"``).
 
     Class attributes:
         legacy_fields: top-level keys a subclass ignores when reading an older ``config.yaml`` (the original
@@ -72,6 +76,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
     action_norm_mode: str = "min_max"
     image_norm_mode: str = "identity"
     mask_padded_actions: bool = True
+    memory: str = "none"
+    sega: SegaConfig = field(default_factory=SegaConfig)
 
     def __post_init__(self) -> None:
         if type(self) is PolicyConfig:
@@ -98,6 +104,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
             raise ValueError(f"policy.n_obs_steps: expected >= 1, received {self.n_obs_steps}")
         if not self.observation_keys:
             raise ValueError("policy.observation_keys: expected at least one key, received []")
+        self.sega.validate(self.memory)
         c = self.conditioning
         if c.num_labels < 0 or c.token_dim < 0:
             raise ValueError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,8 +16,8 @@ from torch import nn
 from policylink.adapters.capabilities import ConditioningSpec, DenoisingSampler, Guidance, GuidanceFn
 from policylink.adapters.schema import FeatureSpec
 from policylink.policies.common.conditioning import ConditioningEmbedding
-from policylink.policies.common.encoders import ObservationEncoder
 from policylink.policies.config import PolicyConfig
+from policylink.policies.temporal import observation_encoder
 
 
 class ChunkModel(nn.Module, ABC):
@@ -44,7 +45,7 @@ class ChunkModel(nn.Module, ABC):
         self.features = {k: features[k] for k in cfg.observation_keys}
         self.action_dim = int(action_dim)
         self.horizon = cfg.chunk_size
-        self.encoder = ObservationEncoder(self.features, cfg.n_obs_steps, cfg.encoder)
+        self.encoder = observation_encoder(self.features, cfg.n_obs_steps, cfg)  # window encoder, or + SEGA
         self.extra_conditioning = ConditioningEmbedding(cfg.conditioning, self.encoder.out_dim)
 
     @property
@@ -57,9 +58,11 @@ class ChunkModel(nn.Module, ABC):
         """The extra conditioning slot (labels / vectors; see ``cfg.conditioning``)."""
         return self.cfg.conditioning
 
-    def embed(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Observation latent float32 ``(B, D)`` from prepared windows ``(B, T, ...)``."""
-        return self.encoder(obs)
+    def embed(self, obs: Mapping[str, torch.Tensor], memory: Any = None) -> torch.Tensor:
+        """Observation latent float32 ``(B, D)`` from prepared windows ``(B, T, ...)``; ``memory`` (SEGA only:
+        ``(MemoryRows, row ids, B)``, see :class:`~policylink.policies.temporal.SegaEncoder`) reads and updates
+        those rows' latent state."""
+        return self.encoder(obs) if memory is None else self.encoder(obs, memory)
 
     def conditioning_embedding(
         self, batch_size: int, labels: torch.Tensor | None = None, tokens: torch.Tensor | None = None
