@@ -29,6 +29,7 @@ from policylink.data.normalize import Normalizer
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance
 from policylink.policies.model import ChunkModel
 from policylink.policies.processing import actions_to_normalized, actions_to_units, observation_tensors
+from policylink.policies.temporal import MemoryRows
 
 
 class ChunkPolicy(HistoryPolicy):
@@ -86,6 +87,7 @@ class ChunkPolicy(HistoryPolicy):
         self._tokens: np.ndarray | None = None  # (B, token_dim) float32, NaN rows = null
         self._pending: dict[str, Any] | None = None  # set_conditioning before the first observation
         self._row_ids: np.ndarray | None = None  # rows of the running predict_action_chunk
+        self._memory = MemoryRows()  # per-row SEGA state (policy.memory: sega; unused otherwise)
 
     # -- capabilities ---------------------------------------------------------------------------------------
 
@@ -237,6 +239,7 @@ class ChunkPolicy(HistoryPolicy):
         super().reset(env_ids)
         if env_ids is None:
             self._latents = self._latent_ok = self._labels = self._tokens = None
+            self._memory.reset()
 
     def predict_action_chunk(self, env_ids: Sequence[int] | None = None) -> np.ndarray:
         """float32 ``(B', chunk_size, A)`` for rows ``env_ids`` (``None`` = all); only those rows are encoded
@@ -256,6 +259,7 @@ class ChunkPolicy(HistoryPolicy):
         return self._generate(self._row_latents(ids), labels, tokens, None, None, None, False)
 
     def _on_reset(self, env_ids: np.ndarray) -> None:
+        self._memory.reset(env_ids)  # SEGA: those rows restart from the initial state (gate 1)
         if self._latent_ok is not None:
             self._latent_ok[env_ids] = False
             self._labels[env_ids] = self.config.default_label
@@ -282,11 +286,14 @@ class ChunkPolicy(HistoryPolicy):
         chunk, trajectory, times, outputs = out
         return SampleResult(actions_to_units(chunk, self.normalizer), trajectory, times, outputs, cond)
 
-    def _encode(self, obs: Mapping[str, Any]) -> torch.Tensor:
+    def _encode(self, obs: Mapping[str, Any], rows: np.ndarray | None = None) -> torch.Tensor:
+        """Latents of windows ``obs``; ``rows`` (their row ids) also advance those rows' SEGA memory."""
         features = self.model.features
         batch_size_of(obs, list(features))
+        sega = rows is not None and getattr(self.config, "memory", "none") == "sega"
+        memory = (self._memory, rows, self.batch_size) if sega else None
         with torch.no_grad():
-            return self.model.embed(observation_tensors(obs, features, self.normalizer, self.device))
+            return self.model.embed(observation_tensors(obs, features, self.normalizer, self.device), memory)
 
     def _row_latents(self, ids: np.ndarray) -> torch.Tensor:
         """Latents ``(len(ids), D)`` of the current windows, encoding only the rows without a fresh cache."""
@@ -295,7 +302,7 @@ class ChunkPolicy(HistoryPolicy):
         if stale.size:
             stale = np.unique(stale)
             history, _, _ = self.rows(stale)
-            latent = self._encode(history)
+            latent = self._encode(history, stale)
             if self._latents is None:
                 self._latents = latent.new_zeros(self.batch_size, latent.shape[1])
             self._latents[torch.as_tensor(stale, device=self.device)] = latent
