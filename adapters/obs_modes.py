@@ -9,18 +9,34 @@ from __future__ import annotations
 
 from typing import Any
 
-OBS_MODES: tuple[str, ...] = ("state", "image", "state+image", "image+proprio")
+OBS_MODES: tuple[str, ...] = (
+    "state",
+    "image",
+    "state+image",
+    "image+proprio",
+    "pointmap+proprio",
+    "image+pointmap+proprio",
+)
 """Every observation mode, in order:
 
 - ``state``: ``observation.state`` only (the full low-dimensional state);
 - ``image``: camera frames ``observation.images.<camera>`` only;
 - ``state+image``: both;
-- ``image+proprio``: camera frames plus the robot's own (proprioceptive) part of the state.
+- ``image+proprio``: camera frames plus the robot's own (proprioceptive) part of the state;
+- ``pointmap+proprio``: robot-centric pointmaps ``observation.pointmaps.<camera>`` (float32 ``(H, W, 3)``,
+  metres, base frame; :mod:`policylink.adapters.pointmaps`) plus the proprioceptive state;
+- ``image+pointmap+proprio``: camera frames, pointmaps of the same cameras and the proprioceptive state.
 
 An env factory may support a subset (it names the ones it takes in its error)."""
 
 STATE_ONLY = "state"
 """The mode without images: its env kwargs carry no ``image_size``."""
+
+
+def obs_mode_parts(obs_mode: str) -> frozenset[str]:
+    """The parts a mode names, split at ``+``: ``obs_mode_parts("image+pointmap+proprio") ==
+    frozenset({"image", "pointmap", "proprio"})`` (``state`` is the full state, ``proprio`` the robot's part)."""
+    return frozenset(obs_mode.split("+"))
 
 
 def check_obs_mode(obs_mode: str, supported: tuple[str, ...] = OBS_MODES, field: str = "obs_mode") -> str:
@@ -47,4 +63,4 @@ def obs_mode_env_kwargs(obs_mode: str, image_size: int | None = None) -> dict[st
     return kw
 
 
-__all__ = ["OBS_MODES", "STATE_ONLY", "check_obs_mode", "obs_mode_env_kwargs"]
+__all__ = ["OBS_MODES", "STATE_ONLY", "check_obs_mode", "obs_mode_env_kwargs", "obs_mode_parts"]

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.images import to_float_chw
+from policylink.adapters.pointmaps import is_pointmap_key, pointmap_to_chw
 from policylink.adapters.schema import ACTION_KEY, IMAGE_PREFIX
 from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeStore
 from policylink.data.normalize import Normalizer
@@ -52,6 +53,11 @@ class SequenceSampler:
         episodes: subset of episode indices to sample from (default: all).
         pad_before: max padded steps before an episode's start (default ``To - 1``).
         pad_after: max padded steps after its end (default ``H - To``).
+        chain_windows: ``K``; when > 1 the observation keys return a *chain* of ``K`` consecutive windows ending
+            at the anchor, ``chain_stride`` steps apart, oldest first, concatenated in time: ``(K * To, ...)``,
+            with ``observation_is_pad`` ``(K * To,)``; a window whose newest step lies before the episode start
+            is all padding (recurrent memories, e.g. SEGA, skip it). Actions stay the anchor's window.
+        chain_stride: steps between the chain's window anchors (the policy's ``n_action_steps``).
 
     Raises:
         ValueError: bad horizons/padding, or an episode index out of range.
@@ -71,7 +77,12 @@ class SequenceSampler:
         episodes: Sequence[int] | None = None,
         pad_before: int | None = None,
         pad_after: int | None = None,
+        chain_windows: int = 1,
+        chain_stride: int = 1,
     ):
+        if chain_windows < 1 or chain_stride < 1:
+            raise ValueError(f"chain_windows/chain_stride: expected >= 1, received {chain_windows}, {chain_stride}")
+        self.chain_windows, self.chain_stride = int(chain_windows), int(chain_stride)
         if n_obs_steps < 1 or horizon < n_obs_steps:
             raise ValueError(
                 f"n_obs_steps/horizon: expected 1 <= n_obs_steps <= horizon, received "
@@ -120,6 +131,9 @@ class SequenceSampler:
         e, start, length, w = (int(v) for v in self._index[i])
         out: dict[str, Any] = {}
         obs_steps = np.arange(w, w + self.n_obs_steps)
+        if self.chain_windows > 1:  # K windows ending chain_stride * k steps earlier, oldest first
+            back = self.chain_stride * np.arange(self.chain_windows - 1, -1, -1)
+            obs_steps = (obs_steps[None, :] - back[:, None]).reshape(-1)
         act_steps = np.arange(w, w + self.horizon)
         for key in self.obs_keys:
             out[key] = _window(self.data[key], start, length, obs_steps)
@@ -177,7 +191,7 @@ class SequenceDataset:
         episodes: episode subset (e.g. from :func:`split_episodes`).
         normalizer: applied to obs and action tensors (every requested key must be configured).
         in_memory: load the arrays into RAM once (fast random access) instead of reading zarr per item.
-        pad_before, pad_after: see :class:`SequenceSampler`.
+        pad_before, pad_after, chain_windows, chain_stride: see :class:`SequenceSampler`.
 
     Raises:
         KeyError: a requested key is not in the store, or the normalizer has no mode for an obs/action key.
@@ -199,6 +213,8 @@ class SequenceDataset:
         in_memory: bool = True,
         pad_before: int | None = None,
         pad_after: int | None = None,
+        chain_windows: int = 1,
+        chain_stride: int = 1,
     ):
         if not isinstance(store, EpisodeStore):
             store = EpisodeStore(store, "r")
@@ -224,6 +240,8 @@ class SequenceDataset:
             episodes=episodes,
             pad_before=pad_before,
             pad_after=pad_after,
+            chain_windows=chain_windows,
+            chain_stride=chain_stride,
         )
         self.meta = store.all_meta()
         self.tasks = [m.task for m in self.meta]
@@ -329,14 +347,17 @@ class SequenceDataset:
     def _tensors(
         self, arrays: dict[str, np.ndarray], episode: np.ndarray | None = None, step: np.ndarray | None = None
     ) -> dict[str, Any]:
-        """Raw windows (any leading dims) -> float32 (images CHW in [0, 1]) normalized torch tensors for the obs and
-        action keys present; pad masks and step fields as stored."""
+        """Raw windows (any leading dims) -> float32 (images CHW in [0, 1], pointmaps CHW in m) normalized torch
+        tensors for the obs and action keys present; pad masks and step fields as stored."""
         out: dict[str, Any] = {}
         for key in [*self.obs_keys, self.action_key]:
             if key not in arrays:
                 continue
             x = arrays[key]
-            x = to_float_chw(x, key) if key.startswith(IMAGE_PREFIX) else x.astype(np.float32, copy=False)
+            if key.startswith(IMAGE_PREFIX):
+                x = to_float_chw(x, key)
+            else:
+                x = pointmap_to_chw(x, key) if is_pointmap_key(key) else x.astype(np.float32, copy=False)
             if self.normalizer is not None:  # numpy path: bit-identical to the tensor path, single-threaded
                 x = self.normalizer.normalize_feature(key, x)
             out[key] = _as_tensor(x)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from policylink.adapters.pointmaps import is_pointmap_key, pointmap_valid
 from policylink.data.normalize import MissingStatsError, Normalizer, NormMode
 
 if TYPE_CHECKING:
@@ -156,6 +157,30 @@ class ImageStats:
         return out
 
 
+class PointmapStats:
+    """Per-channel statistics of float pointmaps ``(N, H, W, 3)`` (x, y, z in metres) over valid pixels only
+    (:func:`~policylink.adapters.pointmaps.pointmap_valid`: all-zero fill pixels are skipped), reported
+    channel-first ``(3, 1, 1)`` like images, so one affine per coordinate applies to ``(..., 3, H, W)`` tensors
+    wherever a pixel is (a per-pixel statistic would tie the normalisation to one camera placement).
+    """
+
+    def __init__(self, max_samples: int = DEFAULT_MAX_QUANTILE_SAMPLES):
+        self._stats = RunningStats((3,), max_samples)
+
+    def update(self, points: np.ndarray) -> None:
+        """Add pointmaps ``(N, H, W, 3)``. Raises ValueError for another layout."""
+        points = np.asarray(points)
+        if points.ndim != 4 or points.shape[-1] != 3:
+            raise ValueError(f"PointmapStats.update: expected (N, H, W, 3) pointmaps, received {points.shape}")
+        rows = points.reshape(-1, 3)
+        self._stats.update(rows[pointmap_valid(rows)])
+
+    def result(self) -> dict[str, np.ndarray]:
+        """Stats of shape ``(3, 1, 1)`` in metres (``count`` = valid pixels, int64 ``(1,)``)."""
+        out = {k: (v if k == "count" else v.reshape(3, 1, 1)) for k, v in self._stats.result().items()}
+        return out
+
+
 def is_image_array(x: Any) -> bool:
     """True for uint8 ``(N, H, W, 3)`` arrays (image features over time)."""
     return np.dtype(x.dtype) == np.uint8 and len(x.shape) == 4 and x.shape[-1] == 3
@@ -180,7 +205,8 @@ def compute_stats(
 
     Returns:
         key -> {"mean","std","min","max","q01","q99": float64 arrays, "count": int64 ``(1,)``}; low-dim
-        features have their per-step shape ``(D,)``, uint8 images ``(3, 1, 1)`` in ``[0, 1]`` scale.
+        features have their per-step shape ``(D,)``, uint8 images ``(3, 1, 1)`` in ``[0, 1]`` scale, pointmaps
+        (``observation.pointmaps.*``) ``(3, 1, 1)`` in metres over valid pixels.
 
     Raises:
         KeyError: a key is not in the store. ValueError: no episode selected.
@@ -214,16 +240,18 @@ def stats_from_arrays(
     return out
 
 
-def _accumulator(key: str, arr: Any, max_samples: int) -> RunningStats | ImageStats:
+def _accumulator(key: str, arr: Any, max_samples: int) -> RunningStats | ImageStats | PointmapStats:
     if is_image_array(arr):
         return ImageStats(arr.shape[-1])
+    if is_pointmap_key(key):
+        return PointmapStats(max_samples)
     if np.dtype(arr.dtype).kind not in "biuf":
         raise ValueError(f"{key}: expected a numeric feature for statistics, received dtype {arr.dtype}")
     return RunningStats(arr.shape[1:], max_samples)
 
 
 def _rows(x: np.ndarray) -> np.ndarray:
-    return x if is_image_array(x) else np.asarray(x, dtype=np.float64)
+    return x if is_image_array(x) or np.asarray(x).ndim == 4 else np.asarray(x, dtype=np.float64)
 
 
 def _hist_quantile(hist: np.ndarray, values: np.ndarray, q: float) -> float:
@@ -244,6 +272,7 @@ __all__ = [
     "MissingStatsError",
     "NormMode",
     "Normalizer",
+    "PointmapStats",
     "RunningStats",
     "compute_stats",
     "stats_from_arrays",

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from policylink.adapters.images import to_float_chw
+from policylink.adapters.pointmaps import is_pointmap_key, pointmap_to_chw
 from policylink.adapters.schema import ACTION_KEY, FeatureSpec
 from policylink.data.normalize import Normalizer
 
@@ -44,7 +45,8 @@ def observation_tensors(
         normalizer: the policy's normaliser (every key must be configured).
 
     Returns:
-        key -> float32 ``(B, T, D)`` or, for images, ``(B, T, 3, H, W)``.
+        key -> float32 ``(B, T, D)`` or, for images and pointmaps (``observation.pointmaps.*``, metres),
+        ``(B, T, 3, H, W)``.
 
     Raises:
         KeyError: a feature is missing from ``obs``. ImageScaleError: a float image outside ``[0, 1]``.
@@ -56,7 +58,10 @@ def observation_tensors(
             raise KeyError(f"{key}: missing from the observation; received keys {sorted(obs)}")
         x = obs[key]
         x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-        x = to_float_chw(x, key) if feat.is_image else x.astype(np.float32, copy=False)
+        if feat.is_image:
+            x = to_float_chw(x, key)
+        else:
+            x = pointmap_to_chw(x, key) if is_pointmap_key(key) else x.astype(np.float32, copy=False)
         t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
         out[key] = normalizer.normalize_feature(key, t)
     return out

@@ -28,7 +28,7 @@ PUSHER_SUCCESS_TOLERANCE_M = 0.08
 goal's centre, i.e. over the red goal disk (radius 0.08 m; the object's radius is 0.05 m)."""
 
 TOP_CAMERA = "top"
-OBS_MODES = tuple(m for m in ALL_OBS_MODES if m != "image+proprio")  # a flat gym state has no proprio split
+OBS_MODES = tuple(m for m in ALL_OBS_MODES if "proprio" not in m)  # a flat gym state has no proprio split
 
 
 def reacher_success(raw_obs: np.ndarray, info: dict, env: gym.Env) -> bool:

@@ -14,6 +14,7 @@ import torch
 import torchvision
 from torch import nn
 
+from policylink.adapters.pointmaps import is_pointmap_key
 from policylink.adapters.schema import FeatureSpec
 from policylink.policies.common.encoder_config import VISION_BACKBONES, EncoderConfig
 
@@ -151,7 +152,9 @@ class ObservationEncoder(nn.Module):
     """Encode a window of observations into one conditioning vector.
 
     Image features (``FeatureSpec.is_image``) go through an :class:`ImageEncoder` (shared across cameras or
-    one per camera); every other numeric feature through a :class:`StateMLP`. Per step, the features are
+    one per camera); pointmaps (``observation.pointmaps.<camera>``, normalised ``(B, T, 3, H, W)``) through a
+    :class:`~policylink.policies.common.pointmap_encoder.PointmapEncoder`, stacked with the same camera's image
+    when both are features; every other numeric feature through a :class:`StateMLP`. Per step, the features are
     concatenated in sorted key order; the ``T = n_obs_steps`` steps are then flattened (Diffusion Policy's
     global conditioning).
 
@@ -169,8 +172,12 @@ class ObservationEncoder(nn.Module):
 
     def __init__(self, features: Mapping[str, FeatureSpec], n_obs_steps: int, cfg: EncoderConfig):
         super().__init__()
-        self.image_keys = sorted(k for k, f in features.items() if f.is_image)
-        self.vector_keys = sorted(k for k, f in features.items() if not f.is_image)
+        from policylink.policies.common.pointmap_encoder import pointmap_encoders  # imports this module
+
+        self.pointmap_encoders, self.stacked_images = pointmap_encoders(features, cfg)
+        self.pointmap_keys = sorted(k for k in features if is_pointmap_key(k))
+        self.image_keys = sorted(k for k, f in features.items() if f.is_image and k not in self.stacked_images.values())
+        self.vector_keys = sorted(k for k, f in features.items() if not f.is_image and k not in self.pointmap_keys)
         for key in self.vector_keys:
             f = features[key]
             if f.is_string or len(f.shape) != 1:
@@ -178,7 +185,7 @@ class ObservationEncoder(nn.Module):
                     f"{key}: expected an image (H, W, 3) uint8 or a vector (D,) feature, received "
                     f"dtype {f.dtype} shape {f.shape}"
                 )
-        if not self.image_keys and not self.vector_keys:
+        if not self.image_keys and not self.vector_keys and not self.pointmap_keys:
             raise ValueError("observation_features: expected at least one feature, received none")
         self.n_obs_steps = n_obs_steps
         self.image_encoders = nn.ModuleDict()
@@ -197,15 +204,19 @@ class ObservationEncoder(nn.Module):
         self.shared = cfg.share_vision_encoder
         step_dim = sum(e.out_dim for e in self.state_encoders.values())
         step_dim += len(self.image_keys) * (2 * cfg.num_keypoints)
+        step_dim += sum(e.out_dim for e in self.pointmap_encoders.values())
         self.step_dim = step_dim
         self.out_dim = n_obs_steps * step_dim
 
     def forward(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         parts = []
-        for key in sorted(self.image_keys + self.vector_keys):
+        for key in sorted(self.image_keys + self.vector_keys + self.pointmap_keys):
             x = obs[key]
             b, t = x.shape[:2]
-            if key in self.image_keys:
+            if key in self.pointmap_keys:
+                rgb = obs[self.stacked_images[key]].flatten(0, 1) if key in self.stacked_images else None
+                parts.append(self.pointmap_encoders[_module_name(key)](x.flatten(0, 1), rgb).reshape(b, t, -1))
+            elif key in self.image_keys:
                 enc = self.image_encoders["shared" if self.shared else _module_name(key)]
                 parts.append(enc(x.flatten(0, 1)).reshape(b, t, -1))
             else:

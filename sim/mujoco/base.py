@@ -8,6 +8,7 @@ sampling, action application, the state vector and the success predicate.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from importlib.resources import files
 from typing import Any, ClassVar
 
@@ -15,7 +16,8 @@ import mujoco
 import numpy as np
 
 from policylink.adapters.env import EnvAdapter
-from policylink.adapters.obs_modes import OBS_MODES
+from policylink.adapters.obs_modes import OBS_MODES, obs_mode_parts
+from policylink.adapters.pointmaps import POINTMAP_PREFIX, POINTMAP_UNIT
 from policylink.adapters.schema import (
     IMAGE_PREFIX,
     STATE_KEY,
@@ -26,11 +28,13 @@ from policylink.adapters.schema import (
     FeatureSpec,
     coerce_action,
 )
+from policylink.sim.mujoco.cameras import CameraPoseShift, apply_camera_pose_shift, mujoco_pointmap
 from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
 from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_quality
 
 CONTROL_FREQUENCY_HZ = 10.0
+MAX_DEPTH_M = 2.0  # pointmap range, metres; farther pixels (beyond the 1 m table, background) are invalid
 MAX_IMAGE_SIDE = 4096  # pixels; camera frames and the offscreen buffer are allocated at this size
 
 
@@ -66,6 +70,9 @@ class MujocoTaskEnv(EnvAdapter):
         render_mode: ``"rgb_array"`` makes :meth:`render` return a ``render_size`` frame of the first camera.
         randomization: visual randomisation bounds (default :class:`RandomizationConfig`).
         render_size: side of the :meth:`render` frame, pixels (default 256).
+        camera_pose_shift: a :class:`~policylink.sim.mujoco.cameras.CameraPoseShift` (or a mapping of its
+            fields, e.g. ``{"yaw_deg": 20}`` from ``--env_kwargs``) moving every camera about ``workspace_center``
+            (evaluation under an unseen viewpoint); None keeps the nominal cameras.
 
     Raises:
         ValueError: an unknown ``obs_mode``, ``render_quality`` or ``render_mode``, a bad ``image_size``.
@@ -83,6 +90,7 @@ class MujocoTaskEnv(EnvAdapter):
     default_cameras: ClassVar[tuple[str, ...]] = ("front",)
     randomized_geoms: ClassVar[tuple[str, ...]] = ()
     main_object: ClassVar[str]  # body moved by displacement / force perturbations
+    workspace_center: ClassVar[tuple[float, float, float]] = (0.0, 0.0, 0.0)  # m, pivot of camera_pose_shift
     instructions: ClassVar[tuple[str, ...]]
 
     def __init__(
@@ -95,6 +103,7 @@ class MujocoTaskEnv(EnvAdapter):
         render_mode: str | None = None,
         randomization: RandomizationConfig | None = None,
         render_size: int = 256,
+        camera_pose_shift: CameraPoseShift | Mapping[str, Any] | None = None,
     ):
         if obs_mode not in OBS_MODES:
             raise ValueError(f"obs_mode: expected one of {OBS_MODES}, received {obs_mode!r}")
@@ -121,12 +130,16 @@ class MujocoTaskEnv(EnvAdapter):
         for cam in self.cameras:
             if cam not in known:
                 raise KeyError(f"cameras: expected names from {known}, received {cam!r}")
+        parts = obs_mode_parts(obs_mode)
         self._use_state = obs_mode != "image"
-        self._n_state = self.n_proprio if obs_mode == "image+proprio" else len(self.state_names)
-        self._use_images = obs_mode != "state"
+        self._n_state = self.n_proprio if "proprio" in parts else len(self.state_names)
+        self._use_images, self._use_pointmaps = "image" in parts, "pointmap" in parts
+        self.camera_pose_shift = CameraPoseShift.coerce(camera_pose_shift)
+        if self.camera_pose_shift is not None:
+            apply_camera_pose_shift(self.model, self.camera_pose_shift, np.asarray(self.workspace_center))
         buf = (max(height, render_size if render_mode else 0), max(width, render_size if render_mode else 0))
         configure_visual_quality(self.model, render_quality, *buf)
-        self._renderer = FrameRenderer(self.model, height, width) if self._use_images else None
+        self._renderer = FrameRenderer(self.model, height, width) if parts & {"image", "pointmap"} else None
         self._video_renderer = FrameRenderer(self.model, render_size, render_size) if render_mode else None
         self.randomization = randomization if randomization is not None else RandomizationConfig()
         self._randomizer = SceneRandomizer(self.model, self.randomization, self.randomized_geoms)
@@ -147,6 +160,9 @@ class MujocoTaskEnv(EnvAdapter):
         if self._use_images:
             for cam in self.cameras:
                 features[IMAGE_PREFIX + cam] = FeatureSpec("uint8", (height, width, 3), unit="rgb")
+        if self._use_pointmaps:
+            for cam in self.cameras:
+                features[POINTMAP_PREFIX + cam] = FeatureSpec("float32", (height, width, 3), unit=POINTMAP_UNIT)
         features[TASK_KEY] = FeatureSpec("string", ())
         self.env_spec = EnvSpec(
             name=self.name,
@@ -288,9 +304,13 @@ class MujocoTaskEnv(EnvAdapter):
         obs: dict[str, Any] = {}
         if self._use_state:
             obs[STATE_KEY] = self._state()[: self._n_state]
-        if self._renderer is not None:
+        if self._use_images:
             for cam in self.cameras:
                 obs[IMAGE_PREFIX + cam] = self._renderer.render(self.data, cam)
+        if self._use_pointmaps:
+            for cam in self.cameras:
+                depth = self._renderer.render_depth(self.data, cam)
+                obs[POINTMAP_PREFIX + cam] = mujoco_pointmap(self.model, self.data, cam, depth, MAX_DEPTH_M).points
         obs[TASK_KEY] = self.task
         return obs
 

@@ -79,6 +79,25 @@ class FrameRenderer:
         Raises:
             KeyError: ``camera`` is not a camera of the model (the message lists the available ones).
         """
+        self._update_scene(data, camera)
+        return self._renderer.render().copy()
+
+    def render_depth(self, data: mujoco.MjData, camera: str) -> np.ndarray:
+        """A fresh float32 ``(H, W)`` z-depth frame of ``camera``, metres (distance along the optical axis, as
+        :class:`mujoco.Renderer` linearises the depth buffer; background reads as the far clipping distance).
+
+        Raises:
+            KeyError: ``camera`` is not a camera of the model.
+        """
+        self._update_scene(data, camera)
+        self._renderer.enable_depth_rendering()
+        try:
+            return self._renderer.render().astype(np.float32)
+        finally:
+            self._renderer.disable_depth_rendering()
+
+    def _update_scene(self, data: mujoco.MjData, camera: str) -> None:
+        """Check ``camera``, make the GL context on first use, refresh camera poses and the scene."""
         if mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera) < 0:
             names = [self.model.camera(i).name for i in range(self.model.ncam)]
             raise KeyError(f"camera: expected one of {names}, received {camera!r}")
@@ -87,7 +106,6 @@ class FrameRenderer:
             self._renderer = mujoco.Renderer(self.model, self.height, self.width)
         mujoco.mj_camlight(self.model, data)
         self._renderer.update_scene(data, camera=camera)
-        return self._renderer.render().copy()
 
     def close(self) -> None:
         """Free the GL context (idempotent)."""

@@ -1,0 +1,106 @@
+"""Pointmap encoders: robot-centric pointmaps (``observation.pointmaps.<camera>``, base-frame XYZ per pixel),
+alone or stacked channel-wise with the same camera's RGB frame, encoded into base-frame keypoints.
+
+The trunk and the spatial-softmax attention are Diffusion Policy's (arXiv 2303.04137), but each keypoint is read
+out as the attention-weighted mean of the (normalised) pointmap, i.e. a 3-D position in the robot base frame,
+instead of the expected pixel coordinate: the feature then does not move when the camera does, as long as the
+attention still lands on the same scene part (the premise of robot-centric pointmaps: actions and observations
+share the robot's frame).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from policylink.adapters.pointmaps import POINTMAP_PREFIX, is_pointmap_key
+from policylink.adapters.schema import IMAGE_PREFIX, FeatureSpec
+from policylink.policies.common.encoder_config import VISION_BACKBONES, EncoderConfig
+from policylink.policies.common.encoders import RandomCrop, resnet18_groupnorm, small_conv
+
+
+class PointmapEncoder(nn.Module):
+    """Crop -> trunk -> per-keypoint attention -> attended XYZ -> linear+ReLU.
+
+    Input: the normalised pointmap float32 ``(N, 3, H, W)`` and, when ``rgb_channels`` is 3, the frame
+    ``(N, 3, H, W)`` in ``[0, 1]`` (stacked in front of the pointmap: a 6-channel trunk). Output: float32
+    ``(N, 3K)`` (``K = num_keypoints``).
+
+    Raises:
+        ValueError: unknown ``backbone``, or ``rgb_channels`` not 0 or 3.
+    """
+
+    def __init__(
+        self, image_hw: tuple[int, int], backbone: str, crop_ratio: float, num_keypoints: int, rgb_channels: int = 0
+    ):
+        super().__init__()
+        if backbone not in VISION_BACKBONES:
+            raise ValueError(f"vision_backbone: expected one of {VISION_BACKBONES}, received {backbone!r}")
+        if rgb_channels not in (0, 3):
+            raise ValueError(f"rgb_channels: expected 0 (pointmap alone) or 3 (stacked RGB), received {rgb_channels}")
+        self.rgb_channels = rgb_channels
+        channels = 3 + rgb_channels
+        self.crop = RandomCrop(crop_ratio)
+        self.trunk = _trunk(backbone, channels)
+        with torch.no_grad():
+            feat = self.trunk(torch.zeros(1, channels, *self.crop.output_size(*image_hw))).shape[1]
+        self.keypoints = nn.Conv2d(feat, num_keypoints, kernel_size=1)
+        self.out = nn.Sequential(nn.Linear(3 * num_keypoints, 3 * num_keypoints), nn.ReLU())
+        self.out_dim = 3 * num_keypoints
+
+    def forward(self, points: torch.Tensor, rgb: torch.Tensor | None = None) -> torch.Tensor:
+        x = points if rgb is None else torch.cat([rgb * 2.0 - 1.0, points], dim=1)
+        x = self.crop(x)  # one crop for the stacked channels: pixels stay aligned
+        feats = self.trunk(x)
+        n, _, h, w = feats.shape
+        attn = torch.softmax(self.keypoints(feats).flatten(2), dim=-1)  # (N, K, h*w)
+        xyz = F.adaptive_avg_pool2d(x[:, -3:], (h, w)).flatten(2).transpose(1, 2)  # (N, h*w, 3)
+        return self.out((attn @ xyz).reshape(n, -1))
+
+
+def _trunk(backbone: str, in_channels: int) -> nn.Module:
+    """The image trunk with ``in_channels`` input channels (its first conv replaced when not 3)."""
+    net = resnet18_groupnorm() if backbone == "resnet18" else small_conv()
+    if in_channels != 3:
+        first = net[0]
+        net[0] = nn.Conv2d(
+            in_channels, first.out_channels, first.kernel_size, first.stride, first.padding, bias=first.bias is not None
+        )
+    return net
+
+
+def pointmap_encoders(features: Mapping[str, FeatureSpec], cfg: EncoderConfig) -> tuple[nn.ModuleDict, dict[str, str]]:
+    """One :class:`PointmapEncoder` per pointmap feature of ``features``; a camera that also has an
+    ``observation.images.<camera>`` feature gets a stacked 6-channel encoder.
+
+    Returns:
+        ``(encoders, stacked)``: encoders keyed by the feature key with ``.`` replaced by ``__``; ``stacked`` maps
+        each stacked pointmap key to the image key it consumes (that image gets no encoder of its own).
+
+    Raises:
+        ValueError: a pointmap feature is not float ``(H, W, 3)``, or its stacked image has another ``H x W``.
+    """
+    encoders, stacked = nn.ModuleDict(), {}
+    for key in sorted(k for k in features if is_pointmap_key(k)):
+        f = features[key]
+        if len(f.shape) != 3 or f.shape[-1] != 3 or not f.dtype.startswith("float"):
+            raise ValueError(f"{key}: expected a float pointmap (H, W, 3), received dtype {f.dtype} shape {f.shape}")
+        image_key = IMAGE_PREFIX + key[len(POINTMAP_PREFIX) :]
+        if image_key in features:
+            if features[image_key].shape[:2] != f.shape[:2]:
+                raise ValueError(
+                    f"{image_key}: expected the size of {key} {f.shape[:2]} to stack, received "
+                    f"{features[image_key].shape}"
+                )
+            stacked[key] = image_key
+        rgb = 3 if key in stacked else 0
+        encoders[key.replace(".", "__")] = PointmapEncoder(
+            f.shape[:2], cfg.vision_backbone, cfg.crop_ratio, cfg.num_keypoints, rgb
+        )
+    return encoders, stacked
+
+
+__all__ = ["PointmapEncoder", "pointmap_encoders"]
