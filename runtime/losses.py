@@ -180,6 +180,8 @@ def training_batch(
         "episode_index": raw["episode_index"].to(device),
         "step": raw["step"].to(device),
     }
+    if ds.sampler.chain_windows > 1:  # a memory chain: its encoder skips the windows before the episode start
+        out["obs"][OBS_PAD_KEY] = raw[OBS_PAD_KEY].to(device)
     for key in fields.step:
         out[key] = raw[key][:, first:].to(device)
     for key in fields.episode:

@@ -23,6 +23,7 @@ from policylink.data.normalize import Normalizer
 from policylink.data.sampler import SequenceDataset, split_episodes
 from policylink.data.stats import compute_stats
 from policylink.policies.processing import normalizer_modes, window_horizon
+from policylink.policies.temporal_config import chain_windows
 from policylink.runtime.losses import BatchFields
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def training_data(
         normalizer=normalizer,
         step_fields=fields.step_keys(),
         episode_fields=fields.episode,
+        **chain_windows(p),  # policy.memory: sega trains on chains of consecutive windows
     )
     train_ds = SequenceDataset(store, episodes=train_eps, **window)
     if len(train_ds) == 0:
