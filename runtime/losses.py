@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from policylink.adapters.schema import ACTION_KEY
+from policylink.adapters.schema import ACTION_KEY, TASK_KEY
 from policylink.data.sampler import ACTION_PAD_KEY, NEXT_PREFIX, OBS_PAD_KEY, SequenceDataset
 
 if TYPE_CHECKING:
@@ -160,7 +160,8 @@ def training_batch(
     """The batch a loss receives for windows ``indices`` of ``ds`` (built with ``fields``' step/episode fields).
 
     Returns (tensors on ``device``):
-        ``obs``: key -> ``(B, To, ...)`` normalized windows; ``action``: float32 ``(B, H, A)`` normalized chunk
+        ``obs``: key -> ``(B, To, ...)`` normalized windows, plus ``task`` (list of ``B`` str, for encoders that
+        read the instruction); ``action``: float32 ``(B, H, A)`` normalized chunk
         from the newest observation's step (``H = ds.chunk_length``); ``valid``: bool ``(B, H)``, False past the
         episode's end; each :attr:`BatchFields.step` key ``(B, H, ...)`` over the same steps; each
         :attr:`BatchFields.episode` tag (tensor ``(B,)`` or list of str); ``task``: list of str; ``episode_index``,
@@ -173,7 +174,7 @@ def training_batch(
         raw = ds.get_batch(indices)
     first = ds.sampler.n_obs_steps - 1  # the chunk starts at the newest observation (window_horizon)
     out: dict[str, Any] = {
-        "obs": {k: raw[k].to(device) for k in ds.obs_keys},
+        "obs": {**{k: raw[k].to(device) for k in ds.obs_keys}, TASK_KEY: raw["task"]},  # task: language models
         "action": raw[ACTION_KEY][:, first:].to(device),
         "valid": (~raw[ACTION_PAD_KEY][:, first:]).to(device),
         "task": raw["task"],
@@ -187,7 +188,7 @@ def training_batch(
     for key in fields.episode:
         out[key] = raw[key].to(device) if isinstance(raw[key], torch.Tensor) else raw[key]
     if fields.transition_gamma is not None:
-        out["next_obs"] = {k: raw[NEXT_PREFIX + k].to(device) for k in ds.obs_keys}
+        out["next_obs"] = {**{k: raw[NEXT_PREFIX + k].to(device) for k in ds.obs_keys}, TASK_KEY: raw["task"]}
         out["next_observation_is_pad"] = raw[NEXT_PREFIX + OBS_PAD_KEY].to(device)
         out.update({k: raw[k].to(device) for k in TRANSITION_KEYS})
     return out

