@@ -12,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from policylink.policies.common.conv_paths import SELECTOR, run_path
 from policylink.policies.common.unet_config import UNetConfig, UNetPolicyConfig  # noqa: F401 (re-exported)
 
 
@@ -39,17 +40,15 @@ class SinusoidalTimeEmbedding(nn.Module):
 
 
 class GemmConv1d(nn.Conv1d):
-    """``nn.Conv1d`` that, when autograd is off, runs as one matrix product over unfolded windows (im2col).
+    """``nn.Conv1d`` that, when autograd is off, runs through the fastest execution path measured on this machine
+    for its input shape, device and dtype (:mod:`policylink.policies.common.conv_paths`: PyTorch's conv,
+    oneDNN with pre-reordered weights, one im2col GEMM, or one GEMM per kernel tap).
 
-    Same parameters, same result up to float summation order. For the short sequences of action chunks
-    (``H`` = 4 to 16) and small batches, PyTorch's CPU convolution spends most of its time re-laying out the
-    weights on every call; a cached ``(k * C_in, C_out)`` weight matrix read by one GEMM is 1.2-3x faster at
-    512-2048 channels. When the zero padding is a large part of the windows (``H <= 2 * padding``: the
-    deepest U-Net level, ``H = 4`` with ``k = 5``) or the product has many rows (``B * H >= 64``), it instead
-    runs one GEMM per kernel tap over only the rows that tap reaches, with cached ``(k, C_in, C_out)`` weights:
-    the multiplications by padding zeros are skipped (30 % of them at ``H = 4``, ``k = 5``) and no unfolded
-    copy is made. Training (autograd on) uses the standard convolution. Only ``groups=1`` and ``dilation=1``
-    with integer padding are supported on the fast paths (others fall back).
+    Same parameters, same result up to float summation order (every path is tested against ``conv1d``). The
+    first call with a new ``(B, C_in, H)`` times the candidate paths (a few ms per shape; shapes are shared by
+    all layers); later calls look the choice up. Training (autograd on) uses the standard convolution. Only
+    ``groups=1`` and ``dilation=1`` with integer zero padding take the measured paths (others fall back).
+    Input ``(B, C_in, H)`` -> ``(B, C_out, H_out)``, the input's dtype and device.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,58 +58,10 @@ class GemmConv1d(nn.Conv1d):
             or self.dilation[0] != 1
             or isinstance(self.padding, str)
             or self.padding_mode != "zeros"
+            or x.dim() != 3
         ):
             return super().forward(x)
-        k, stride, pad = self.kernel_size[0], self.stride[0], self.padding[0]
-        b, _, h = x.shape
-        if stride == 1 and pad and (h <= 2 * pad or b * h >= 64):
-            return self._forward_taps(x)
-        if pad:
-            x = nn.functional.pad(x, (pad, pad))
-        c = x.shape[1]
-        cols = x.unfold(2, k, stride)  # (B, C_in, H_out, k)
-        h_out = cols.shape[2]
-        cols = cols.permute(0, 2, 3, 1).reshape(b * h_out, k * c)  # rows ordered (k, C_in)
-        out = (
-            torch.addmm(self.bias, cols, self._weight_matrix())
-            if self.bias is not None
-            else cols @ self._weight_matrix()
-        )
-        return out.reshape(b, h_out, -1).transpose(1, 2)
-
-    def _forward_taps(self, x: torch.Tensor) -> torch.Tensor:
-        """Stride-1 convolution as ``k`` GEMMs, tap ``j`` over the output rows whose window reaches a real
-        input at offset ``j - padding``. ``(B, C_in, H)`` -> ``(B, C_out, H)``."""
-        k, pad = self.kernel_size[0], self.padding[0]
-        b, c, h = x.shape
-        taps = self._tap_matrices()  # (k, C_in, C_out)
-        xt = x.transpose(1, 2).contiguous()  # (B, H, C_in)
-        out = x.new_zeros(b, h, taps.shape[2]) if self.bias is None else self.bias.expand(b, h, -1).clone()
-        for j in range(k):
-            shift = j - pad
-            lo, hi = max(0, -shift), min(h, h - shift)  # output rows reached by this tap
-            if lo < hi:
-                rows = xt[:, lo + shift : hi + shift].reshape(b * (hi - lo), c)
-                out[:, lo:hi] += (rows @ taps[j]).view(b, hi - lo, -1)
-        return out.transpose(1, 2)
-
-    def _weight_matrix(self) -> torch.Tensor:
-        """Cached ``(k * C_in, C_out)`` weights for the im2col GEMM."""
-        return self._cached_weights()[0]
-
-    def _tap_matrices(self) -> torch.Tensor:
-        """Cached ``(k, C_in, C_out)`` weights for the per-tap GEMMs (a view of the same memory)."""
-        return self._cached_weights()[1]
-
-    def _cached_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both weight layouts, rebuilt when the weight tensor changes (in-place update, new tensor, device)."""
-        w = self.weight
-        key = (w._version, w.data_ptr(), w.device, w.dtype)
-        if getattr(self, "_cache_key", None) != key:
-            taps = w.detach().permute(2, 1, 0).contiguous()  # (k, C_in, C_out)
-            self._cache = (taps.view(-1, w.shape[0]), taps)  # rows ordered (k, C_in), as the unfolded windows
-            self._cache_key = key
-        return self._cache
+        return run_path(SELECTOR.choose(self, x), self, x)
 
 
 class Conv1dBlock(nn.Module):

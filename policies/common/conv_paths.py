@@ -1,0 +1,299 @@
+"""Execution paths of a 1-D convolution at inference, and the choice among them by measuring each once per
+(shape, device, dtype) (issue 19: "never slower, on any machine").
+
+The same ``Conv1d`` (``groups=1``, ``dilation=1``, integer zero padding) can run as:
+
+- ``"torch"``: PyTorch's own ``conv1d`` (oneDNN/MKL-DNN on CPU, cuDNN on CUDA);
+- ``"onednn"``: oneDNN's convolution with the weights reordered once into its blocked layout and kept
+  (``torch.ops.mkldnn._convolution_pointwise``, the kernel inductor uses; CPU, float32/bfloat16 only): no
+  per-call weight re-layout;
+- ``"im2col"``: one GEMM over unfolded windows, reading the layer's own weight memory as a ``(C_in * k,
+  C_out)`` matrix (no copy);
+- ``"taps"``: stride 1 only, one GEMM per kernel tap over only the output rows that tap reaches (skips the
+  multiplications by padding zeros), cached ``(k, C_out, C_in)`` weights.
+
+Which is fastest depends on the CPU (cache sizes, AVX-512 or not, the MKL and oneDNN kernels it dispatches to),
+the batch and the sequence length: on one Xeon PyTorch's convolution wins, on one EPYC the GEMM forms win by
+1.2-3.5x. :class:`PathSelector` therefore times every available path on the first call with a new
+:class:`ConvKey` and keeps the fastest for that key (a dict lookup on later calls). All paths compute the same
+convolution; outputs differ only by float summation order (``tests/policies/common/test_conv_paths.py``
+compares every path with ``conv1d`` within float tolerance). For bit-reproducible runs across processes pin one
+path with ``POLICYLINK_CONV_PATH=torch`` (or :func:`set_forced_path`). Convolutions under
+:data:`MIN_MEASURED_MACS` multiply-adds always run ``"torch"`` (timing them costs more than any path saves;
+this also keeps tiny test models deterministic across processes). ``torch.compile`` is not a candidate: it
+compiles for seconds per shape on one CPU thread, far beyond the load-time budget of a few hundred ms.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+PATHS = ("torch", "onednn", "im2col", "taps")  # order = preference on ties
+DEFAULT_PATH = "torch"
+MIN_MEASURED_MACS = 1 << 22  # ~4M multiply-adds (~0.2-0.5 ms on one CPU thread); smaller convs run "torch"
+TIMED_CALLS = 2  # timed calls per close candidate (1 for clearly slower ones); the best is kept
+RETIME_WITHIN = 0.3  # paths within 30 % of the best after one call each are timed again
+TIE_MARGIN = 0.03  # a later path must be this much faster than the best so far to replace it
+ENV_VAR = "POLICYLINK_CONV_PATH"
+
+
+@dataclass(frozen=True)
+class ConvKey:
+    """What the speed of a convolution depends on: layer geometry, input ``(B, C_in, H)``, device and dtype."""
+
+    c_in: int
+    c_out: int
+    kernel: int
+    stride: int
+    padding: int
+    batch: int
+    length: int
+    device: str  # str(torch.device), e.g. "cpu", "cuda:0"
+    dtype: str  # e.g. "torch.float32"
+
+    @property
+    def macs(self) -> int:
+        """Multiply-adds of one call."""
+        h_out = (self.length + 2 * self.padding - self.kernel) // self.stride + 1
+        return self.batch * max(h_out, 0) * self.kernel * self.c_in * self.c_out
+
+
+def conv_key(layer: nn.Conv1d, x: torch.Tensor) -> ConvKey:
+    """The :class:`ConvKey` of running ``layer`` on ``x`` ``(B, C_in, H)``."""
+    b, c, h = x.shape
+    k, stride, pad = layer.kernel_size[0], layer.stride[0], layer.padding[0]
+    return ConvKey(c, layer.out_channels, k, stride, pad, b, h, str(x.device), str(x.dtype))
+
+
+# ----------------------------------------------------------------------------------------------- the paths
+def _cached(layer: nn.Conv1d, name: str, extra: tuple, build: Callable[[torch.Tensor], object]):
+    """Weights of ``layer`` in the layout of path ``name``, rebuilt when the weight tensor changes (in-place
+    update, new tensor, device, dtype) or ``extra`` (e.g. the input shape) differs."""
+    w = layer.weight
+    key = (w._version, w.data_ptr(), w.device, w.dtype, extra)
+    store = layer.__dict__.setdefault("_path_weights", {})
+    hit = store.get(name)
+    if hit is None or hit[0] != key:
+        hit = store[name] = (key, build(w.detach()))
+    return hit[1]
+
+
+def _run_torch(layer: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.conv1d(x, layer.weight, layer.bias, layer.stride, layer.padding)
+
+
+def _run_im2col(layer: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """One GEMM over the unfolded windows, rows ordered ``(C_in, k)`` so the weight ``(C_out, C_in * k)`` is
+    the layer's own memory read transposed (no weight copy)."""
+    k, stride, pad = layer.kernel_size[0], layer.stride[0], layer.padding[0]
+    weight = layer.weight.view(layer.out_channels, -1).t()  # (C_in * k, C_out)
+    if pad:
+        x = nn.functional.pad(x, (pad, pad))
+    b, c = x.shape[:2]
+    cols = x.unfold(2, k, stride)  # (B, C_in, H_out, k)
+    h_out = cols.shape[2]
+    cols = cols.transpose(1, 2).reshape(b * h_out, c * k)
+    out = torch.addmm(layer.bias, cols, weight) if layer.bias is not None else cols @ weight
+    return out.view(b, h_out, -1).transpose(1, 2)
+
+
+def _run_taps(layer: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """Stride-1 convolution as ``k`` GEMMs, tap ``j`` over the output rows whose window reaches a real input at
+    offset ``j - padding``. ``(B, C_in, H)`` -> ``(B, C_out, H_out)``."""
+    k, pad = layer.kernel_size[0], layer.padding[0]
+    b, c, h = x.shape
+    h_out = h + 2 * pad - k + 1
+    taps = _taps_weight(layer)  # (k, C_out, C_in)
+    xt = x.transpose(1, 2).contiguous()  # (B, H, C_in)
+    c_out = taps.shape[1]
+    out = x.new_zeros(b, h_out, c_out) if layer.bias is None else layer.bias.expand(b, h_out, -1).clone()
+    for j in range(k):
+        shift = j - pad
+        lo, hi = max(0, -shift), min(h_out, h - shift)  # output rows reached by this tap
+        if lo < hi:
+            rows = xt[:, lo + shift : hi + shift].reshape(b * (hi - lo), c)
+            out[:, lo:hi] += (rows @ taps[j].t()).view(b, hi - lo, -1)
+    return out.transpose(1, 2)
+
+
+def _run_onednn(layer: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    pad, stride = [0, layer.padding[0]], [1, layer.stride[0]]
+    out = torch.ops.mkldnn._convolution_pointwise(
+        x.unsqueeze(2), _onednn_weight(layer, x), layer.bias, pad, stride, [1, 1], 1, "none", [], ""
+    )
+    return out.squeeze(2)
+
+
+def _taps_weight(layer: nn.Conv1d) -> torch.Tensor:
+    """``(k, C_out, C_in)``: one matrix per kernel tap, read transposed by the GEMMs (a cheap copy: only the
+    small kernel axis moves)."""
+    return _cached(layer, "taps", (), lambda w: w.permute(2, 0, 1).contiguous())
+
+
+def _onednn_weight(layer: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """The weight reordered into oneDNN's blocked layout for inputs shaped like ``x`` (a 1 x k 2-D kernel)."""
+    pad, stride = [0, layer.padding[0]], [1, layer.stride[0]]
+    size = [x.shape[0], x.shape[1], 1, x.shape[2]]
+    reorder = torch._C._nn.mkldnn_reorder_conv2d_weight
+    return _cached(
+        layer, "onednn", tuple(size), lambda w: reorder(w.unsqueeze(2).to_mkldnn(), pad, stride, [1, 1], 1, size)
+    )
+
+
+RUNNERS: dict[str, Callable[[nn.Conv1d, torch.Tensor], torch.Tensor]] = {
+    "torch": _run_torch,
+    "onednn": _run_onednn,
+    "im2col": _run_im2col,
+    "taps": _run_taps,
+}
+
+
+def run_path(name: str, layer: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` computed by path ``name``: ``(B, C_in, H)`` -> ``(B, C_out, H_out)``.
+
+    Raises:
+        ValueError: an unknown path name (expected one of :data:`PATHS`).
+    """
+    runner = RUNNERS.get(name)
+    if runner is None:
+        raise ValueError(f"conv path: expected one of {PATHS}, received {name!r}")
+    return runner(layer, x)
+
+
+def prepare_path(name: str, layer: nn.Conv1d, x: torch.Tensor) -> None:
+    """Build path ``name``'s cached weight layout for ``layer`` on inputs shaped like ``x`` (no convolution).
+
+    Raises:
+        RuntimeError, NotImplementedError: the path's ops are missing from this torch build or device.
+    """
+    if name == "taps":
+        _taps_weight(layer)
+    elif name == "onednn":
+        _onednn_weight(layer, x)
+
+
+def available_paths(key: ConvKey) -> tuple[str, ...]:
+    """The paths that can run ``key``: ``"taps"`` only at stride 1 with padding, ``"onednn"`` only on CPU for
+    float32/bfloat16 when this torch build has oneDNN; ``"torch"`` and ``"im2col"`` everywhere."""
+    paths = ["torch"]
+    if key.device == "cpu" and key.dtype in ("torch.float32", "torch.bfloat16") and _has_onednn():
+        paths.append("onednn")
+    paths.append("im2col")
+    if key.stride == 1 and key.padding:
+        paths.append("taps")
+    return tuple(paths)
+
+
+def _has_onednn() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+
+
+# -------------------------------------------------------------------------------------------- the choice
+_forced: str | None = None
+
+
+def set_forced_path(name: str | None) -> None:
+    """Run every convolution through path ``name`` (``None``: measure). Initialised from ``$POLICYLINK_CONV_PATH``.
+
+    Raises:
+        ValueError: an unknown path name.
+    """
+    global _forced
+    if name is not None and name not in PATHS:
+        raise ValueError(f"{ENV_VAR}: expected one of {PATHS}, received {name!r}")
+    _forced = name
+
+
+def forced_path() -> str | None:
+    """The pinned path, or None when paths are measured."""
+    return _forced
+
+
+class PathSelector:
+    """Chooses and remembers the fastest path per :class:`ConvKey`.
+
+    Args:
+        min_macs: convolutions below this many multiply-adds run :data:`DEFAULT_PATH` unmeasured.
+        timed_calls: timed calls per candidate (after one untimed warm-up call); the minimum counts.
+
+    A path that raises on the warm-up call (an op this build lacks) is dropped for that key; if all but
+    ``"torch"`` fail, ``"torch"`` is chosen. Devices other than CPU and CUDA (e.g. ``meta``) are never timed.
+    ``measured_seconds`` is the total time spent measuring (the load-time cost).
+    """
+
+    def __init__(self, min_macs: int = MIN_MEASURED_MACS, timed_calls: int = TIMED_CALLS):
+        self.min_macs, self.timed_calls = int(min_macs), int(timed_calls)
+        self.choices: dict[ConvKey, str] = {}
+        self.timings: dict[ConvKey, dict[str, float]] = {}  # seconds per call, per measured path
+        self.measured_seconds = 0.0
+
+    def choose(self, layer: nn.Conv1d, x: torch.Tensor) -> str:
+        """The path for running ``layer`` on ``x`` (measured on the first call with this key)."""
+        key = conv_key(layer, x)
+        if _forced is not None:
+            return _forced if _forced in available_paths(key) else DEFAULT_PATH
+        path = self.choices.get(key)
+        if path is None:
+            path = self.choices[key] = self._measure(key, layer, x)
+        return path
+
+    def clear(self) -> None:
+        """Forget every choice (the next calls measure again)."""
+        self.choices.clear()
+        self.timings.clear()
+        self.measured_seconds = 0.0
+
+    def _measure(self, key: ConvKey, layer: nn.Conv1d, x: torch.Tensor) -> str:
+        """Time each available path: one call each (cached weight layouts built beforehand, untimed), then
+        ``timed_calls - 1`` more for the paths within :data:`RETIME_WITHIN` of the best (the close calls)."""
+        if key.macs < self.min_macs or x.device.type not in ("cpu", "cuda"):
+            return DEFAULT_PATH
+        t_start = time.perf_counter()
+        sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+        times: dict[str, float] = {}
+        for name in available_paths(key):
+            try:
+                prepare_path(name, layer, x)
+                times[name] = _time_call(name, layer, x, sync)
+            except (RuntimeError, NotImplementedError, AttributeError):
+                continue  # an op this build or device lacks: not a candidate
+        for _ in range(self.timed_calls - 1):
+            best = min(times.values(), default=0.0)
+            for name in [n for n, t in times.items() if t <= best * (1.0 + RETIME_WITHIN)]:
+                times[name] = min(times[name], _time_call(name, layer, x, sync))
+        self.timings[key] = times
+        chosen = pick_fastest(times)
+        store = layer.__dict__.get("_path_weights", {})
+        for name in [n for n in store if n != chosen]:
+            del store[name]  # the losers' weight copies
+        self.measured_seconds += time.perf_counter() - t_start
+        return chosen
+
+
+def _time_call(name: str, layer: nn.Conv1d, x: torch.Tensor, sync: Callable[[], None]) -> float:
+    sync()
+    t0 = time.perf_counter()
+    run_path(name, layer, x)
+    sync()
+    return time.perf_counter() - t0
+
+
+def pick_fastest(times: dict[str, float]) -> str:
+    """The fastest path of ``times`` (seconds per call), in :data:`PATHS` order; a later path must be more than
+    :data:`TIE_MARGIN` faster to win (stable choices under timing noise). Empty: :data:`DEFAULT_PATH`."""
+    best = None
+    for name in PATHS:
+        t = times.get(name)
+        if t is not None and (best is None or t < times[best] * (1.0 - TIE_MARGIN)):
+            best = name
+    return best or DEFAULT_PATH
+
+
+SELECTOR = PathSelector()  # the process-wide choices used by GemmConv1d
+set_forced_path(os.environ.get(ENV_VAR) or None)
