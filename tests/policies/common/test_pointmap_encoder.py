@@ -1,0 +1,75 @@
+"""Pointmap statistics (per channel, fill pixels skipped), the observation transform's channel-first layout, and
+the pointmap encoder (alone, stacked with RGB, attended-XYZ readout)."""
+
+import numpy as np
+import pytest
+import torch
+
+from policylink.adapters.schema import FeatureSpec
+from policylink.data.normalize import Normalizer
+from policylink.data.stats import stats_from_arrays
+from policylink.policies.common.encoder_config import EncoderConfig
+from policylink.policies.common.encoders import ObservationEncoder
+from policylink.policies.common.pointmap_encoder import PointmapEncoder
+from policylink.policies.processing import observation_tensors
+
+PM, IMG, STATE = "observation.pointmaps.top", "observation.images.top", "observation.state"
+
+
+def _pointmaps() -> np.ndarray:
+    """Two 2 x 3 pointmaps: x = col, y = row, z = 10 * frame; pixel (0, 0) of frame 0 is an invalid fill."""
+    pm = np.zeros((2, 2, 3, 3), np.float32)
+    rows, cols = np.mgrid[0:2, 0:3]
+    for f in range(2):
+        pm[f, ..., 0], pm[f, ..., 1], pm[f, ..., 2] = cols, rows, 10.0 * f + 1.0
+    pm[0, 0, 0] = 0.0
+    return pm
+
+
+def test_pointmap_stats_are_per_channel_over_valid_pixels():
+    stats = stats_from_arrays({PM: _pointmaps()})[PM]
+    valid = _pointmaps().reshape(-1, 3)[1:]  # the fill pixel dropped: 11 rows
+    assert stats["mean"].shape == (3, 1, 1) and stats["count"][0] == 11
+    np.testing.assert_allclose(stats["mean"].reshape(3), valid.mean(0))
+    np.testing.assert_allclose(stats["min"].reshape(3), [0.0, 0.0, 1.0])
+    np.testing.assert_allclose(stats["max"].reshape(3), [2.0, 1.0, 11.0])
+
+
+def test_observation_tensors_give_normalised_channel_first_pointmaps():
+    pm = _pointmaps()
+    norm = Normalizer(stats_from_arrays({PM: pm}), {PM: "min_max"})
+    feats = {PM: FeatureSpec("float32", (2, 3, 3), unit="m")}
+    out = observation_tensors({PM: pm[None]}, feats, norm)[PM]  # (B=1, T=2, 3, H, W)
+    assert out.shape == (1, 2, 3, 2, 3)
+    # x in [0, 2] -> [-1, 1]; pixel (row 1, col 2) of frame 1: x = 2 -> 1, y = 1 -> 1, z = 11 -> 1
+    np.testing.assert_allclose(out[0, 1, :, 1, 2].numpy(), [1.0, 1.0, 1.0], atol=1e-6)
+    np.testing.assert_allclose(out[0, 1, 0, 0].numpy(), [-1.0, 0.0, 1.0], atol=1e-6)
+
+
+def test_uniform_attention_reads_out_the_mean_xyz():
+    enc = PointmapEncoder((8, 8), "small_conv", crop_ratio=1.0, num_keypoints=2)
+    torch.nn.init.zeros_(enc.keypoints.weight), torch.nn.init.zeros_(enc.keypoints.bias)  # uniform attention
+    enc.out = torch.nn.Identity()
+    points = torch.randn(3, 3, 8, 8)
+    got = enc(points)  # (N, 3K): the mean XYZ per keypoint
+    expected = points.mean(dim=(2, 3)).repeat(1, 2)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_observation_encoder_takes_pointmaps_alone_or_stacked_with_rgb():
+    cfg = EncoderConfig(vision_backbone="small_conv", crop_ratio=0.9, num_keypoints=4)
+    state = FeatureSpec("float32", (2,))
+    pm = FeatureSpec("float32", (16, 16, 3), unit="m")
+    img = FeatureSpec("uint8", (16, 16, 3), unit="rgb")
+    obs = {STATE: torch.zeros(2, 2, 2), PM: torch.randn(2, 2, 3, 16, 16), IMG: torch.rand(2, 2, 3, 16, 16)}
+    alone = ObservationEncoder({STATE: state, PM: pm}, 2, cfg)
+    assert alone.out_dim == 2 * (2 + 12) and alone(obs).shape == (2, 28)
+    stacked = ObservationEncoder({STATE: state, PM: pm, IMG: img}, 2, cfg)
+    assert stacked.stacked_images == {PM: IMG} and stacked.image_keys == []
+    assert stacked.pointmap_encoders["observation__pointmaps__top"].trunk[0].in_channels == 6
+    assert stacked(obs).shape == (2, 28)
+    changed = dict(obs, **{IMG: torch.rand(2, 2, 3, 16, 16)})
+    stacked.eval()
+    assert not torch.allclose(stacked(obs), stacked(changed))  # the RGB channels reach the features
+    with pytest.raises(ValueError, match=r"observation.pointmaps.top: expected a float pointmap \(H, W, 3\)"):
+        ObservationEncoder({PM: FeatureSpec("float32", (16, 16, 4))}, 1, cfg)
