@@ -1,0 +1,224 @@
+"""LeRobot policies behind our contract: tiny diffusion / ACT checkpoints built offline (no pretrained backbone),
+saved with their processors, loaded by path through our adapter and compared with LeRobot's own ``select_action``
+/ ``predict_action_chunk`` on the same input; the ``lerobot:PATH`` reference in ``policylink eval``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policylink.adapters.schema import ActionSpec
+
+pytestmark = pytest.mark.lerobot
+
+STATE, CAM, ACTION = "observation.state", "observation.images.front", "action"
+ACTION_SPEC = ActionSpec(("dx", "dy", "dz"), "ee_delta", ("m", "m", "m"), (-0.02,) * 3, (0.02,) * 3)
+IMG = 32
+
+
+@pytest.fixture(scope="module")
+def torch_mod():
+    pytest.importorskip("lerobot")
+    import torch
+
+    from policylink.policies.lerobot.loading import import_lerobot_policies
+
+    torch.set_num_threads(1)
+    import_lerobot_policies()
+    return torch
+
+
+def _stats(torch, state_dim: int, action_dim: int) -> dict:
+    vec = lambda lo, hi, n: {  # noqa: E731
+        "mean": torch.full((n,), (lo + hi) / 2), "std": torch.full((n,), (hi - lo) / 4),
+        "min": torch.full((n,), lo), "max": torch.full((n,), hi),
+    }  # fmt: skip
+    img = {s: torch.full((3, 1, 1), v) for s, v in (("mean", 0.4), ("std", 0.2), ("min", 0.0), ("max", 1.0))}
+    return {STATE: vec(-1.0, 1.0, state_dim), CAM: img, ACTION: vec(-0.02, 0.02, action_dim)}
+
+
+def save_lerobot_checkpoint(torch, kind: str, path: Path, *, rename: dict | None = None, post_steps=(), **fields):
+    """Build a tiny untrained LeRobot ``kind`` policy (state (6,), camera ``front`` (3, 32, 32), action (3,)), save
+    it and its processors like ``lerobot-train`` does, plus our ``policylink.json``. Returns the folder."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
+
+    from policylink.policies.lerobot import write_policylink_spec
+
+    policy_cam = (rename or {}).get(CAM, CAM)
+    inputs = {
+        STATE: PolicyFeature(FeatureType.STATE, (6,)),
+        policy_cam: PolicyFeature(FeatureType.VISUAL, (3, IMG, IMG)),
+    }
+    cfg = make_policy_config(
+        kind, input_features=inputs, output_features={ACTION: PolicyFeature(FeatureType.ACTION, (3,))},
+        pretrained_backbone_weights=None, device="cpu", **fields,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    policy = get_policy_class(kind)(cfg)
+    stats = _stats(torch, 6, 3)
+    stats[policy_cam] = stats.pop(CAM)
+    pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
+    if rename:
+        pre.steps[0].rename_map = dict(rename)
+    post.steps[:0] = list(post_steps)
+    policy.save_pretrained(path)
+    pre.save_pretrained(path)
+    post.save_pretrained(path)
+    doc = json.loads((path / "config.json").read_text())  # draccus>=0.11 drops the choice type on save
+    (path / "config.json").write_text(json.dumps({"type": kind, **doc}))
+    write_policylink_spec(path, ACTION_SPEC, 10.0)
+    return path
+
+
+DIFFUSION = dict(
+    n_obs_steps=2, horizon=8, n_action_steps=4, down_dims=(16, 32), n_groups=4, diffusion_step_embed_dim=16,
+    spatial_softmax_num_keypoints=4, crop_shape=None, num_inference_steps=3, drop_n_last_frames=3,
+)  # fmt: skip
+ACT = dict(chunk_size=4, n_action_steps=4, dim_model=32, n_heads=2, dim_feedforward=64, n_encoder_layers=1,
+           n_vae_encoder_layers=1, latent_dim=8)  # fmt: skip
+
+
+@dataclass
+class Saved:
+    path: Path
+    reference: tuple  # LeRobot's own (policy, preprocessor, postprocessor) loaded from the folder
+
+
+def _lerobot_load(path: Path):
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    cfg = PreTrainedConfig.from_pretrained(str(path))
+    policy = get_policy_class(cfg.type).from_pretrained(str(path), config=cfg).eval()
+    return (policy, *make_pre_post_processors(cfg, pretrained_path=str(path)))
+
+
+@pytest.fixture(scope="module")
+def diffusion(torch_mod, tmp_path_factory) -> Saved:
+    # trained on a camera named "top": the saved rename step maps our "front" to it
+    path = save_lerobot_checkpoint(
+        torch_mod, "diffusion", tmp_path_factory.mktemp("dp") / "pretrained_model",
+        rename={CAM: "observation.images.top"}, **DIFFUSION,
+    )  # fmt: skip
+    return Saved(path, _lerobot_load(path))
+
+
+def _obs(seed: int, b: int = 2) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        STATE: rng.uniform(-1, 1, (b, 6)).astype(np.float32),
+        CAM: rng.integers(0, 256, (b, IMG, IMG, 3), dtype=np.uint8),
+        "task": ["reach"] * b,
+    }
+
+
+def _as_lerobot(torch, obs: dict) -> dict:
+    """What a LeRobot user feeds the preprocessor: CHW float cameras in [0, 1]."""
+    return {STATE: torch.from_numpy(obs[STATE]), CAM: torch.from_numpy(obs[CAM]).permute(0, 3, 1, 2).float() / 255}
+
+
+def _select_chunk(torch, ref, obs: dict, n: int, seed: int | None = None) -> np.ndarray:
+    """LeRobot's own loop: ``n`` calls of ``select_action`` (the first generates the chunk, under torch seed
+    ``seed``), each action through the postprocessor, stacked to ``(B, n, A)``."""
+    policy, pre, post = ref
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = [post(policy.select_action(pre(_as_lerobot(torch, obs)))).numpy() for _ in range(n)]
+    return np.stack(out, axis=1)
+
+
+def test_diffusion_matches_lerobot_select_action_with_warm_up(torch_mod, diffusion):
+    from policylink.policies.lerobot import make_lerobot_policy
+
+    torch = torch_mod
+    ours = make_lerobot_policy(diffusion.path, device="cpu", seed=3)
+    spec = ours.spec
+    assert (spec.n_obs_steps, spec.chunk_size, spec.n_action_steps) == (2, 4, 4)
+    assert spec.observation_features[CAM].shape == (IMG, IMG, 3) and spec.observation_features[CAM].dtype == "uint8"
+    assert spec.action == ACTION_SPEC and spec.control_frequency == 10.0
+    gen = torch.Generator().manual_seed(3)  # the adapter's stream of per-chunk torch seeds
+    seeds = [int(torch.randint(0, 2**62, (1,), generator=gen)) for _ in range(2)]
+    policy = diffusion.reference[0]
+    policy.reset()
+    o1, o2 = _obs(1), _obs(2)
+    ours.update_observation(o1)  # one frame, n_obs_steps = 2: padded like LeRobot's warm-up
+    got1 = ours.predict_action_chunk()
+    want1 = _select_chunk(torch, diffusion.reference, o1, 4, seeds[0])
+    np.testing.assert_allclose(got1, want1, rtol=0, atol=1e-6)
+    ours.update_observation(o2)  # window [o1, o2]; LeRobot's queue after select_action(o2) holds the same
+    got2 = ours.predict_action_chunk()
+    want2 = _select_chunk(torch, diffusion.reference, o2, 4, seeds[1])
+    np.testing.assert_allclose(got2, want2, rtol=0, atol=1e-6)
+    assert got1.shape == (2, 4, 3) and not np.allclose(got1, got2)
+
+
+def test_act_matches_lerobot_predict_action_chunk(torch_mod, tmp_path):
+    from policylink.policies.lerobot import make_lerobot_policy
+
+    torch = torch_mod
+    path = save_lerobot_checkpoint(torch, "act", tmp_path / "act", **ACT)
+    ours = make_lerobot_policy(f"lerobot:{path}", device="cpu")
+    policy, pre, post = ref = _lerobot_load(path)
+    obs = _obs(5, b=3)
+    ours.update_observation(obs)
+    got = ours.predict_action_chunk()
+    with torch.no_grad():
+        want = post(policy.predict_action_chunk(pre(_as_lerobot(torch, obs)))).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    policy.reset()
+    np.testing.assert_allclose(got, _select_chunk(torch, ref, obs, 4), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(ours.predict_action_chunk(env_ids=[2]), got[2:], rtol=0, atol=1e-6)
+
+
+def test_whole_chunk_goes_through_the_postprocessor(torch_mod, tmp_path):
+    """A relative-action decoder (cumulative sum over the chunk, registered like any LeRobot step) decodes only
+    when the postprocessor sees the whole chunk at once."""
+    from lerobot.processor import ActionProcessorStep, ProcessorStepRegistry
+
+    from policylink.policies.lerobot import make_lerobot_policy
+
+    torch = torch_mod
+    if "test_cumsum_delta_actions" not in ProcessorStepRegistry.list():
+
+        @ProcessorStepRegistry.register("test_cumsum_delta_actions")
+        class CumsumDeltas(ActionProcessorStep):
+            def action(self, action):
+                return action.cumsum(dim=-2)
+
+            def transform_features(self, features):
+                return features
+
+    step = ProcessorStepRegistry.get("test_cumsum_delta_actions")()
+    path = save_lerobot_checkpoint(torch, "act", tmp_path / "act", post_steps=[step], **ACT)
+    ours = make_lerobot_policy(path, device="cpu")
+    policy, pre, post = _lerobot_load(path)
+    obs = _obs(7)
+    ours.update_observation(obs)
+    with torch.no_grad():
+        raw = policy.predict_action_chunk(pre(_as_lerobot(torch, obs)))
+    mean, std = torch.zeros(3), torch.full((3,), 0.01)  # ACT's action stats: MEAN_STD of _stats
+    np.testing.assert_allclose(ours.predict_action_chunk(), (raw * std + mean).cumsum(1).numpy(), rtol=0, atol=1e-6)
+
+
+def test_missing_files_and_fields_are_named(torch_mod, diffusion, tmp_path):
+    import shutil
+
+    from policylink.policies.lerobot import LeRobotCheckpointError, make_lerobot_policy
+
+    copy = shutil.copytree(diffusion.path, tmp_path / "copy")
+    (copy / "policylink.json").unlink()
+    with pytest.raises(LeRobotCheckpointError, match=r"policylink.json: expected \['action', 'control_frequency'\]"):
+        make_lerobot_policy(copy)
+    doc = json.loads((copy / "config.json").read_text())
+    doc.pop("type")
+    (copy / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(LeRobotCheckpointError, match="expected a 'type' field"):
+        make_lerobot_policy(copy)
+    (copy / "policy_postprocessor.json").unlink()
+    with pytest.raises(LeRobotCheckpointError, match=r"missing \['policy_postprocessor.json'\]"):
+        make_lerobot_policy(copy)
