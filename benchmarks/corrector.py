@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +56,52 @@ def record_rollouts(policy, path, n, seed, num_envs):
     vec.close()
 
 
+BASE_CELLS = {
+    "every1": ExecutorConfig(n_action_steps=1),
+    "open4": ExecutorConfig(n_action_steps=4),
+    "open8": ExecutorConfig(n_action_steps=8),
+    "open16": ExecutorConfig(n_action_steps=16),
+    "ensemble": ExecutorConfig(kind="temporal_ensemble"),
+}
+
+
+def cell_config(name: str, monitor: str) -> ExecutorConfig:
+    """A cell by name: a key of ``BASE_CELLS``, or ``corrective`` with optional ``:field=value;...`` overrides of
+    :class:`CorrectiveConfig` (e.g. ``corrective:short_horizon=1;short_dwell=8;guidance_scale=0``)."""
+    if name in BASE_CELLS:
+        return BASE_CELLS[name]
+    kind, _, opts = name.partition(":")
+    if kind != "corrective":
+        raise ValueError(f"cell: expected one of {[*BASE_CELLS, 'corrective[:k=v;...]']}, received {name!r}")
+    fields = {}
+    for kv in filter(None, opts.split(";")):
+        k, v = kv.split("=")
+        fields[k] = v if k == "guidance_target" else (None if v == "none" else float(v) if "." in v else int(v))
+    return ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor=monitor, **fields))
+
+
+def evaluate_cell(policy, name, cfg, args, pert_name, pert, out):
+    """One cell's row of the results table."""
+    c0 = time.perf_counter()
+    results, log, ex = run_cell(policy, cfg, args.episodes, args.seed, pert, args.num_envs)
+    k = sum(r.success for r in results)
+    lo, hi = wilson_interval(k, len(results))
+    row = {"perturbation": pert_name, "executor": name, "success": k / len(results), "ci95": [lo, hi],
+           "n": len(results), "calls_per_episode": float(np.mean([r.inferences for r in results])),
+           "steps_per_episode": float(np.mean([r.n_steps for r in results]))}  # fmt: skip
+    row["wall_s"] = time.perf_counter() - c0
+    if log is not None:
+        row.update(log.summary())
+        ok = [r.index for r in results if r.success]
+        row["alarm_rate_successes"] = log.summary(ok)["alarm_rate"] if ok else None
+        row["monitor_cost_ratio"] = ex.monitor_cost_ratio()
+        fired = [i for i in sorted(log.episodes) if log.episodes[i]["triggers"]]
+        if fired:
+            plot_monitor_trace(out / f"trace_{pert_name}.png", log.episodes[fired[0]]["trace"],
+                               f"push, {pert_name}, episode {fired[0]}")  # fmt: skip
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--policy", required=True)
@@ -66,47 +111,28 @@ def main() -> None:
     p.add_argument("--num_envs", type=int, default=10)
     p.add_argument("--out", default="outputs/corrector/bench")
     p.add_argument("--buffer", default=None, help="use this store instead of recording policy rollouts")
-    p.add_argument("--cells", default="every1,open8,open16,corrective,corrective_plain")
+    p.add_argument("--monitor", default=None, help="use this monitor folder instead of training one")
+    p.add_argument("--cells", default="every1,open8,open16,corrective,corrective:guidance_scale=0")
+    p.add_argument("--perturbations", default="none,displace+force")
     args = p.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     policy = load_policy(args.policy, device="cpu")
-    buffer = Path(args.buffer) if args.buffer else out / "rollouts.zarr"
     t0 = time.perf_counter()
-    if not buffer.exists():
-        record_rollouts(policy, buffer, args.rollouts, 1000, args.num_envs)
-    mon_dir = out / "monitor"
-    summary = train_and_calibrate(MonitorCmdConfig(policy=args.policy, buffer=str(buffer), out=str(mon_dir)))
-    print(json.dumps(summary, indent=2), flush=True)
-    corrective = ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor=str(mon_dir)))
-    cells = {
-        "every1": ExecutorConfig(n_action_steps=1),
-        "open8": ExecutorConfig(n_action_steps=8),
-        "open16": ExecutorConfig(n_action_steps=16),
-        "corrective": corrective,
-        "corrective_plain": replace(corrective, corrective=replace(corrective.corrective, guidance_scale=0.0)),
-    }
+    summary = {"monitor": args.monitor}
+    mon_dir = Path(args.monitor) if args.monitor else out / "monitor"
+    if not args.monitor:
+        buffer = Path(args.buffer) if args.buffer else out / "rollouts.zarr"
+        if not buffer.exists():
+            record_rollouts(policy, buffer, args.rollouts, 1000, args.num_envs)
+        summary = train_and_calibrate(MonitorCmdConfig(policy=args.policy, buffer=str(buffer), out=str(mon_dir)))
+        print(json.dumps(summary, indent=2), flush=True)
+    perts = {"none": None, "displace+force": PERTURBED}
     rows = []
-    for pert_name, pert in (("none", None), ("displace+force", PERTURBED)):
+    for pert_name in args.perturbations.split(","):
         for name in args.cells.split(","):
-            c0 = time.perf_counter()
-            results, log, ex = run_cell(policy, cells[name], args.episodes, args.seed, pert, args.num_envs)
-            k = sum(r.success for r in results)
-            lo, hi = wilson_interval(k, len(results))
-            row = {"perturbation": pert_name, "executor": name, "success": k / len(results), "ci95": [lo, hi],
-                   "n": len(results), "calls_per_episode": float(np.mean([r.inferences for r in results])),
-                   "steps_per_episode": float(np.mean([r.n_steps for r in results]))}  # fmt: skip
-            row["wall_s"] = time.perf_counter() - c0
-            if log is not None:
-                row.update(log.summary())
-                ok = [r.index for r in results if r.success]
-                row["alarm_rate_successes"] = log.summary(ok)["alarm_rate"] if ok else None
-                row["monitor_cost_ratio"] = ex.monitor_cost_ratio()
-                fired = [i for i in sorted(log.episodes) if log.episodes[i]["triggers"]]
-                if fired and name == "corrective":
-                    plot_monitor_trace(out / f"trace_{pert_name}.png", log.episodes[fired[0]]["trace"],
-                                       f"push, {pert_name}, episode {fired[0]}")  # fmt: skip
+            row = evaluate_cell(policy, name, cell_config(name, str(mon_dir)), args, pert_name, perts[pert_name], out)
             rows.append(row)
             print(json.dumps(row), flush=True)
             (out / "results.json").write_text(json.dumps({"monitor": summary, "cells": rows}, indent=2))

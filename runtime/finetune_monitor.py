@@ -30,6 +30,8 @@ class MonitorCmdConfig:
         buffer: episode store (``.zarr``) with the policy's rollouts (success flags in the episode metadata).
         out: monitor folder (default ``<policy>.monitor``, beside the checkpoint).
         horizon: ``k`` steps of the monitor.
+        score: ``cosine`` (the paper's) or ``residual`` (standardised residual; :mod:`~policylink.policies.corrector.
+            monitor`).
         hidden_dim: MLP width.
         steps, batch_size, lr: monitor training (Adam, cosine loss).
         calibration_fraction, test_fraction: shares of the successful episodes held out (by episode).
@@ -44,6 +46,7 @@ class MonitorCmdConfig:
     buffer: str = ""
     out: str | None = None
     horizon: int = 4
+    score: str = "cosine"
     hidden_dim: int = 128
     steps: int = 2000
     batch_size: int = 256
@@ -68,7 +71,7 @@ def episode_scores(monitor: Any, latents: np.ndarray, actions: np.ndarray) -> np
     float64 ``(T - k,)``, the executor's score exactly."""
     import torch
 
-    from policylink.policies.corrector.calibration import cosine_deviation
+    from policylink.policies.corrector.monitor import monitor_deviation
 
     k, t = monitor.horizon, len(latents)
     if t <= k:
@@ -76,7 +79,7 @@ def episode_scores(monitor: Any, latents: np.ndarray, actions: np.ndarray) -> np
     acts = np.stack([actions[i - k : i] for i in range(k, t)]).astype(np.float32)
     with torch.no_grad():
         pred = monitor(torch.as_tensor(latents[: t - k]), torch.as_tensor(acts)).numpy()
-    return cosine_deviation(pred, latents[k:] - latents[: t - k])
+    return monitor_deviation(monitor, pred, latents[k:] - latents[: t - k])
 
 
 def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
@@ -123,7 +126,7 @@ def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
         data[i] = (episode_latents(policy, ep), np.asarray(ep["action"], np.float32))
     period = int(cfg.chunk_period or policy.spec.chunk_size)
     z, a, dz = monitor_pairs([data[i][0] for i in split["train"]], [data[i][1] for i in split["train"]], cfg.horizon)
-    mcfg = MonitorConfig(horizon=cfg.horizon, hidden_dim=cfg.hidden_dim)
+    mcfg = MonitorConfig(horizon=cfg.horizon, hidden_dim=cfg.hidden_dim, score=cfg.score)
     mon, losses = train_monitor(z, a, dz, mcfg, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed)
 
     def scored(ids):

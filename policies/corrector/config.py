@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from policylink.policies.corrector.calibration import DetectorConfig
 
+GUIDANCE_TARGETS = ("observed", "predicted")
+
 
 @dataclass(frozen=True)
 class CorrectiveConfig:
@@ -21,9 +23,17 @@ class CorrectiveConfig:
         guidance_scale: step size of guided replanning (0 = plain replanning, the ablation).
         committed_weight: weight of the committed-actions term of the guidance cost.
         monitor_only: score and log, never truncate (calibration runs, false-alarm measurement).
+        guidance_target: the latent change the replanned chunk is guided toward: ``"observed"`` (``z_t -
+            z_{t-k}``) or ``"predicted"`` (the monitor's expected change for the executed actions, the target of
+            VLA-Corrector's public code, ``GuidanceInjector.set_target(z, delta_z_pred)``).
+        short_horizon: event-triggered horizon: after a trigger the row executes only this many actions per chunk
+            (replanning in between) until ``short_dwell`` steps pass without an alarm; ``None`` = the replanned
+            chunk runs ``n_action_steps`` like any other (the paper's rule).
+        short_dwell: steps the short horizon lasts after the trigger; every alarm step (smoothed score above its
+            threshold) inside it restarts the count.
 
     Raises:
-        ValueError: a negative or non-finite weight (named).
+        ValueError: a negative or non-finite weight, an unknown target, or a horizon / dwell out of range (named).
     """
 
     monitor: str | None = None
@@ -31,12 +41,23 @@ class CorrectiveConfig:
     guidance_scale: float = 0.5
     committed_weight: float = 1.0
     monitor_only: bool = False
+    guidance_target: str = "observed"
+    short_horizon: int | None = None
+    short_dwell: int = 8
 
     def __post_init__(self) -> None:
         for name in ("guidance_scale", "committed_weight"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"executor.corrective.{name}: expected a finite value >= 0, received {v!r}")
+        if self.guidance_target not in GUIDANCE_TARGETS:
+            raise ValueError(f"executor.corrective.guidance_target: expected one of {list(GUIDANCE_TARGETS)}, "
+                             f"received {self.guidance_target!r}")  # fmt: skip
+        if self.short_horizon is not None and int(self.short_horizon) < 1:
+            raise ValueError(f"executor.corrective.short_horizon: expected None or >= 1, "
+                             f"received {self.short_horizon!r}")  # fmt: skip
+        if int(self.short_dwell) < 0:
+            raise ValueError(f"executor.corrective.short_dwell: expected >= 0, received {self.short_dwell!r}")
 
 
 __all__ = ["CorrectiveConfig"]

@@ -1,7 +1,11 @@
 """The latent monitor of corrective chunk execution (VLA-Corrector, arXiv 2607.01804): a small MLP that, from the
 frozen policy's observation latent ``z_t`` and the ``k`` actions executed next, predicts the latent change
 ``z_{t+k} - z_t``; trained with a cosine loss on successful rollouts. The deviation score at step ``t`` is
-``E_t = 1 - cos(f(z_{t-k}, a_{t-k:t}), z_t - z_{t-k})``.
+``E_t = 1 - cos(f(z_{t-k}, a_{t-k:t}), z_t - z_{t-k})`` (``score: cosine``, the paper's), or with ``score:
+residual`` the mean squared standardised residual ``mean_d ((dz_obs - dz_pred)_d / r_d)^2`` (``r`` the per-dimension
+residual spread on the training pairs; the monitor is then trained with a squared error so that it predicts
+magnitudes). The residual score sees a deviation in a few latent dimensions (a displaced object) that the cosine
+of the whole change hides when other dimensions (the robot's own motion, set by the actions) dominate it.
 
 The monitor is self-contained: it standardises latents and actions (in ActionSpec units) with statistics of its
 training data, so it runs beside any :class:`~policylink.adapters.capabilities.Embedder` policy, local or served.
@@ -21,7 +25,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from policylink.policies.corrector.calibration import ConformalThresholds
+from policylink.policies.corrector.calibration import ConformalThresholds, cosine_deviation
+
+SCORES = ("cosine", "residual")
 
 
 @dataclass(frozen=True)
@@ -32,19 +38,23 @@ class MonitorConfig:
         horizon: ``k``, control steps between the latent and the predicted change (the paper uses 10 at its rate).
         hidden_dim: MLP width.
         n_layers: hidden layers (>= 1).
+        score: deviation score and training loss: ``"cosine"`` (the paper's) or ``"residual"`` (see the module).
 
     Raises:
-        ValueError: a non-positive field (named).
+        ValueError: a non-positive field or an unknown score (named).
     """
 
     horizon: int = 4
     hidden_dim: int = 128
     n_layers: int = 2
+    score: str = "cosine"
 
     def __post_init__(self) -> None:
         for name in ("horizon", "hidden_dim", "n_layers"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"monitor.{name}: expected an integer >= 1, received {getattr(self, name)!r}")
+        if self.score not in SCORES:
+            raise ValueError(f"monitor.score: expected one of {list(SCORES)}, received {self.score!r}")
 
 
 class LatentMonitor(nn.Module):
@@ -68,6 +78,7 @@ class LatentMonitor(nn.Module):
         for name, dim in (("z", self.latent_dim), ("a", self.action_dim), ("dz", self.latent_dim)):
             self.register_buffer(f"{name}_mean", torch.zeros(dim))
             self.register_buffer(f"{name}_std", torch.ones(dim))
+        self.register_buffer("res_std", torch.ones(self.latent_dim))  # residual spread r (score: residual)
 
     @property
     def horizon(self) -> int:
@@ -96,6 +107,16 @@ class LatentMonitor(nn.Module):
         zn = (z - self.z_mean) / self.z_std
         an = ((actions - self.a_mean) / self.a_std).flatten(1)
         return self.net(torch.cat([zn, an], dim=1)) * self.dz_std + self.dz_mean
+
+
+def monitor_deviation(monitor: Any, pred: np.ndarray, observed: np.ndarray) -> np.ndarray:
+    """Deviation scores float64 ``(B,)`` of predicted vs observed latent changes ``(B, D)`` by the monitor's
+    ``config.score``: ``1 - cos`` (``cosine``, also for a monitor without a config) or ``mean_d ((observed -
+    pred) / res_std)^2`` (``residual``)."""
+    if getattr(getattr(monitor, "config", None), "score", "cosine") == "cosine":
+        return cosine_deviation(pred, observed)
+    r = monitor.res_std.detach().cpu().numpy().astype(np.float64)
+    return (((np.asarray(observed, np.float64) - np.asarray(pred, np.float64)) / r) ** 2).mean(-1)
 
 
 def cosine_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -152,7 +173,9 @@ def train_monitor(
     lr: float = 1e-3,
     seed: int = 0,
 ) -> tuple[LatentMonitor, list[float]]:
-    """Fit a :class:`LatentMonitor` with the cosine loss (Adam) on pairs from :func:`monitor_pairs`.
+    """Fit a :class:`LatentMonitor` (Adam) on pairs from :func:`monitor_pairs`: the cosine loss, or for ``score:
+    residual`` the squared error of the standardised change, after which ``res_std`` is set to the per-dimension
+    RMS residual on the pairs (floored at 1e-3 of the change's spread).
 
     Returns:
         ``(monitor in eval mode on CPU, loss every 100 steps)``.
@@ -166,13 +189,22 @@ def train_monitor(
     losses = []
     for step in range(int(steps)):
         i = torch.randint(0, len(tz), (min(batch_size, len(tz)),), generator=gen)
-        loss = cosine_loss(mon(tz[i], ta[i]), tdz[i])
+        pred = mon(tz[i], ta[i])
+        if config.score == "cosine":
+            loss = cosine_loss(pred, tdz[i])
+        else:
+            loss = (((pred - tdz[i]) / mon.dz_std) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         if step % 100 == 0 or step == steps - 1:
             losses.append(loss.item())
-    return mon.eval(), losses
+    mon.eval()
+    if config.score == "residual":
+        with torch.no_grad():
+            rms = (mon(tz, ta) - tdz).pow(2).mean(0).sqrt()
+            mon.res_std.copy_(torch.maximum(rms, 1e-3 * mon.dz_std))
+    return mon, losses
 
 
 def monitor_dir(checkpoint: str | Path) -> Path:
@@ -212,7 +244,9 @@ def load_monitor(
         raise FileNotFoundError(f"corrective.monitor: expected a monitor folder with monitor.json, received {path}")
     info = json.loads((path / "monitor.json").read_text())
     mon = LatentMonitor(info["latent_dim"], info["action_dim"], MonitorConfig(**info["config"]))
-    mon.load_state_dict(load_file(str(path / "monitor.safetensors")))
+    state = load_file(str(path / "monitor.safetensors"))
+    state.setdefault("res_std", torch.ones(mon.latent_dim))  # monitors saved before the residual score
+    mon.load_state_dict(state)
     cal = path / "calibration.json"
     thr = ConformalThresholds.from_dict(json.loads(cal.read_text())) if cal.is_file() else None
     return mon.to(device).eval(), thr
@@ -224,6 +258,7 @@ __all__ = [
     "cosine_loss",
     "episode_latents",
     "load_monitor",
+    "monitor_deviation",
     "monitor_dir",
     "monitor_pairs",
     "save_monitor",

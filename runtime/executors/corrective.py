@@ -5,9 +5,10 @@ latent change (plain replanning with ``guidance_scale: 0`` or for a policy that 
 served one). The policy's weights never change.
 
 Per step ``t`` and row: ``z_t = policy.embed()`` (reusing the latent of a chunk just planned), the score
-``E_t = 1 - cos(f(z_{t-k}, a_{t-k:t}), z_t - z_{t-k})`` once ``k`` steps of the episode exist, then the
-:class:`~policylink.policies.corrector.calibration.PersistenceDetector` at the chunk offset of the action about
-to run. Histories are per row and cleared by ``reset``, so nothing crosses an episode boundary.
+``E_t = 1 - cos(f(z_{t-k}, a_{t-k:t}), z_t - z_{t-k})`` (or the monitor's residual score) once ``k`` steps of the
+episode exist, then the :class:`~policylink.policies.corrector.calibration.PersistenceDetector` at the chunk offset
+of the action about to run. With ``short_horizon`` the horizon is event-triggered: a trigger caps the row's chunks
+at ``short_horizon`` actions until ``short_dwell`` steps pass without an alarm. Histories are per row and cleared by ``reset``, so nothing crosses an episode boundary.
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
             elif abs(thresholds.ewma - cfg.detector.ewma) > 1e-12:
                 problems.append(f"executor.corrective.detector.ewma: expected {thresholds.ewma} (the calibration's), "
                                 f"received {cfg.detector.ewma}")  # fmt: skip
+        if cfg.short_horizon is not None and int(cfg.short_horizon) > self.chunk_size:
+            problems.append(f"executor.corrective.short_horizon: expected <= the policy's chunk_size "
+                            f"({self.chunk_size}), received {cfg.short_horizon}")  # fmt: skip
         if problems:
             raise ExecutorConfigError("; ".join(problems))
 
@@ -110,6 +114,8 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         self._t = np.zeros(batch_size, np.int64)  # steps executed in the episode
         self.detector = PersistenceDetector(self.settings.detector, batch_size, self.thresholds)
         self.triggers = np.zeros(batch_size, np.int64)
+        self.short_left = np.zeros(batch_size, np.int64)  # steps left in the short-horizon phase
+        self.short_steps = np.zeros(batch_size, np.int64)  # steps executed in it this episode
         self.truncation_offsets: list[list[int]] = [[] for _ in range(batch_size)]
         self.trace: list[list[tuple[int, float, float, bool]]] = [[] for _ in range(batch_size)]
 
@@ -119,6 +125,8 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         self._a[ids] = 0.0
         self.detector.reset(ids)
         self.triggers[ids] = 0
+        self.short_left[ids] = 0
+        self.short_steps[ids] = 0
         for i in ids.tolist():
             self.truncation_offsets[i] = []
             self.trace[i] = []
@@ -136,11 +144,12 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         fresh[need] = True
         t0 = time.perf_counter()
         z = np.asarray(self.policy.embed(), np.float32)
-        scores, dz_obs = self._scores(z)
+        scores, dz_obs, dz_pred = self._scores(z)
         offsets = self.queue.offset.copy()
         active = self._t >= self.k
         fired, thr = self.detector.update(scores, offsets, active)
         fired &= ~fresh & (not self.settings.monitor_only)
+        self._short_phase(fired, active & (self.detector.smoothed > thr))
         self.monitor_s += time.perf_counter() - t0
         self.monitor_steps += 1
         for i in np.flatnonzero(active).tolist():
@@ -151,7 +160,8 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
             for i in rows.tolist():
                 self.truncation_offsets[i].append(int(offsets[i]))
             self.truncate(rows)
-            self._timed_plan(rows, self._guidance(rows, z, dz_obs))
+            target = dz_pred if self.settings.guidance_target == "predicted" else dz_obs
+            self._timed_plan(rows, self._guidance(rows, z, target))
         action = self.queue.pop()
         self._z = np.roll(self._z, -1, axis=1)
         self._a = np.roll(self._a, -1, axis=1)
@@ -159,26 +169,49 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         self._t += 1
         return self._end_step(action)
 
+    def _short_phase(self, fired: np.ndarray, alarm: np.ndarray) -> None:
+        """Event-triggered horizon (``short_horizon``): a trigger starts a row's short phase of ``short_dwell``
+        steps, an alarm step inside it restarts the count, and a row in it never runs a chunk past ``offset +
+        short_horizon``; bool ``(B,)`` masks of rows that fired and rows whose smoothed score is over its
+        threshold."""
+        n = self.settings.short_horizon
+        if n is None or self.settings.monitor_only:
+            return
+        inside = self.short_left > 0
+        self.short_steps += inside
+        self.short_left = np.where(fired | (inside & alarm), int(self.settings.short_dwell), self.short_left - inside)
+        cap = self.short_left > 0
+        self.queue.limit[cap] = np.minimum(self.queue.limit[cap], self.queue.offset[cap] + int(n))
+
+    def _install(self, ids: np.ndarray, chunk: np.ndarray, offset: int) -> None:
+        super()._install(ids, chunk, offset)
+        n = self.settings.short_horizon
+        if n is not None:  # rows in their short phase (allocated before any install)
+            cap = ids[self.short_left[ids] > 0]
+            self.queue.limit[cap] = np.minimum(self.queue.limit[cap], offset + int(n))
+
     def _timed_plan(self, ids: np.ndarray, guidance: Any = None) -> None:
         t0 = time.perf_counter()
         self._plan_rows(ids, guidance=guidance)
         self.policy_s += time.perf_counter() - t0
         self.policy_calls += 1
 
-    def _scores(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Raw scores float64 ``(B,)`` (0 for rows with fewer than ``k`` steps) and observed changes ``(B, D)``."""
+    def _scores(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Raw scores float64 ``(B,)`` (0 for rows with fewer than ``k`` steps), observed and predicted latent
+        changes ``(B, D)`` over the last ``k`` steps."""
         import torch
 
-        from policylink.policies.corrector.calibration import cosine_deviation
+        from policylink.policies.corrector.monitor import monitor_deviation
 
         dz_obs = z - self._z[:, 0]
         with torch.no_grad():
             z0, acts = (torch.as_tensor(x, device=self._device) for x in (self._z[:, 0], self._a))
             p = self.monitor(z0, acts).cpu().numpy()
-        return np.where(self._t >= self.k, cosine_deviation(p, dz_obs), 0.0), dz_obs
+        return np.where(self._t >= self.k, monitor_deviation(self.monitor, p, dz_obs), 0.0), dz_obs, p
 
-    def _guidance(self, rows: np.ndarray, z: np.ndarray, dz_obs: np.ndarray) -> Any:
-        """The corrective guidance for rows ``rows`` (None for plain replanning)."""
+    def _guidance(self, rows: np.ndarray, z: np.ndarray, dz_target: np.ndarray) -> Any:
+        """The corrective guidance for rows ``rows`` toward latent changes ``dz_target`` ``(B, D)`` (None for
+        plain replanning)."""
         if self._to_units is None:
             return None
         import torch
@@ -186,7 +219,7 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         from policylink.policies.corrector.guidance import corrective_cost, cost_guidance
 
         zt = torch.as_tensor(z[rows], device=self._device)
-        target = torch.as_tensor(dz_obs[rows], device=self._device)
+        target = torch.as_tensor(dz_target[rows], device=self._device)
         cost = corrective_cost(self.monitor, zt, target, self._to_units)
         return cost_guidance(cost, self.settings.guidance_scale)
 
@@ -219,11 +252,13 @@ class CorrectiveLog(EpisodeSubscriber):
             "triggers": int(ex.triggers[slot]),
             "truncation_offsets": list(ex.truncation_offsets[slot]),
             "calls": int(ex.inferences[slot]),
+            "short_steps": int(ex.short_steps[slot]),
             "trace": list(ex.trace[slot]),
         }
 
     def summary(self, ids: Sequence[int] | None = None) -> dict[str, float]:
-        """Means over episodes: ``triggers_per_episode``, ``calls_per_episode``, ``alarm_rate`` (steps whose
+        """Means over episodes: ``triggers_per_episode``, ``calls_per_episode``, ``short_steps_per_episode``,
+        ``alarm_rate`` (steps whose
         smoothed score exceeded the threshold / scored steps)."""
         eps = [self.episodes[i] for i in (ids if ids is not None else sorted(self.episodes))]
         steps = sum(len(e["trace"]) for e in eps)
@@ -232,6 +267,7 @@ class CorrectiveLog(EpisodeSubscriber):
         return {
             "triggers_per_episode": sum(e["triggers"] for e in eps) / n,
             "calls_per_episode": sum(e["calls"] for e in eps) / n,
+            "short_steps_per_episode": sum(e["short_steps"] for e in eps) / n,
             "alarm_rate": over / max(steps, 1),
         }
 

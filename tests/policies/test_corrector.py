@@ -19,8 +19,10 @@ from policylink.policies.corrector.calibration import (
 from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.policies.corrector.guidance import affine_inverse, corrective_cost, cost_guidance
 from policylink.policies.corrector.monitor import (
+    LatentMonitor,
     MonitorConfig,
     load_monitor,
+    monitor_deviation,
     monitor_pairs,
     save_monitor,
     train_monitor,
@@ -241,3 +243,39 @@ def test_finetune_monitor_then_guided_corrective_replan_on_a_flow_policy(tmp_pat
     assert ex._guidance(np.array([1]), z, z) is not None
     assert ex.replan([1], guidance=ex._guidance(np.array([1]), z, z)) is True
     assert ex.inferences.tolist() == [1, 2]
+
+
+def test_residual_score_known_values_and_it_sees_what_the_cosine_hides():
+    mon = LatentMonitor(2, 1, MonitorConfig(horizon=1, score="residual"))
+    mon.res_std.copy_(torch.tensor([1.0, 2.0]))
+    assert monitor_deviation(mon, np.array([[1.0, 1.0]]), np.array([[2.0, 3.0]])).tolist() == [1.0]  # (1 + 1) / 2
+    # a large robot motion (dim 0) and a small object shift (dim 1): the cosine barely moves, the residual does
+    pred, obs = np.array([[10.0, 0.0]]), np.array([[10.0, 0.5]])
+    assert cosine_deviation(pred, obs)[0] < 0.002
+    mon.res_std.copy_(torch.tensor([1.0, 0.05]))
+    assert monitor_deviation(mon, pred, obs).tolist() == pytest.approx([50.0])  # (0.5 / 0.05)^2 / 2
+    with pytest.raises(ValueError, match="monitor.score"):
+        MonitorConfig(score="l1")
+
+
+def test_residual_monitor_predicts_magnitudes_and_sets_the_residual_spread(tmp_path):
+    rng = np.random.default_rng(1)
+    w = np.array([[1.0, 0.0, 0.5]])  # z_{t+1} = z_t + a_t w (one action dim, three latent dims)
+    lat, acts = [], []
+    for _ in range(10):
+        act = rng.normal(size=(30, 1)).astype(np.float32)
+        lat.append(np.cumsum(np.vstack([np.zeros((1, 1)), act[:-1]]) @ w, 0).astype(np.float32))
+        acts.append(act)
+    z, ac, dz = monitor_pairs(lat, acts, 2)
+    cfg = MonitorConfig(horizon=2, hidden_dim=32, score="residual")
+    mon, losses = train_monitor(z, ac, dz, cfg, steps=400, lr=3e-3)
+    assert losses[-1] < 0.05 < losses[0]
+    with torch.no_grad():
+        pred = mon(torch.as_tensor(z[:50]), torch.as_tensor(ac[:50])).numpy()
+    np.testing.assert_allclose(pred, dz[:50], atol=0.2)  # magnitudes, not only directions
+    assert (mon.res_std.numpy() < 0.2).all()
+    ok = monitor_deviation(mon, pred, dz[:50])
+    shifted = dz[:50] + np.array([0.0, 0.0, 1.0], np.float32)  # the third dimension jumps by 1
+    assert monitor_deviation(mon, pred, shifted).min() > 10 * ok.max()
+    back, _ = load_monitor(save_monitor(tmp_path / "r", mon))
+    assert back.config.score == "residual" and torch.equal(back.res_std, mon.res_std)

@@ -157,3 +157,50 @@ def test_report_calls_column_and_monitor_plot(tmp_path):
         ex.act(_obs([0], [t], [0.0 if t < 5 else 40.0]))
     path = report.plot_monitor_trace(tmp_path / "trace.png", ex.trace[0])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _short_executor(dwell, **kw):
+    det = DetectorConfig(ewma=1.0, persistence_m=2, window=2, cooldown=0)
+    corr = CorrectiveConfig(detector=det, guidance_scale=0.0, short_horizon=1, short_dwell=dwell, **kw)
+    thr = ConformalThresholds(np.full(H, 0.5), 0.05, np.full(H, 100), 1.0)
+    return CorrectiveExecutor(EmbedClock(), ExecutorConfig(kind="corrective", corrective=corr), ClockMonitor(), thr)
+
+
+def test_short_horizon_after_a_trigger_then_back_to_whole_chunks():
+    ex = _short_executor(dwell=3)
+    executed = [ex.act(_obs([0], [t], [0.0 if t < 5 else 40.0]))[0].tolist() for t in range(20)]
+    # fires at step 6 (as above); steps 6-9 are the short phase (1 action per chunk), step 10 plans a whole chunk
+    assert ex.triggers.tolist() == [1]
+    assert ex.policy.calls == [[0], [6], [7], [8], [9], [10], [18]]
+    assert [a[1] for a in executed] == list(range(20))  # every executed action is the one planned for its step
+    assert ex.short_steps.tolist() == [3]  # steps 7, 8, 9 started inside the phase
+    ex.reset([0])
+    assert ex.short_steps.tolist() == [0] and ex.short_left.tolist() == [0]
+
+
+def test_alarms_inside_the_short_phase_keep_it_going():
+    ex = _short_executor(dwell=2)
+    for t in range(12):  # the latent keeps jumping from step 5 on: every scored step is an alarm
+        ex.act(_obs([0], [t], [0.0 if t < 5 else 40.0 * (t - 4)]))
+    assert ex.policy.calls == [[0], [6], [7], [8], [9], [10], [11]]
+    assert ex.triggers.tolist() == [1]  # a row planned this step never fires: the phase, not triggers, replans
+
+
+@pytest.mark.parametrize("target, expected", [("observed", [2.0, 40.0]), ("predicted", [2.0, 0.0])])
+def test_guidance_target_is_the_observed_or_the_predicted_change(target, expected):
+    ex = _short_executor(dwell=0, guidance_target=target)
+    seen = []
+    ex._guidance = lambda rows, z, dz: seen.append(dz[rows].tolist())  # noqa: SLF001 - spy on the target
+    for t in range(8):
+        ex.act(_obs([0], [t], [0.0 if t < 5 else 40.0]))
+    assert seen == [[expected]]  # one trigger (step 6): z_6 - z_4 = (2, 40), the monitor expects (2, 0)
+
+
+def test_short_horizon_is_validated():
+    thr = ConformalThresholds(np.full(H, 0.5), 0.05, np.full(H, 100), 0.35)
+    cfg = ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(short_horizon=H + 1))
+    with pytest.raises(ExecutorConfigError, match="short_horizon"):
+        CorrectiveExecutor(EmbedClock(), cfg, ClockMonitor(), thr)
+    for bad in ({"short_horizon": 0}, {"short_dwell": -1}, {"guidance_target": "future"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            CorrectiveConfig(**bad)
