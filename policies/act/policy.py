@@ -1,0 +1,115 @@
+"""ACT behind the PolicyAdapter contract: history window -> normalised tensors -> the CVAE decoder with ``z = 0``
+-> one deterministic action chunk in the ActionSpec's units. Capability: ``Embedder`` only (ACT has no denoising
+sampler to guide, so it is not a ``GuidedSampler``). Temporal ensembling is the runtime's executor
+(``--executor.kind temporal_ensemble``, ``ensemble_m = 0.01`` as in the paper), not part of the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from policylink.adapters.policy import HistoryPolicy
+from policylink.adapters.schema import PolicySpec, batch_size_of
+from policylink.data.normalize import Normalizer
+from policylink.policies.act.model import ACTModel
+from policylink.policies.processing import actions_to_units, observation_tensors
+
+
+class ACTPolicy(HistoryPolicy):
+    """An :class:`~policylink.policies.act.model.ACTModel` as a batched PolicyAdapter with ``embed``.
+
+    Args:
+        model: the model (its weights as they are: pass the EMA model).
+        normalizer: the normaliser it was trained with (observation keys and ``action``).
+        spec: the PolicySpec (its horizons and action dimension must match the model's config).
+        device: torch device for inference.
+        seed: kept for the interface (:meth:`reseed`); ACT's chunks do not depend on it (``z = 0``).
+        validate: validate observations against the spec on every ``update_observation``.
+
+    Raises:
+        ValueError: ``spec`` and the model's config disagree (names each mismatch).
+    """
+
+    def __init__(
+        self,
+        model: ACTModel,
+        normalizer: Normalizer,
+        spec: PolicySpec,
+        *,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        validate: bool = True,
+    ):
+        super().__init__(spec, validate=validate)
+        cfg = model.cfg
+        problems = [
+            f"{name}: expected {want} (model config), received {got} (spec)"
+            for name, want, got in (
+                ("n_obs_steps", cfg.n_obs_steps, spec.n_obs_steps),
+                ("chunk_size", cfg.chunk_size, spec.chunk_size),
+                ("action dimension", model.action_dim, spec.action.dim),
+            )
+            if want != got
+        ]
+        if problems:
+            raise ValueError("policy spec does not match the model: " + "; ".join(problems))
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.normalizer = normalizer
+        self.seed = int(seed)
+
+    @property
+    def config(self):
+        """The model's :class:`~policylink.policies.act.config.ACTPolicyConfig`."""
+        return self.model.cfg
+
+    @property
+    def latent_dim(self) -> int:
+        """``D`` of :meth:`embed` (the flattened observation features the transformer's tokens come from)."""
+        return self.model.latent_dim
+
+    def reseed(self, seed: int) -> None:
+        """Record ``seed`` (interface parity with the sampled policies; ACT's output is deterministic)."""
+        self.seed = int(seed)
+
+    def embed(self, obs: Mapping[str, Any] | None = None, env_ids: Sequence[int] | None = None) -> np.ndarray:
+        """Observation latent float32 ``(B', D)``: of the current windows of rows ``env_ids`` (``obs=None``;
+        ``None`` = all rows; recomputed, the encoder is cheap) or of explicit windows ``(B, n_obs_steps, ...)``.
+
+        Raises:
+            RuntimeError: ``obs=None`` before any observation. IndexError: an id outside ``[0, B)``.
+        """
+        if obs is None:
+            if self.batch_size is None:
+                raise RuntimeError("embed: no observation yet; call update_observation() first")
+            obs = self.rows(env_ids)[0]
+        elif env_ids is not None:
+            obs = {k: np.asarray(v)[np.asarray(list(env_ids), dtype=np.int64)] for k, v in obs.items()}
+        return self._encode(obs).cpu().numpy()
+
+    def save(self, path: str | Path) -> Path:
+        """Write an inference checkpoint folder (no training state). Returns the folder."""
+        from policylink.policies.checkpoint import save_checkpoint
+
+        return save_checkpoint(path, model=self.model, normalizer=self.normalizer, spec=self.spec)
+
+    def _encode(self, obs: Mapping[str, Any]) -> torch.Tensor:
+        features = self.model.features
+        batch_size_of(obs, list(features))
+        with torch.no_grad():
+            return self.model.embed(observation_tensors(obs, features, self.normalizer, self.device))
+
+    def _predict(self, history: dict[str, np.ndarray], pad_mask: np.ndarray, tasks: list[str] | None) -> np.ndarray:
+        # Padded slots repeat the episode's first observation, as the training windows do (no masking).
+        latent = self._encode(history)
+        with torch.no_grad():
+            chunk = self.model.predict(self.model.condition(latent))
+        return actions_to_units(chunk, self.normalizer)
+
+
+__all__ = ["ACTPolicy"]
