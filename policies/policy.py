@@ -386,7 +386,10 @@ def policy_for_model(
     validate: bool = True,
 ) -> ChunkPolicy:
     """The PolicyAdapter for ``model``: a :class:`PrefixChunkPolicy` when its sampler predicts a velocity
-    (``sampler.prediction == "velocity"``), else a :class:`ChunkPolicy`. Arguments as :class:`ChunkPolicy`."""
+    (``sampler.prediction == "velocity"``), else a :class:`ChunkPolicy`; a model without a denoising sampler
+    supplies its own adapter through ``make_adapter`` (ACT). Arguments as :class:`ChunkPolicy`."""
+    if hasattr(model, "make_adapter"):
+        return model.make_adapter(normalizer, spec, device=device, seed=seed, validate=validate)
     cls = PrefixChunkPolicy if model.sampler.prediction == Prediction.VELOCITY else ChunkPolicy
     return cls(model, normalizer, spec, device=device, seed=seed, validate=validate)
 
