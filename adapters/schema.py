@@ -2,7 +2,8 @@
 
 Keys follow LeRobot's naming: ``observation.state`` (float32 ``(D,)``), ``observation.images.<camera>``
 (uint8 RGB ``(H, W, 3)``), ``observation.environment_state`` (optional), ``task`` (str), ``action``
-(float32 ``(A,)``). Every check collects *all* problems and raises one error naming each field with
+(float32 ``(A,)``); ``observation.pointmaps.<camera>`` (float32 ``(H, W, 3)``, metres, robot base frame) is ours
+(:mod:`policylink.adapters.pointmaps`). Every check collects *all* problems and raises one error naming each field with
 its expected and received value.
 """
 
