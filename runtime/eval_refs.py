@@ -13,6 +13,18 @@ from typing import Any
 ENV_PLACEHOLDER = "{env}"  # in a policy reference: one checkpoint per env, e.g. outputs/train/{env}/diffusion
 
 
+def kind_ref(ref: Any) -> tuple[str, str] | None:
+    """``(kind, folder)`` of a typed checkpoint reference ``kind:folder`` (``lerobot:/path/to/pretrained_model``):
+    ``kind`` is a policy registry name whose factory takes ``checkpoint=folder``; None for any other reference
+    (plain folders, names, ``tcp://`` / ``ipc://`` addresses)."""
+    if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")):
+        return None
+    kind, sep, folder = ref.partition(":")
+    if not sep or not folder or not kind.isidentifier():
+        return None
+    return kind, folder
+
+
 def labelled(item: Any) -> tuple[str, Any]:
     """``(label, ref)`` of a policy/env reference: a ``(label, ref)`` pair, ``label=ref``, or a plain ref
     labelled by :func:`reference_label`."""
@@ -35,6 +47,8 @@ def reference_label(ref: str) -> str:
     ``<run>_<step>`` for ``.../<run>/checkpoints/<step>``, the folder name for another path (``{env}``
     removed: ``ckpt/{env}/flow`` -> ``flow``), the reference itself for names and addresses."""
     text = ref.replace(ENV_PLACEHOLDER, "") if ENV_PLACEHOLDER in ref else ref
+    if kind_ref(text) is not None:  # kind:<run>/checkpoints/last/pretrained_model -> <run>
+        text = kind_ref(text)[1].rstrip("/").removesuffix("/pretrained_model")
     if text.startswith(("tcp://", "ipc://")) or ("/" not in text and not Path(text).is_dir()):
         return (text.strip("_-.") or ref) if text != ref else ref
     path = Path(text.rstrip("/"))
@@ -120,9 +134,10 @@ def require_checkpoints(pols: list[tuple[str, Any]], env_labels: list[str]) -> N
     a missing checkpoint is reported as missing, not as an incompatible cell."""
     missing = []
     for _, ref in pols:
-        if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")) or "/" not in ref:
+        folder = kind_ref(ref)[1] if kind_ref(ref) else ref
+        if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")) or "/" not in folder:
             continue
-        missing += [p for p in dict.fromkeys(policy_ref_for(ref, e) for e in env_labels) if not Path(p).is_dir()]
+        missing += [p for p in dict.fromkeys(policy_ref_for(folder, e) for e in env_labels) if not Path(p).is_dir()]
     if missing:
         raise FileNotFoundError(
             f"policies: checkpoint folder not found: {', '.join(missing)} (policylink train writes "

@@ -94,8 +94,9 @@ def limit_threads(n: int = 1) -> None:
 
 
 def load_policy_ref(ref: Any, device: str = "auto", seed: int = 0) -> Any:
-    """A PolicyAdapter from a reference: a server address (``tcp://``, ``ipc://``), a checkpoint folder, a
-    policy registry name, or a zero-argument callable returning a policy.
+    """A PolicyAdapter from a reference: a server address (``tcp://``, ``ipc://``), a checkpoint folder, a typed
+    checkpoint ``kind:folder`` (the factory of registry name ``kind`` with ``checkpoint=folder``, e.g.
+    ``lerobot:/path/to/pretrained_model``), a policy registry name, or a zero-argument callable returning a policy.
 
     Raises:
         FileNotFoundError: the reference looks like a path (contains ``/``) but no such folder exists.
@@ -109,6 +110,13 @@ def load_policy_ref(ref: Any, device: str = "auto", seed: int = 0) -> Any:
         from policylink.adapters.transport import RemotePolicy
 
         return RemotePolicy(ref)
+    from policylink.runtime.eval_refs import kind_ref
+
+    if kind_ref(ref) is not None:  # kind:folder, e.g. lerobot:/path/to/pretrained_model
+        from policylink.adapters.registry import policy_factory
+
+        kind, folder = kind_ref(ref)
+        return policy_factory(kind)(checkpoint=str(Path(folder).expanduser()), device=device, seed=seed)
     path = Path(ref).expanduser()
     if path.is_dir():
         from policylink.policies import load_policy

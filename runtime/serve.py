@@ -32,7 +32,8 @@ class ServeConfig:
     """Options of ``policylink serve``.
 
     Attributes:
-        checkpoint: checkpoint folder loaded with ``policylink.policies.load_policy`` (exclusive with ``policy``).
+        checkpoint: checkpoint folder, or ``lerobot:PATH`` for a LeRobot ``pretrained_model/`` folder (exclusive
+            with ``policy``).
         policy: registry name built with ``policylink.adapters.registry.make_policy`` (exclusive with
             ``checkpoint``).
         device: torch device for ``checkpoint`` (``"auto"``, ``"cpu"``, ``"cuda"``).
@@ -133,6 +134,12 @@ def normalise_flags(argv: Sequence[str]) -> list[str]:
 
 
 def _load(cfg: ServeConfig):
+    from policylink.runtime.eval_refs import kind_ref
+
+    if kind_ref(cfg.checkpoint) is not None:  # kind:folder (lerobot:PATH), resolved as policylink eval/run do
+        from policylink.runtime.run import load_policy_ref
+
+        return load_policy_ref(cfg.checkpoint, device=cfg.device)
     if cfg.checkpoint is not None:
         from policylink.policies import load_policy
 

@@ -222,3 +222,19 @@ def test_missing_files_and_fields_are_named(torch_mod, diffusion, tmp_path):
     (copy / "policy_postprocessor.json").unlink()
     with pytest.raises(LeRobotCheckpointError, match=r"missing \['policy_postprocessor.json'\]"):
         make_lerobot_policy(copy)
+
+
+def test_eval_runs_a_lerobot_checkpoint_by_reference(torch_mod, diffusion, tmp_path, capsys):
+    """``policylink eval --policies dp=lerobot:PATH`` on ``reach`` (2 episodes; success is irrelevant, untrained)."""
+    from policylink.runtime import evaluate as ev
+    from policylink.runtime.eval_refs import kind_ref, reference_label
+
+    ref = f"lerobot:{diffusion.path}"
+    assert kind_ref(ref) == ("lerobot", str(diffusion.path)) and kind_ref("tcp://h:1") is None
+    assert reference_label("lerobot:/o/run7/checkpoints/last/pretrained_model") == "run7"
+    args = ["--policies", f"dp={ref}", "--envs", "reach", "--episodes", "2", "--workers", "0", "--videos", "0"]
+    env_kwargs = ["--env_kwargs", json.dumps({"obs_mode": "state+image", "image_size": IMG})]
+    assert ev.main([*args, *env_kwargs, "--out", str(tmp_path / "eval")]) == 0
+    info = json.loads((tmp_path / "eval" / "cells" / "dp__reach" / "eval_info.json").read_text())
+    assert len(info["per_episode"]) == 2
+    assert "| dp |" in capsys.readouterr().out
