@@ -30,9 +30,9 @@ from policylink.runtime.rollout import RegistryEnvFn, make_vector_env
 TASKS = ("reach", "push", "pick_place", "insert", "multitask")
 
 
-def time_env(env, steps: int, seed: int = 0) -> tuple[float, float]:
-    """Seconds inside ``env.step`` for ``steps`` random-action steps, and seconds of bare ``mj_step`` doing the
-    same physics, interleaved step by step (both see the same machine load).
+def time_env(env, steps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds inside ``env.step`` for each of ``steps`` random-action steps, and seconds of bare ``mj_step``
+    doing the same physics, interleaved step by step (both see the same machine load): two float64 ``(steps,)``.
 
     Before each env step the physics state is copied to a shadow ``MjData`` (untimed); after it, the shadow
     gets the controls the env wrote and runs ``mj_step(nstep=n_substeps)`` (timed). Resets are untimed.
@@ -44,8 +44,8 @@ def time_env(env, steps: int, seed: int = 0) -> tuple[float, float]:
     state = np.empty(mujoco.mj_stateSize(env.model, spec))
     shadow = mujoco.MjData(env.model)
     env.reset(seed=seed)
-    env_total = raw_total = 0.0
-    for a in actions:
+    env_times, raw_times = np.empty(steps), np.empty(steps)
+    for i, a in enumerate(actions):
         mujoco.mj_getState(env.model, env.data, state, spec)
         mujoco.mj_setState(env.model, shadow, state, spec)
         t0 = time.perf_counter()
@@ -54,11 +54,16 @@ def time_env(env, steps: int, seed: int = 0) -> tuple[float, float]:
         shadow.ctrl[:] = env.data.ctrl
         mujoco.mj_step(env.model, shadow, nstep=env.n_substeps)
         t2 = time.perf_counter()
-        env_total += t1 - t0
-        raw_total += t2 - t1
+        env_times[i], raw_times[i] = t1 - t0, t2 - t1
         if terminated or truncated:
             env.reset()
-    return env_total, raw_total
+    return env_times, raw_times
+
+
+def step_overhead(env_times: np.ndarray, raw_times: np.ndarray) -> float:
+    """Median over steps of ``env / raw - 1`` (paired per step: a step preempted by another process on a
+    shared machine is one outlier, not a shift of a sum)."""
+    return float(np.median(env_times / raw_times)) - 1.0
 
 
 def time_vector(name: str, n: int, asynchronous: bool, steps: int) -> float:
@@ -93,15 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name in args.tasks.split(","):
         env = make_env(name)
-        raw, wrapped = [], []
+        raw, wrapped, overheads = [], [], []
         for r in range(args.repeats):
             env_s, raw_s = time_env(env, args.steps, seed=r)
-            wrapped.append(env_s)
-            raw.append(raw_s)
-        raw_sps, env_sps = args.steps / min(raw), args.steps / min(wrapped)
-        overhead = float(np.median(np.array(wrapped) / np.array(raw))) - 1.0
+            wrapped.append(np.median(env_s))
+            raw.append(np.median(raw_s))
+            overheads.append(step_overhead(env_s, raw_s))
+        raw_sps, env_sps = 1.0 / min(raw), 1.0 / min(wrapped)
+        overhead = float(np.median(overheads))
         img_env = make_env(name, obs_mode="image")
-        img_sps = args.image_steps / time_env(img_env, args.image_steps)[0]
+        img_sps = 1.0 / float(np.median(time_env(img_env, args.image_steps)[0]))
         img_env.close()
         sync = time_vector(name, args.vector_envs, False, args.steps // 4) if args.vector_envs else float("nan")
         asyn = time_vector(name, args.vector_envs, True, args.steps // 4) if args.vector_envs else float("nan")
@@ -121,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"Command: `{cmd}`\n\nMachine: 2-core CPU, no GPU (shared with other jobs; Mesa llvmpipe "
                 f"EGL rendering). Date: {datetime.date.today().isoformat()}.\n\n"
                 "Control steps are 0.1 s (10 Hz); `substeps` physics steps each. Adapter overhead = time in "
-                "`env.step` / time in raw `mj_step(nstep=substeps)` on the same model, minus 1 (best of "
-                f"{args.repeats} alternating runs of {args.steps} steps). Vectorised columns: "
+                "`env.step` / time in raw `mj_step(nstep=substeps)` on the same model and state, minus 1: the "
+                f"median over steps of the paired per-step ratio, median of {args.repeats} runs of {args.steps} "
+                "steps; steps/s columns = 1 / median per-step time (best run). Vectorised columns: "
                 f"{args.vector_envs} sub-envs, total steps/s.\n\n" + table + "\n"
             )
     return 0

@@ -146,6 +146,8 @@ class MujocoTaskEnv(EnvAdapter):
         self.perturbation = perturbation
         action = self._action_spec()
         self._low, self._high = action.low_array, action.high_array
+        self._has_goal_distance = type(self).goal_distance is not MujocoTaskEnv.goal_distance
+        self._start_distance = 0.0
         self._perturber = (
             Perturber(perturbation, self._low, self._high, self._hold_action())
             if perturbation is not None and perturbation.active
@@ -215,15 +217,25 @@ class MujocoTaskEnv(EnvAdapter):
         (:func:`policylink.data.labels.progress_from_distance`: ALTER's relative progress)."""
         return None
 
-    def _progress_info(self, start: bool = False) -> dict[str, float]:
-        """``{"progress": 1 - d_t / d_0}`` (``d_0`` at reset; 1 when the episode starts at the goal), or ``{}``."""
-        d = self.goal_distance(self._state()[None])
+    def goal_distance_now(self, state: list[float]) -> float | None:
+        """:meth:`goal_distance` of one state given as Python floats (the per-step path), or None. Tasks override
+        it with the same formula on floats (no array dispatch); the result is bit for bit the vectorised one
+        (``tests/sim/test_step_reference.py`` checks every task)."""
+        d = self.goal_distance(np.array([state]))
+        return None if d is None else float(d[0])
+
+    def _progress_info(self, start: bool = False, state: np.ndarray | None = None) -> dict[str, float]:
+        """``{"progress": 1 - d_t / d_0}`` (``d_0`` at reset; 1 when the episode starts at the goal), or ``{}``.
+        ``state``: the current full state vector when the caller has it (saves computing it again)."""
+        if not self._has_goal_distance:
+            return {}
+        d = self.goal_distance_now((self._state() if state is None else state).tolist())
         if d is None:
             return {}
         if start:
-            self._start_distance = float(d[0])
-        d0 = getattr(self, "_start_distance", 0.0)
-        return {"progress": 1.0 - float(d[0]) / d0 if d0 > 0 else 1.0}
+            self._start_distance = d
+        d0 = self._start_distance
+        return {"progress": 1.0 - d / d0 if d0 > 0 else 1.0}
 
     # ---------------------------------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -239,7 +251,9 @@ class MujocoTaskEnv(EnvAdapter):
         super().reset(seed=seed)
         self._reset_physics(dict(options or {}))
         self._needs_reset = False
-        return self._observation(), {"is_success": self._is_success(), **self._progress_info(start=True)}
+        state = self._state()
+        info = {"is_success": self._is_success(), **self._progress_info(start=True, state=state)}
+        return self._observation(state), info
 
     def _reset_physics(self, options: dict[str, Any]) -> None:
         """Everything of :meth:`reset` except building the observation (so no frame is rendered)."""
@@ -270,17 +284,31 @@ class MujocoTaskEnv(EnvAdapter):
         """
         if self._needs_reset:
             raise RuntimeError(STEP_BEFORE_RESET)
-        a = coerce_action(self.env_spec.action, action)
+        a = self._clipped_action(action)
         if self._perturber is not None:
             a = self._perturb(a)
         self._apply_action(a)
         mujoco.mj_step(self.model, self.data, nstep=self.n_substeps)
         mujoco.mj_kinematics(self.model, self.data)
         self.elapsed_steps += 1
+        state = self._state()  # once per step: observation and progress share it
         success = self._is_success()
+        info = {"is_success": success}
+        if self._has_goal_distance:
+            info.update(self._progress_info(state=state))
         truncated = self.elapsed_steps >= self.max_episode_steps
-        info = {"is_success": success, **self._progress_info()}
-        return self._observation(), float(success), success, truncated, info
+        return self._observation(state), float(success), success, truncated, info
+
+    def _clipped_action(self, action: Any) -> np.ndarray:
+        """:func:`~policylink.adapters.schema.coerce_action` (same result, same errors) with a fast path for the
+        common case, a finite ``(A,)`` array-like: convert, check, clip against limits kept as float32 arrays."""
+        try:
+            a = np.asarray(action, dtype=np.float32)
+        except (TypeError, ValueError):
+            a = None
+        if a is None or a.shape != self._low.shape or not all(map(math.isfinite, a.tolist())):
+            return coerce_action(self.env_spec.action, action)  # raises the contract's ActionError
+        return np.minimum(np.maximum(a, self._low), self._high)  # == np.clip for finite values
 
     def privileged_state(self) -> np.ndarray:
         """The full ``observation.state`` vector in every ``obs_mode``, float32 ``(D,)`` in the order of
@@ -300,10 +328,11 @@ class MujocoTaskEnv(EnvAdapter):
                 r.close()
 
     # -------------------------------------------------------------------------------------------- helpers
-    def _observation(self) -> dict[str, Any]:
+    def _observation(self, state: np.ndarray | None = None) -> dict[str, Any]:
+        """The observation dict; ``state``: the current full state vector when the caller has it."""
         obs: dict[str, Any] = {}
         if self._use_state:
-            obs[STATE_KEY] = self._state()[: self._n_state]
+            obs[STATE_KEY] = (self._state() if state is None else state)[: self._n_state]
         if self._use_images:
             for cam in self.cameras:
                 obs[IMAGE_PREFIX + cam] = self._renderer.render(self.data, cam)
@@ -346,6 +375,13 @@ class MujocoTaskEnv(EnvAdapter):
         if view is None:
             view = self._body_views[body] = self.data.xpos[self.model.body(body).id]
         return view
+
+
+def euclidean3(dx, dy, dz, sqrt=np.sqrt):
+    """``sqrt((dx*dx + dy*dy) + dz*dz)`` on float64 arrays ``(N,)`` (``sqrt=np.sqrt``) or Python floats
+    (``sqrt=math.sqrt``): bit for bit ``np.linalg.norm`` of the rows ``(dx, dy, dz)`` (numpy sums 3 terms left
+    to right), so a task writes its goal distance once for both the vectorised API and the per-step path."""
+    return sqrt((dx * dx + dy * dy) + dz * dz)
 
 
 def sample_separated(

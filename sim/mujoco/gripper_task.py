@@ -51,9 +51,9 @@ class GripperTaskEnv(MujocoTaskEnv):
     def _reset_robot(self, rng: np.random.Generator) -> None:
         self.robot.reset(rng.uniform(EE_START_LOW, EE_START_HIGH))
 
-    def _robot_state(self) -> np.ndarray:
-        """ee x, y, z (m) and gripper opening (1 open, 0 closed), float64 ``(4,)``."""
-        return np.append(self.robot.ee_position, self.robot.opening)
+    def _robot_state(self) -> list[float]:
+        """ee x, y, z (m) and gripper opening (1 open, 0 closed), 4 floats."""
+        return [*self.robot.ee_position.tolist(), self.robot.opening]
 
     def placed(self, body: str, goal_xy: np.ndarray, radius: float, max_height: float) -> bool:
         """``body`` rests within ``radius`` (m) of ``goal_xy`` below ``max_height`` (m) and the gripper is open."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from policylink.sim.mujoco.base import sample_separated
+from policylink.sim.mujoco.base import euclidean3, sample_separated
 from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv
 
 PEG_HALF_HEIGHT_M = 0.04
@@ -60,20 +60,28 @@ class InsertEnv(GripperTaskEnv):
 
     def _state(self) -> np.ndarray:
         h = self.data.mocap_pos[self._hole_mocap]
-        hole = np.array([h[0], h[1], HOLE_TOP_M])
-        return np.concatenate([self._robot_state(), self.object_position, hole]).astype(np.float32)
+        return np.array([*self._robot_state(), *self.object_position.tolist(), h[0], h[1], HOLE_TOP_M], np.float32)
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:
         """Gripper-to-peg plus peg-to-inserted-pose distance, m, float64 ``(N,)`` from states ``(N, 10)`` (the
         inserted pose is the hole's x, y with the peg's bottom on the table: centre z = its half height)."""
-        s = np.asarray(state, np.float64)
-        goal = np.concatenate([s[:, 7:9], np.full((len(s), 1), PEG_HALF_HEIGHT_M)], axis=1)
-        return np.linalg.norm(s[:, 0:3] - s[:, 4:7], axis=1) + np.linalg.norm(s[:, 4:7] - goal, axis=1)
+        return _distance(np.asarray(state, np.float64).T, np.sqrt)
+
+    def goal_distance_now(self, state: list[float]) -> float:
+        """:meth:`goal_distance` of one state (Python floats), bit for bit."""
+        return _distance(state, math.sqrt)
 
     def _is_success(self) -> bool:
         peg, hole = self.object_position, self.data.mocap_pos[self._hole_mocap]
         bottom = peg[2] - PEG_HALF_HEIGHT_M
         return bool(bottom < INSERTED_BOTTOM_M and math.hypot(peg[0] - hole[0], peg[1] - hole[1]) < CENTRED_M)
+
+
+def _distance(c, sqrt):
+    """Gripper-to-peg plus peg-to-inserted-pose distance from state columns ``c`` (arrays or floats)."""
+    return euclidean3(c[0] - c[4], c[1] - c[5], c[2] - c[6], sqrt) + euclidean3(
+        c[4] - c[7], c[5] - c[8], c[6] - PEG_HALF_HEIGHT_M, sqrt
+    )
 
 
 def make_insert_env(**kwargs: Any) -> InsertEnv:

@@ -43,6 +43,7 @@ class MultitaskEnv(GripperTaskEnv):
     default_cameras = ("front",)
     randomized_geoms = ("cube_red", "cube_green", "cube_blue")
     main_object = "cube_red"
+    _cube_bodies = tuple(f"cube_{c}" for c in COLOURS)  # in state order
     instructions = tuple(GOALS)
 
     def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
@@ -75,8 +76,8 @@ class MultitaskEnv(GripperTaskEnv):
         return np.array([xy[0], xy[1], CUBE_HALF_M])
 
     def _state(self) -> np.ndarray:
-        cubes = [self.body_position(f"cube_{c}") for c in COLOURS]
-        return np.concatenate([self._robot_state(), *cubes]).astype(np.float32)
+        cubes = [v for name in self._cube_bodies for v in self.body_position(name).tolist()]
+        return np.array([*self._robot_state(), *cubes], np.float32)
 
     def _is_success(self) -> bool:
         colour, side = self.goal

@@ -7,11 +7,12 @@ see :mod:`policylink.sim.mujoco.gripper_task`. Success: the cube rests within 0.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from policylink.sim.mujoco.base import sample_separated
+from policylink.sim.mujoco.base import euclidean3, sample_separated
 from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv
 
 CUBE_HALF_M = 0.02
@@ -56,17 +57,26 @@ class PickPlaceEnv(GripperTaskEnv):
 
     def _state(self) -> np.ndarray:
         target = self.data.mocap_pos[self._target_mocap]
-        return np.concatenate([self._robot_state(), self.object_position, target]).astype(np.float32)
+        return np.array([*self._robot_state(), *self.object_position.tolist(), *target.tolist()], np.float32)
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:
         """Gripper-to-cube plus cube-to-goal distance, m, float64 ``(N,)`` from states ``(N, 10)`` (the goal is the
         pad centre raised by the cube's half size)."""
-        s = np.asarray(state, np.float64)
-        goal = s[:, 7:10] + np.array([0.0, 0.0, CUBE_HALF_M])
-        return np.linalg.norm(s[:, 0:3] - s[:, 4:7], axis=1) + np.linalg.norm(s[:, 4:7] - goal, axis=1)
+        return _distance(np.asarray(state, np.float64).T, np.sqrt)
+
+    def goal_distance_now(self, state: list[float]) -> float:
+        """:meth:`goal_distance` of one state (Python floats), bit for bit."""
+        return _distance(state, math.sqrt)
 
     def _is_success(self) -> bool:
         return self.placed("cube", self.goal_position[:2], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)
+
+
+def _distance(c, sqrt):
+    """Gripper-to-cube plus cube-to-goal distance from state columns ``c`` (arrays or floats); the goal is the
+    pad centre raised by the cube's half size (``+ 0.0`` keeps the float operations of the array form)."""
+    gx, gy, gz = c[7] + 0.0, c[8] + 0.0, c[9] + CUBE_HALF_M
+    return euclidean3(c[0] - c[4], c[1] - c[5], c[2] - c[6], sqrt) + euclidean3(c[4] - gx, c[5] - gy, c[6] - gz, sqrt)
 
 
 def make_pick_place_env(**kwargs: Any) -> PickPlaceEnv:

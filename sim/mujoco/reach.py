@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.schema import ActionSpec, ControlMode
-from policylink.sim.mujoco.base import MujocoTaskEnv
+from policylink.sim.mujoco.base import MujocoTaskEnv, euclidean3
 from policylink.sim.mujoco.robot import GantryController
 
 MAX_DELTA_M = 0.02
@@ -69,16 +69,24 @@ class ReachEnv(MujocoTaskEnv):
         return self._target_view
 
     def _state(self) -> np.ndarray:
-        return np.concatenate([self.robot.ee_position, self.target]).astype(np.float32)
+        return np.array([*self.robot.ee_position.tolist(), *self._target_view.tolist()], np.float32)
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:
         """End-effector-to-target distance, m, float64 ``(N,)`` from states ``(N, 6)``."""
-        s = np.asarray(state, np.float64)
-        return np.linalg.norm(s[:, 0:3] - s[:, 3:6], axis=1)
+        return _distance(np.asarray(state, np.float64).T, np.sqrt)
+
+    def goal_distance_now(self, state: list[float]) -> float:
+        """:meth:`goal_distance` of one state (Python floats), bit for bit."""
+        return _distance(state, math.sqrt)
 
     def _is_success(self) -> bool:
         e, t = self.robot.ee_position, self.target
         return math.dist((e[0], e[1], e[2]), (t[0], t[1], t[2])) < SUCCESS_RADIUS_M
+
+
+def _distance(c, sqrt):
+    """End-effector-to-target distance from state columns ``c`` (arrays or floats)."""
+    return euclidean3(c[0] - c[3], c[1] - c[4], c[2] - c[5], sqrt)
 
 
 def make_reach_env(**kwargs: Any) -> ReachEnv:

@@ -45,3 +45,21 @@ def test_step_matches_recorded_reference(name):
                 env.reset()
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_per_step_goal_distance_is_the_vectorised_one_bit_for_bit(name):
+    env = make_env(name)
+    try:
+        rng = np.random.default_rng(0)
+        states = rng.uniform(-0.3, 0.3, (500, env.env_spec.observation_features["observation.state"].shape[0]))
+        states = states.astype(np.float32)
+        vectorised = env.goal_distance(states)
+        if vectorised is None:
+            assert env.goal_distance_now(states[0].tolist()) is None
+            return
+        per_step = [env.goal_distance_now(s.tolist()) for s in states]
+        assert all(type(d) is float for d in per_step)
+        np.testing.assert_array_equal(np.array(per_step), vectorised)
+    finally:
+        env.close()
