@@ -74,6 +74,8 @@ class EvalConfig:
             false discards them.
         env_kwargs: keyword arguments of every env factory (``obs_mode``...).
         executor: chunk execution (:class:`ExecutorConfig`), including simulated latency.
+        instructions: a JSON file goal key (``"red/left"``) -> list of instructions: each episode keeps the env's
+            goal and tells the policy one of the file's instructions for it (:mod:`policylink.runtime.instructions`).
 
     Raises:
         ValueError: ``episodes``, ``num_envs`` or ``shard_episodes`` < 1, ``workers`` or ``videos`` < 0.
@@ -93,6 +95,7 @@ class EvalConfig:
     resume: bool = True
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    instructions: str | None = None
 
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, workers=0, num_envs=1, shard_episodes=1, videos=0)
@@ -136,6 +139,7 @@ def evaluate(
     progress: bool = True,
     write_report: bool = True,
     on_mismatch: str = "error",
+    instructions: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every policy on every env and write all outputs to ``out``; returns one summary per cell.
 
@@ -176,6 +180,7 @@ def evaluate(
         resume=resume,
         env_kwargs=dict(env_kwargs or {}),
         executor=executor or ExecutorConfig(),
+        instructions=instructions,
     )
     pols, env_fns = _resolve(cfg, policies, envs)
     specs = _check_cells(pols, env_fns, cfg.device, cfg.executor, isolate=cfg.ray_address is None and cfg.workers > 0)
@@ -217,6 +222,10 @@ def _resolve(cfg: EvalConfig, policies: Sequence[Any], envs: Sequence[Any]) -> t
         label: (ref if callable(ref) else RegistryEnvFn(str(ref), **_with_video_render(cfg)))
         for label, ref in env_items
     }
+    if cfg.instructions:
+        from policylink.runtime.instructions import InstructionEnvFn
+
+        env_fns = {label: InstructionEnvFn(fn, cfg.instructions) for label, fn in env_fns.items()}
     return pols, env_fns
 
 
@@ -325,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         resume=cfg.resume,
         env_kwargs=cfg.env_kwargs,
         executor=cfg.executor,
+        instructions=cfg.instructions,
     )
     print(report.markdown_table(summaries))
     print(f"wrote {Path(cfg.out) / 'report.html'}")
@@ -402,6 +412,7 @@ def result_settings(cfg: EvalConfig) -> dict[str, Any]:
         "shard_episodes": cfg.shard_episodes,
         "env_kwargs": {k: str(v) for k, v in cfg.env_kwargs.items()},
         "executor": json.loads(json.dumps(asdict(cfg.executor), default=str)),
+        **({"instructions": cfg.instructions} if cfg.instructions else {}),
     }
 
 

@@ -36,7 +36,9 @@ class VLAPolicy(PrefixChunkPolicy):
             history = {**history, TASK_KEY: list(tasks)}
         return history, pad_mask, tasks
 
-    def _encode(self, obs: Mapping[str, Any]) -> torch.Tensor:
+    def _encode(self, obs: Mapping[str, Any], rows: np.ndarray | None = None) -> torch.Tensor:
+        """Latents ``(B, D)`` of windows ``obs`` with their ``task`` instructions (the VLA keeps no recurrent
+        memory, so ``rows`` is not needed)."""
         features = self.model.features
         b = batch_size_of(obs, list(features))
         tensors: dict[str, Any] = observation_tensors(obs, features, self.normalizer, self.device)

