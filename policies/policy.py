@@ -27,6 +27,7 @@ from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import PolicySpec, batch_size_of
 from policylink.data.normalize import Normalizer
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance
+from policylink.policies.common.frame_features import FrameFeatureCache, lean_latents
 from policylink.policies.model import ChunkModel
 from policylink.policies.processing import actions_to_normalized, actions_to_units, observation_tensors
 from policylink.policies.temporal import MemoryRows
@@ -88,6 +89,8 @@ class ChunkPolicy(HistoryPolicy):
         self._pending: dict[str, Any] | None = None  # set_conditioning before the first observation
         self._row_ids: np.ndarray | None = None  # rows of the running predict_action_chunk
         self._memory = MemoryRows()  # per-row SEGA state (policy.memory: sega; unused otherwise)
+        self._frames = FrameFeatureCache(spec.n_obs_steps)  # per-row frame features (lean image path)
+        self.frame_cache = True  # False: the full path (whole windows to float, normalise, encode every frame)
 
     # -- capabilities ---------------------------------------------------------------------------------------
 
@@ -230,7 +233,9 @@ class ChunkPolicy(HistoryPolicy):
 
     def update_observation(self, obs_batch: Mapping[str, Any]) -> None:
         """Append one observation per episode (see HistoryPolicy); every row's cached latent becomes stale."""
+        fresh = None if self._fresh is None else self._fresh.copy()
         super().update_observation(obs_batch)
+        self._frames.append(np.ones(self.batch_size, dtype=bool) if fresh is None else fresh)
         self._ensure_row_state()
         self._latent_ok[:] = False
 
@@ -240,6 +245,7 @@ class ChunkPolicy(HistoryPolicy):
         if env_ids is None:
             self._latents = self._latent_ok = self._labels = self._tokens = None
             self._memory.reset()
+            self._frames.reset()
 
     def predict_action_chunk(self, env_ids: Sequence[int] | None = None) -> np.ndarray:
         """float32 ``(B', chunk_size, A)`` for rows ``env_ids`` (``None`` = all); only those rows are encoded
@@ -260,6 +266,7 @@ class ChunkPolicy(HistoryPolicy):
 
     def _on_reset(self, env_ids: np.ndarray) -> None:
         self._memory.reset(env_ids)  # SEGA: those rows restart from the initial state (gate 1)
+        self._frames.reset(env_ids)
         if self._latent_ok is not None:
             self._latent_ok[env_ids] = False
             self._labels[env_ids] = self.config.default_label
@@ -293,6 +300,11 @@ class ChunkPolicy(HistoryPolicy):
         sega = rows is not None and getattr(self.config, "memory", "none") == "sega"
         memory = (self._memory, rows, self.batch_size) if sega else None
         with torch.no_grad():
+            if memory is None and self.frame_cache:  # images: raw uint8 -> one affine -> features, each frame once
+                cache = self._frames if rows is not None else None
+                lean = lean_latents(self.model.encoder, obs, features, self.normalizer, self.device, cache, rows)
+                if lean is not None:
+                    return lean
             return self.model.embed(observation_tensors(obs, features, self.normalizer, self.device), memory)
 
     def _row_latents(self, ids: np.ndarray) -> torch.Tensor:

@@ -126,6 +126,16 @@ class ImageEncoder(nn.Module):
         x = self.crop(images) * 2.0 - 1.0
         return self.out(self.pool(self.trunk(x)))
 
+    def forward_pixels(self, frames: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """The same features from raw frames, uint8 ``(N, H, W, 3)`` -> ``(N, 2K)``: crop the bytes, then one
+        per-channel affine ``u * scale + shift`` (``scale``, ``shift`` float32 ``(3,)``) that folds the
+        ``/ 255``, the normaliser and this encoder's ``* 2 - 1`` (see
+        :func:`policylink.policies.common.frame_features.pixel_affine`). Equal to :meth:`forward` of the
+        normalised float frames up to float rounding."""
+        x = self.crop(frames.permute(0, 3, 1, 2)).contiguous()  # uint8 (N, 3, h, w), 1 byte a pixel to copy
+        x = torch.addcmul(shift.view(1, 3, 1, 1), x.float(), scale.view(1, 3, 1, 1))
+        return self.out(self.pool(self.trunk(x)))
+
 
 class StateMLP(nn.Module):
     """MLP (Linear + Mish) over a normalised state ``(..., D)`` -> ``(..., out_dim)``; identity if no layers."""
@@ -221,6 +231,26 @@ class ObservationEncoder(nn.Module):
                 parts.append(enc(x.flatten(0, 1)).reshape(b, t, -1))
             else:
                 parts.append(self.state_encoders[_module_name(key)](x))
+        return torch.cat(parts, dim=-1).flatten(1)
+
+    def image_encoder(self, key: str) -> ImageEncoder:
+        """The :class:`ImageEncoder` of image feature ``key`` (the shared one when ``share_vision_encoder``)."""
+        return self.image_encoders["shared" if self.shared else _module_name(key)]
+
+    def combine(self, image_features: Mapping[str, torch.Tensor], obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """:meth:`forward` from per-frame image features already computed, ``{key: (B, T, 2K)}`` for every image
+        key, and normalised vector windows ``obs[key]`` ``(B, T, D)`` -> ``(B, out_dim)`` (same order and
+        concatenation). Encoders with pointmaps have no such split.
+
+        Raises:
+            ValueError: the encoder has pointmap features.
+        """
+        if self.pointmap_keys:
+            raise ValueError(f"combine: pointmap features {self.pointmap_keys} are encoded with their images")
+        parts = [
+            image_features[k] if k in self.image_keys else self.state_encoders[_module_name(k)](obs[k])
+            for k in sorted(self.image_keys + self.vector_keys)
+        ]
         return torch.cat(parts, dim=-1).flatten(1)
 
 
