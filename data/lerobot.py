@@ -13,7 +13,9 @@ Written with pyarrow/pandas/PyAV only (LeRobot itself is not needed) and checked
 Key map: our ``reward`` / ``done`` are LeRobot's ``next.reward`` / ``next.done``; every other key is shared.
 Images are exported as ``image`` features (PNG bytes in the parquet; no video decoder needed to read them) or,
 with ``video=True``, as ``video`` features (mp4, RGB kept). Our per-episode metadata travels in extra episode
-columns ``policylink/success``, ``policylink/seed``, ``policylink/source``, ``policylink/quality``.
+columns ``policylink/success``, ``policylink/seed``, ``policylink/source``, ``policylink/quality``, and what LeRobot
+does not record of the store's info (the ActionSpec, feature units) in ``info.json["policylink"]``.
+:func:`open_lerobot` reads a LeRobot folder for training with no import step (a cached :func:`import_lerobot`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ TO_LEROBOT = {REWARD_KEY: "next.reward", DONE_KEY: "next.done"}
 FROM_LEROBOT = {v: k for k, v in TO_LEROBOT.items()}
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 _META_PREFIX = "policylink/"
+_CARRIED_INFO = ("action", "features")  # store info that info.json["policylink"] carries (ActionSpec, units)
 
 
 class LeRobotFormatError(ValueError):
@@ -215,6 +218,7 @@ def import_lerobot(
         source="lerobot",
         robot_type=info.get("robot_type"),
     )
+    store.update_info(**(info.get(_META_PREFIX.rstrip("/")) or {}))  # our ActionSpec, feature units (our export)
     it: Any = episodes.iterrows()
     if progress:
         from tqdm import tqdm
@@ -228,6 +232,56 @@ def import_lerobot(
     for r in readers.values():
         r.close()
     store.close()
+    return EpisodeStore(out, "r")
+
+
+def is_lerobot_dataset(root: str | os.PathLike) -> bool:
+    """True when ``root`` is a LeRobot dataset folder: it holds ``meta/info.json`` with a ``codebase_version``."""
+    info = Path(root) / "meta" / "info.json"
+    try:
+        return info.is_file() and "codebase_version" in json.loads(info.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def open_lerobot(root: str | os.PathLike, cache: str | os.PathLike | None = None) -> EpisodeStore:
+    """A LeRobot v3.0 dataset folder as an episode store (read-only), for training straight from it: read once with
+    :func:`import_lerobot` into a cache store keyed by the folder's path, file sizes and modification times, and
+    reused while they are unchanged.
+
+    Args:
+        root: the LeRobot dataset folder (``meta/info.json``, ``data/``, ``videos/``).
+        cache: the cache folder (default ``$POLICYLINK_CACHE/lerobot``, else ``~/.cache/policylink/lerobot``).
+
+    Raises:
+        LeRobotFormatError: ``root`` is not a LeRobot v3 dataset (names ``meta/info.json``).
+    """
+    import hashlib
+    import shutil
+
+    root = Path(root).resolve()
+    if not is_lerobot_dataset(root):
+        raise LeRobotFormatError(f"root: expected a LeRobot dataset with meta/info.json, none in {str(root)!r}")
+    files = sorted(p for sub in ("meta", "data", "videos") for p in (root / sub).rglob("*") if p.is_file())
+    digest = hashlib.sha1(str(root).encode())
+    for p in files:
+        st = p.stat()
+        digest.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    home = Path(os.environ.get("POLICYLINK_CACHE", Path.home() / ".cache" / "policylink")) / "lerobot"
+    base = Path(cache) if cache is not None else home
+    out = base / f"{root.name}-{digest.hexdigest()[:16]}.zarr"
+    if not out.exists():
+        from policylink.data.lock import remove_stale_temporaries
+
+        remove_stale_temporaries(out, ("importing",))  # left by a killed reader
+        tmp = out.with_name(f".{out.name}.importing-{os.getpid()}")
+        import_lerobot(root, tmp).close()
+        for leftover in (tmp.with_name(tmp.name + ".lock"), tmp.with_name(tmp.name + ".lock.owner")):
+            leftover.unlink(missing_ok=True)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished the same import first
+            shutil.rmtree(tmp, ignore_errors=True)
     return EpisodeStore(out, "r")
 
 
@@ -333,6 +387,8 @@ def _write_meta(
         "data_path": DATA_PATH,
         "video_path": VIDEO_PATH if video else None,
         "features": features,
+        # what LeRobot does not record (ActionSpec, env, units), restored by import_lerobot
+        _META_PREFIX.rstrip("/"): {k: store.info[k] for k in _CARRIED_INFO if k in store.info},
     }
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
 
@@ -397,4 +453,11 @@ def _episode_meta(ep: Any, task_of: Mapping[int, str], rows: Any) -> EpisodeMeta
     )
 
 
-__all__ = ["CODEBASE_VERSION", "LeRobotFormatError", "export_lerobot", "import_lerobot"]
+__all__ = [
+    "CODEBASE_VERSION",
+    "LeRobotFormatError",
+    "export_lerobot",
+    "import_lerobot",
+    "is_lerobot_dataset",
+    "open_lerobot",
+]

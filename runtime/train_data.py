@@ -43,10 +43,7 @@ def training_data(
         StoreInfoError: the store lacks info the spec needs and nothing supplies it (names it).
     """
     env_spec = env_spec_for(cfg.dataset)
-    try:
-        store = EpisodeStore(cfg.dataset.path, "r")
-    except StoreError as e:
-        raise ValueError(f"dataset.path: {e}") from None
+    store = open_training_store(cfg.dataset.path)
     check_store_matches(store, cfg, env_spec)
     train_eps, val_eps = split_episodes(store.n_episodes, cfg.dataset.val_fraction, cfg.dataset.split_seed)
     p = cfg.policy
@@ -80,6 +77,26 @@ def training_data(
             file=sys.stderr,
         )
     return spec, normalizer, train_ds, val_ds
+
+
+def open_training_store(path: str) -> EpisodeStore:
+    """``dataset.path`` opened read-only: an episode store, or a LeRobot v3 dataset folder (``meta/info.json``),
+    read through :func:`policylink.data.lerobot.open_lerobot` (no import step).
+
+    Raises:
+        ValueError: ``path`` is neither (names ``dataset.path`` and both expected layouts).
+    """
+    from policylink.data.lerobot import is_lerobot_dataset, open_lerobot
+
+    if is_lerobot_dataset(path):
+        return open_lerobot(path)
+    try:
+        return EpisodeStore(path, "r")
+    except StoreError as e:
+        raise ValueError(
+            f"dataset.path: expected an episode store or a LeRobot v3 dataset folder (meta/info.json), received "
+            f"{path!r}: {e}"
+        ) from None
 
 
 def check_store_matches(store: EpisodeStore, cfg: TrainConfig, env_spec: EnvSpec | None) -> None:
@@ -289,6 +306,7 @@ __all__ = [
     "StoreInfoError",
     "check_store_matches",
     "env_spec_for",
+    "open_training_store",
     "policy_spec_for",
     "store_action_spec",
     "store_control_frequency",
