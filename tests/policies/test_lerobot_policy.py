@@ -238,3 +238,58 @@ def test_eval_runs_a_lerobot_checkpoint_by_reference(torch_mod, diffusion, tmp_p
     info = json.loads((tmp_path / "eval" / "cells" / "dp__reach" / "eval_info.json").read_text())
     assert len(info["per_episode"]) == 2
     assert "| dp |" in capsys.readouterr().out
+
+
+def _pi0_stub(torch, target_of_prefix, k: int):
+    """The parts of a LeRobot ``PI0Pytorch`` that ``sample_actions`` touches, with a known velocity: pi0's exact
+    conditional velocity toward ``a* = prefix + state`` (``v_pi = (x - a*) / tau``), so Euler lands on ``a*``."""
+    from types import SimpleNamespace
+
+    lm_config = SimpleNamespace(_attn_implementation="sdpa")
+    vlm = SimpleNamespace(
+        paligemma=SimpleNamespace(language_model=SimpleNamespace(config=lm_config)),
+        forward=lambda inputs_embeds, **kw: (None, target_of_prefix(inputs_embeds[0])),
+    )
+
+    def embed_prefix(images, img_masks, lang_tokens, lang_masks):
+        b, length = images.shape[0], images.shape[1]
+        return images, torch.ones(b, length, dtype=torch.bool), torch.zeros(b, length, dtype=torch.bool)
+
+    def denoise_step(state, prefix_pad_masks, past_key_values, x_t, timestep):
+        return (x_t - (past_key_values + state[:, None, :])) / timestep[:, None, None]
+
+    return SimpleNamespace(
+        config=SimpleNamespace(num_inference_steps=k, chunk_size=5, max_action_dim=3),
+        embed_prefix=embed_prefix, denoise_step=denoise_step, paligemma_with_expert=vlm,
+        _prepare_attention_masks_4d=lambda m: m, _rtc_enabled=lambda: False, rtc_processor=None,
+    )  # fmt: skip
+
+
+def test_pi0_time_convention_is_converted_with_known_values(torch_mod):
+    from lerobot.policies.pi0.modeling_pi0 import PI0Pytorch
+
+    from policylink.adapters.capabilities import Guidance
+    from policylink.policies.lerobot.flow_time import pi0_network, pi0_sampler, pi0_time
+
+    torch = torch_mod
+    a = torch.tensor([[[0.5, -1.0, 2.0]]])
+    net = pi0_network(lambda x, tau, cond: (x - a) / tau[:, None, None])  # pi0: tau = 1 noise, v_pi = eps - a
+    x, t = torch.tensor([[[1.0, 1.0, 1.0]]]), torch.tensor([0.25])
+    assert pi0_time(t).item() == 0.75
+    v = net(x, t, None)  # ours: v = a - eps = -v_pi at tau = 0.75
+    torch.testing.assert_close(v, torch.tensor([[[-2 / 3, -8 / 3, 4 / 3]]]))
+    torch.testing.assert_close(x + (1 - t) * v, a)  # our clean estimate at t is a itself
+    # LeRobot's own loop (PI0Pytorch.sample_actions, tau 1 -> 0) and ours (t 0 -> 1) on the same stub model
+    gen = torch.Generator().manual_seed(0)
+    prefix, state = torch.randn(2, 5, 3, generator=gen), torch.randn(2, 3, generator=gen)
+    noise = torch.randn(2, 5, 3, generator=gen)
+    stub = _pi0_stub(torch, lambda embs: embs * 2.0, k=4)
+    masks = torch.ones(2, 5, dtype=torch.bool)
+    theirs = PI0Pytorch.sample_actions(stub, prefix, masks, None, None, state, noise=noise)
+    sampler, cond = pi0_sampler(stub, (prefix, masks, None, None), state=state)
+    seen = []
+    hook = Guidance(lambda x_t, t, out, c, s: seen.append(round(float(t[0]), 6)) or out)
+    ours = sampler.sample(cond, noise, guidance=hook)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours, prefix * 2.0 + state[:, None, :], rtol=0, atol=1e-5)  # a*
+    assert seen == [0.0, 0.25, 0.5, 0.75]  # our hooks see t = 0 at noise
