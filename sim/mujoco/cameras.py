@@ -32,8 +32,9 @@ class CameraPoseShift:
     Attributes:
         yaw_deg: rotation about the vertical (world z) axis through ``c``, degrees (positive = counter-
             clockwise seen from above).
-        pitch_deg: rotation about the horizontal axis through ``c`` along the camera's right (x) axis, degrees
-            (positive lowers a camera that looks down at ``c`` toward the table's front, i.e. tilts its view up).
+        pitch_deg: rotation about the horizontal axis through ``c`` along the camera's right (x) axis, degrees,
+            right-hand rule: positive lowers a camera that looks down at ``c`` (a smaller elevation angle), still
+            aimed at ``c``; a straight-down camera tilts toward its image-top side.
         distance_m: change of the camera's distance to ``c`` along the line through ``c``, metres (positive
             moves it away).
 
