@@ -34,7 +34,7 @@ class CameraPoseShift:
             clockwise seen from above).
         pitch_deg: rotation about the horizontal axis through ``c`` along the camera's right (x) axis, degrees,
             right-hand rule: positive lowers a camera that looks down at ``c`` (a smaller elevation angle), still
-            aimed at ``c``; a straight-down camera tilts toward its image-top side.
+            aimed at ``c``; a straight-down camera moves toward its image-bottom side.
         distance_m: change of the camera's distance to ``c`` along the line through ``c``, metres (positive
             moves it away).
 
