@@ -59,6 +59,10 @@ def test_shift_geometry_and_errors():
     p, R2 = shift_camera_pose(np.array([0.0, -1.0, 0.0]), R, CameraPoseShift(yaw_deg=90.0), np.zeros(3))
     np.testing.assert_allclose(p, [1.0, 0.0, 0.0], atol=1e-12)
     np.testing.assert_allclose(R2 @ np.array([1.0, 0.0, 0.0]), [0.0, 1.0, 0.0], atol=1e-12)
+    # a straight-down camera 1 m above the centre (x right = world +x): pitch 30 moves it toward -y, still aimed
+    p, R2 = shift_camera_pose(np.array([0.0, 0.0, 1.0]), R, CameraPoseShift(pitch_deg=30.0), np.zeros(3))
+    np.testing.assert_allclose(p, [0.0, -0.5, np.sqrt(3) / 2], atol=1e-12)
+    np.testing.assert_allclose(R2 @ np.array([0.0, 0.0, -1.0]), -p, atol=1e-12)  # MuJoCo cameras look along -z
     p, _ = shift_camera_pose(np.array([0.0, -1.0, 0.0]), R, CameraPoseShift(distance_m=0.5), np.zeros(3))
     np.testing.assert_allclose(p, [0.0, -1.5, 0.0], atol=1e-12)
     with pytest.raises(ValueError, match=r"camera_pose_shift.distance_m: expected more than -1.000 m"):
