@@ -4,13 +4,16 @@ injected inference latency; plus the pacing of 1,000 periods at 100 Hz with 2 ms
 
     python benchmarks/deployment.py --checkpoint outputs/deployment/flow_reach/checkpoints/last --seeds 20
 
-Writes ``benchmarks/results/deployment.md`` (``--out``).
+Writes a markdown table to ``--out`` (default ``benchmarks/results/deployment.md``) and, with ``--jsonl``, appends
+one JSON line per cell and per pacing run. Each invocation starts its own servers on free loopback ports, so
+several invocations (e.g. one per latency) can run side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import signal
@@ -108,20 +111,46 @@ def inference_ms(policy_addr: str, robot_addr: str, n: int = 20) -> dict[str, fl
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--task", default="reach")
-    ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--first_seed", type=int, default=100000)
-    ap.add_argument("--latencies", default="0,50,100,200")
-    ap.add_argument("--modes", default="sync,async", help=f"comma list of {sorted(MODES)}")
-    ap.add_argument("--n_action_steps", type=int, default=8)
-    ap.add_argument("--out", default="benchmarks/results/deployment.md")
-    args = ap.parse_args()
-    load0 = os.getloadavg()
-    pace = {mode: pacing(catch_up=mode == "catch up") for mode in ("skip", "catch up")}
-    print(f"pacing: {pace}", flush=True)
+def run_cell(args, policy_addr: str, robot_addr: str, latency: float, mode: str) -> dict:
+    """One grid cell: ``args.seeds`` episodes of ``mode`` at ``latency`` ms of injected latency; its figures."""
+    cfg = RunConfig(
+        policy=policy_addr,
+        robot=robot_addr,
+        episodes=args.seeds,
+        seed=args.first_seed,
+        executor=ExecutorConfig(
+            kind=MODES[mode][0],
+            n_action_steps=args.n_action_steps,
+            rtc=MODES[mode][1],
+            rtc_max_guidance=args.rtc_guidance,
+        ),
+        inject_latency_ms=latency,
+        threads=1,
+    )
+    t = time.monotonic()
+    out = deploy(cfg)
+    s = out.stats.summary(out.period_s)
+    return {
+        "task": args.task,
+        "tag": args.tag,
+        "checkpoint": args.checkpoint,
+        "n_action_steps": args.n_action_steps,
+        "rtc_guidance": args.rtc_guidance,
+        "latency_ms": latency,
+        "mode": LABELS[mode],
+        "success": sum(r.success for r in out.results) / max(len(out.results), 1),
+        "episodes": len(out.results),
+        "late_pct": 100.0 * s["late"] / max(s["steps"], 1),
+        "wall_s": time.monotonic() - t,
+        "startup_late": out.stats.startup_late,
+        "load1": os.getloadavg()[0],
+        "safety": out.stats.safety,
+        **s,
+    }
+
+
+def run_grid(args) -> tuple[dict[str, float], list[dict]]:
+    """Start the policy and robot servers, measure the served inference, run every (latency, mode) cell."""
     policy_addr, robot_addr = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
     server = _start(["serve", "--checkpoint", args.checkpoint, "--bind", policy_addr, "--device", "cpu"])
     robot = _start(["robot", "--sim", args.task, "--bind", robot_addr])
@@ -129,38 +158,50 @@ def main() -> int:
     try:
         base = inference_ms(policy_addr, robot_addr)
         print(f"inference p50 ms: {base}", flush=True)
-        for latency in [float(x) for x in args.latencies.split(",")]:
+        for latency in [float(x) for x in args.latencies.split(",") if x]:
             for mode in args.modes.split(","):
-                cfg = RunConfig(
-                    policy=policy_addr,
-                    robot=robot_addr,
-                    episodes=args.seeds,
-                    seed=args.first_seed,
-                    executor=ExecutorConfig(
-                        kind=MODES[mode][0], n_action_steps=args.n_action_steps, rtc=MODES[mode][1]
-                    ),
-                    inject_latency_ms=latency,
-                    threads=1,
-                )
-                t = time.monotonic()
-                out = deploy(cfg)
-                s = out.stats.summary(out.period_s)
-                row = {
-                    "latency_ms": latency,
-                    "mode": LABELS[mode],
-                    "success": sum(r.success for r in out.results) / max(len(out.results), 1),
-                    "episodes": len(out.results),
-                    "late_pct": 100.0 * s["late"] / max(s["steps"], 1),
-                    "wall_s": time.monotonic() - t,
-                    "startup_late": out.stats.startup_late,
-                    **s,
-                }
+                row = run_cell(args, policy_addr, robot_addr, latency, mode)
                 rows.append(row)
                 print(row, flush=True)
+                if args.jsonl:
+                    with open(args.jsonl, "a") as f:
+                        f.write(json.dumps({**row, "inference_p50_ms": base}, default=str) + "\n")
     finally:
         for p in (server, robot):
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=20)
+    return base, rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default=None, help="required unless --latencies is empty (pacing only)")
+    ap.add_argument("--task", default="reach")
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first_seed", type=int, default=100000)
+    ap.add_argument("--latencies", default="0,50,100,200", help="comma list, ms; empty: pacing only")
+    ap.add_argument("--modes", default="sync,async", help=f"comma list of {sorted(MODES)}")
+    ap.add_argument("--n_action_steps", type=int, default=8)
+    ap.add_argument("--rtc_guidance", type=float, default=5.0, help="RTC's guidance clip beta (paper: 5)")
+    ap.add_argument("--pacing", type=int, default=1, help="repeats of the 100 Hz pacing measurement (0: none)")
+    ap.add_argument("--tag", default="", help="a label stored with each --jsonl row (run name)")
+    ap.add_argument("--jsonl", default=None, help="append one JSON line per cell (and per pacing run) here")
+    ap.add_argument("--out", default="benchmarks/results/deployment.md")
+    args = ap.parse_args()
+    load0 = os.getloadavg()
+    pace = {}
+    for i in range(args.pacing):
+        for mode in ("skip", "catch up"):
+            pace[f"{mode} #{i + 1}" if args.pacing > 1 else mode] = p = pacing(catch_up=mode == "catch up")
+            if args.jsonl:
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps({"pacing": mode, "repeat": i + 1, "load1": os.getloadavg()[0], **p}) + "\n")
+    print(f"pacing: {pace}", flush=True)
+    base, rows = {}, []
+    if args.latencies:
+        if args.checkpoint is None:
+            ap.error("--checkpoint is required when --latencies is not empty")
+        base, rows = run_grid(args)
     write(Path(args.out), args, pace, base, rows, load0, os.getloadavg())
     return 0
 
@@ -194,7 +235,8 @@ def write(path: Path, args, pace, base, rows, load0, load1) -> None:
         f"## `{args.task}` at 10 Hz: policy server + robot server + this process on loopback",
         "",
         f"Checkpoint `{args.checkpoint}`; {args.seeds} seeds from {args.first_seed}; chunks executed "
-        f"{args.n_action_steps} actions per inference (sync: receding horizon; async: background inference with RTC). "
+        f"{args.n_action_steps} actions per inference (sync: receding horizon; async: background inference, RTC beta "
+        f"{args.rtc_guidance:g}). "
         f"Served inference p50 without injected latency: {', '.join(f'{k} {v:.0f} ms' for k, v in base.items())}. "
         "Injected latency: each inference takes at least that long (client side, around the remote call). Each "
         "episode's first step waits for a blocking first chunk while the robot stands still: it is left out of the "
