@@ -85,13 +85,15 @@ def checkpoint_env_kwargs_of(pols: list[tuple[str, Any]], env_labels: list[str])
     agree and it is not plain ``state``: an image checkpoint then evaluates without ``--env_kwargs``. Empty
     otherwise (a mix is left to the spec check, which names each mismatch)."""
     from policylink.policies.checkpoint import checkpoint_env_kwargs
+    from policylink.policies.lerobot.loading import lerobot_env_kwargs
 
     found = []
     for _, ref in pols:
         if not isinstance(ref, str):
             continue
         for path in {policy_ref_for(ref, env) for env in env_labels}:
-            kw = checkpoint_env_kwargs(path)
+            folder = kind_ref(path)[1] if kind_ref(path) else path  # kind:folder (lerobot:PATH)
+            kw = checkpoint_env_kwargs(folder) or lerobot_env_kwargs(folder)
             if kw is not None:
                 found.append(kw)
     if not found or any(kw != found[0] for kw in found) or found[0]["obs_mode"] == "state":

@@ -11,8 +11,8 @@ A LeRobot ``pretrained_model/`` folder (``lerobot-train`` or ``policy.save_pretr
     policy_postprocessor.json (+ *.safetensors)  unnormaliser, device
 
 LeRobot records no control mode, units or limits of the actions, nor the control rate, so the folder also needs
-``policylink.json`` (``{"action": ActionSpec.to_dict(), "control_frequency": HZ}``, written by
-:func:`write_policylink_spec`).
+``policylink.json`` (``{"action": ActionSpec.to_dict(), "control_frequency": HZ}``, optionally ``"env_kwargs"``:
+the observation mode it was trained with; written by :func:`write_policylink_spec`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policylink.adapters.obs_modes import check_obs_mode, obs_mode_env_kwargs
 from policylink.adapters.schema import IMAGE_PREFIX, ActionSpec, FeatureSpec, PolicySpec
 
 LEROBOT_SCHEME = "lerobot:"
@@ -155,12 +156,38 @@ def read_policylink_spec(folder: Path) -> dict[str, Any]:
     return doc
 
 
-def write_policylink_spec(folder: str | Path, action: ActionSpec, control_frequency: float) -> Path:
-    """Write ``policylink.json`` (the action spec and control rate, Hz) into a LeRobot checkpoint folder; e.g.
-    ``write_policylink_spec(path, env.env_spec.action, env.env_spec.control_frequency)``. Returns the file."""
+def write_policylink_spec(
+    folder: str | Path,
+    action: ActionSpec,
+    control_frequency: float,
+    obs_mode: str | None = None,
+    image_size: int | None = None,
+) -> Path:
+    """Write ``policylink.json`` into a LeRobot checkpoint folder: the action spec, the control rate (Hz) and,
+    optionally, the env observation mode (and camera side, px) the policy was trained with, which ``policylink
+    eval`` then selects by itself; e.g. ``write_policylink_spec(path, spec.action, spec.control_frequency,
+    "state+image", 96)`` with ``spec = env.env_spec``. Returns the file.
+
+    Raises:
+        ValueError: an unknown ``obs_mode``.
+    """
+    doc: dict[str, Any] = {"action": action.to_dict(), "control_frequency": float(control_frequency)}
+    if obs_mode is not None:
+        doc["env_kwargs"] = obs_mode_env_kwargs(check_obs_mode(obs_mode), image_size)
     file = Path(folder) / SPEC_FILE
-    file.write_text(json.dumps({"action": action.to_dict(), "control_frequency": float(control_frequency)}, indent=1))
+    file.write_text(json.dumps(doc, indent=1))
     return file
+
+
+def lerobot_env_kwargs(folder: str | Path) -> dict[str, Any] | None:
+    """The env kwargs (``obs_mode``, ``image_size``) recorded in a LeRobot checkpoint's ``policylink.json``, or None
+    when ``folder`` has none (not a LeRobot checkpoint, or written without ``obs_mode``)."""
+    file = Path(folder) / SPEC_FILE
+    try:
+        kw = json.loads(file.read_text()).get("env_kwargs") if file.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return dict(kw) if isinstance(kw, dict) and isinstance(kw.get("obs_mode"), str) else None
 
 
 def lerobot_spec(cfg: Any, extra: Mapping[str, Any], env_keys: Mapping[str, str] | None = None) -> PolicySpec:
@@ -242,6 +269,7 @@ __all__ = [
     "LeRobotComponents",
     "check_lerobot_folder",
     "import_lerobot_policies",
+    "lerobot_env_kwargs",
     "lerobot_spec",
     "load_lerobot_checkpoint",
     "read_policylink_spec",

@@ -71,7 +71,7 @@ def save_lerobot_checkpoint(torch, kind: str, path: Path, *, rename: dict | None
     post.save_pretrained(path)
     doc = json.loads((path / "config.json").read_text())  # draccus>=0.11 drops the choice type on save
     (path / "config.json").write_text(json.dumps({"type": kind, **doc}))
-    write_policylink_spec(path, ACTION_SPEC, 10.0)
+    write_policylink_spec(path, ACTION_SPEC, 10.0, "state+image", IMG)
     return path
 
 
@@ -233,11 +233,12 @@ def test_eval_runs_a_lerobot_checkpoint_by_reference(torch_mod, diffusion, tmp_p
     assert kind_ref(ref) == ("lerobot", str(diffusion.path)) and kind_ref("tcp://h:1") is None
     assert reference_label("lerobot:/o/run7/checkpoints/last/pretrained_model") == "run7"
     args = ["--policies", f"dp={ref}", "--envs", "reach", "--episodes", "2", "--workers", "0", "--videos", "0"]
-    env_kwargs = ["--env_kwargs", json.dumps({"obs_mode": "state+image", "image_size": IMG})]
-    assert ev.main([*args, *env_kwargs, "--out", str(tmp_path / "eval")]) == 0
+    assert ev.main([*args, "--out", str(tmp_path / "eval")]) == 0  # obs_mode and image size from policylink.json
     info = json.loads((tmp_path / "eval" / "cells" / "dp__reach" / "eval_info.json").read_text())
     assert len(info["per_episode"]) == 2
-    assert "| dp |" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "| dp |" in out.out
+    assert "env_kwargs from the checkpoints: {'obs_mode': 'state+image', 'image_size': 32}" in out.err
 
 
 def _pi0_stub(torch, target_of_prefix, k: int):
@@ -293,3 +294,23 @@ def test_pi0_time_convention_is_converted_with_known_values(torch_mod):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
     torch.testing.assert_close(ours, prefix * 2.0 + state[:, None, :], rtol=0, atol=1e-5)  # a*
     assert seen == [0.0, 0.25, 0.5, 0.75]  # our hooks see t = 0 at noise
+
+
+@pytest.mark.parametrize("kind", ["pi0", "pi05", "smolvla"])
+def test_vla_configs_map_to_our_spec_offline(torch_mod, kind):
+    """What is checkable offline for the VLA types: their config maps to a spec with the instruction (``task``),
+    HWC uint8 cameras, one observation step and a 50-step chunk. Their processors (tokenizer) and models need
+    transformers<5 and downloaded weights."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.factory import make_policy_config
+
+    from policylink.policies.lerobot.loading import lerobot_spec
+
+    inputs = {STATE: PolicyFeature(FeatureType.STATE, (6,)), CAM: PolicyFeature(FeatureType.VISUAL, (3, 224, 224))}
+    outputs = {ACTION: PolicyFeature(FeatureType.ACTION, (3,))}
+    cfg = make_policy_config(kind, device="cpu", input_features=inputs, output_features=outputs)
+    spec = lerobot_spec(cfg, {"action": ACTION_SPEC.to_dict(), "control_frequency": 10.0})
+    feats = spec.observation_features
+    assert sorted(feats) == [CAM, STATE, "task"] and feats["task"].is_string and spec.requires_task
+    assert (feats[CAM].shape, feats[CAM].dtype) == ((224, 224, 3), "uint8")
+    assert (spec.n_obs_steps, spec.chunk_size, spec.n_action_steps) == (1, 50, 50)
