@@ -314,3 +314,31 @@ def test_vla_configs_map_to_our_spec_offline(torch_mod, kind):
     assert sorted(feats) == [CAM, STATE, "task"] and feats["task"].is_string and spec.requires_task
     assert (feats[CAM].shape, feats[CAM].dtype) == ((224, 224, 3), "uint8")
     assert (spec.n_obs_steps, spec.chunk_size, spec.n_action_steps) == (1, 50, 50)
+
+
+def test_serve_a_lerobot_checkpoint_by_reference(torch_mod, diffusion):
+    """``policylink serve --checkpoint lerobot:PATH``: a remote client gets the same chunk as the local adapter."""
+    import socket
+    import threading
+
+    from policylink.adapters.transport import RemotePolicy
+    from policylink.policies.lerobot import make_lerobot_policy
+    from policylink.runtime import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["--checkpoint", f"lerobot:{diffusion.path}", "--device", "cpu", "--bind", f"tcp://127.0.0.1:{port}"]
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.setdefault("rc", serve.main([*argv, "--duration_s", "5"])), daemon=True)
+    t.start()
+    remote = RemotePolicy(f"tcp://127.0.0.1:{port}", timeout_s=30)
+    local = make_lerobot_policy(diffusion.path, device="cpu", seed=0)
+    assert remote.spec == local.spec
+    obs = _obs(11)
+    remote.update_observation(obs)
+    local.update_observation(obs)
+    np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
+    remote.close()
+    t.join(20)
+    assert result["rc"] == 0
