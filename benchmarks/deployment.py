@@ -62,20 +62,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(args: list[str]) -> subprocess.Popen:
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    """Start ``policylink <args>`` with its output in ``log`` (never an unread pipe that could fill and block
+    the server); return once it prints ``serving``."""
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "policylink.runtime.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    line = ""
-    while "serving" not in line:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"{args[0]} did not start")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "policylink.runtime.cli", *args], stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    while "serving" not in log.read_text():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{args[0]} did not start; see {log}")
+        time.sleep(0.2)
     return proc
 
 
@@ -152,8 +151,11 @@ def run_cell(args, policy_addr: str, robot_addr: str, latency: float, mode: str)
 def run_grid(args) -> tuple[dict[str, float], list[dict]]:
     """Start the policy and robot servers, measure the served inference, run every (latency, mode) cell."""
     policy_addr, robot_addr = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
-    server = _start(["serve", "--checkpoint", args.checkpoint, "--bind", policy_addr, "--device", "cpu"])
-    robot = _start(["robot", "--sim", args.task, "--bind", robot_addr])
+    logs = Path(args.out).with_suffix("")
+    server = _start(
+        ["serve", "--checkpoint", args.checkpoint, "--bind", policy_addr, "--device", "cpu"], Path(f"{logs}.serve.log")
+    )
+    robot = _start(["robot", "--sim", args.task, "--bind", robot_addr], Path(f"{logs}.robot.log"))
     rows = []
     try:
         base = inference_ms(policy_addr, robot_addr)
