@@ -243,6 +243,13 @@ class PathSelector:
             path = self.choices[key] = self._measure(key, layer, x)
         return path
 
+    def path_for(self, key: ConvKey) -> str:
+        """The path :meth:`choose` takes for ``key`` now, without measuring: the pinned one, the choice made,
+        or :data:`DEFAULT_PATH`."""
+        if _forced is not None:
+            return _forced if _forced in available_paths(key) else DEFAULT_PATH
+        return self.choices.get(key, DEFAULT_PATH)
+
     def clear(self) -> None:
         """Forget every choice (the next calls measure again)."""
         self.choices.clear()
