@@ -62,6 +62,7 @@ class LanguageEncoder:
 
     num_tokens: int = 0
     feature_dim: int = 0
+    pad_flag: bool = False  # True: the last feature channel is 1 on padding rows
 
     def __init__(self, cfg: LanguageConfig):
         self.cfg = cfg
@@ -113,6 +114,7 @@ class MiniLMEncoder(LanguageEncoder):
     """
 
     feature_dim = MINILM_DIM + 1
+    pad_flag = True
 
     def __init__(self, cfg: LanguageConfig):
         self.num_tokens = int(cfg.max_tokens)

@@ -30,7 +30,8 @@ class ContextEncoder(nn.Module):
 
     Tokens: per observation step, one per camera (shared :class:`ImageEncoder` -> spatial-softmax keypoints ->
     linear) and one per state vector (linear); then the ``L`` language tokens (linear over the cached encoder
-    features). Each slot adds a learned position/type embedding.
+    features); last, one instruction summary token: a per-token MLP max-pooled over the instruction's tokens
+    (a learned constant without language). Each slot adds a learned position/type embedding.
 
     Args:
         features: the policy's observation features (images ``(H, W, 3)`` and vectors ``(D,)``).
@@ -67,7 +68,13 @@ class ContextEncoder(nn.Module):
         self.language = make_language_encoder(cfg.language)
         lang = self.language
         self.language_proj = nn.Linear(lang.feature_dim, d) if lang.num_tokens else None
-        self.num_tokens = t * (len(self.image_keys) + len(self.vector_keys)) + lang.num_tokens
+        # keyword detector: per-token MLP, max over the instruction's tokens (position-invariant, so a colour or
+        # side word counts wherever the phrasing puts it); the last context token, added to every action token
+        self.keywords = (
+            nn.Sequential(nn.Linear(lang.feature_dim, d), nn.GELU(), nn.Linear(d, d)) if lang.num_tokens else None
+        )
+        self.no_language = nn.Parameter(torch.zeros(1, 1, d)) if not lang.num_tokens else None
+        self.num_tokens = t * (len(self.image_keys) + len(self.vector_keys)) + lang.num_tokens + 1
         self.position = nn.Parameter(torch.randn(self.num_tokens, d) * 0.02)
         self.dim = d
         self.out_dim = self.num_tokens * d
@@ -88,6 +95,12 @@ class ContextEncoder(nn.Module):
         if self.language_proj is not None:
             lang = torch.from_numpy(self.language(obs.get(TASK_KEY))).to(self.position.device)
             parts.append(self.language_proj(lang))
+            words = self.keywords(lang)
+            if self.language.pad_flag:  # padding rows never win the max
+                words = words.masked_fill(lang[..., -1:] > 0.5, float("-inf"))
+            parts.append(words.amax(dim=1, keepdim=True))
+        else:
+            parts.append(self.no_language.expand(parts[0].shape[0], 1, -1))
         tokens = torch.cat(parts, dim=1) + self.position
         return tokens.flatten(1)
 
@@ -95,9 +108,9 @@ class ContextEncoder(nn.Module):
 class ActionExpert(nn.Module):
     """Transformer velocity field: ``(x_t (B, H, A), timestep (B,), cond (B, N * d)) -> (B, H, A)``.
 
-    ``H`` noisy action tokens (linear + position + sinusoidal time embedding through an MLP) are appended to the
-    ``N`` context tokens; pre-LayerNorm transformer blocks with full attention; the action tokens are read out by
-    a linear layer.
+    ``H`` noisy action tokens (linear + position + sinusoidal time embedding through an MLP + the last context
+    token, the instruction summary) are appended to the ``N`` context tokens; pre-LayerNorm transformer blocks
+    with full attention; the action tokens are read out by a linear layer.
     """
 
     def __init__(self, action_dim: int, horizon: int, num_context: int, cfg: VLAPolicyConfig):
@@ -120,7 +133,8 @@ class ActionExpert(nn.Module):
     def forward(self, x_t: torch.Tensor, timestep: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         b, h, _ = x_t.shape
         context = cond.reshape(b, self.num_context, self.dim)
-        actions = self.action_in(x_t) + self.action_position[:h] + self.time(timestep)[:, None, :]
+        summary = context[:, -1:]  # the instruction summary token conditions every action token directly
+        actions = self.action_in(x_t) + self.action_position[:h] + self.time(timestep)[:, None, :] + summary
         out = self.blocks(torch.cat([context, actions], dim=1))
         return self.action_out(self.norm(out[:, self.num_context :]))
 
