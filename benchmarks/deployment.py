@@ -135,6 +135,7 @@ def run_cell(args, policy_addr: str, robot_addr: str, latency: float, mode: str)
         "checkpoint": args.checkpoint,
         "n_action_steps": args.n_action_steps,
         "rtc_guidance": args.rtc_guidance,
+        "watchdog_ms": args.watchdog_ms,
         "latency_ms": latency,
         "mode": LABELS[mode],
         "success": sum(r.success for r in out.results) / max(len(out.results), 1),
@@ -155,7 +156,10 @@ def run_grid(args) -> tuple[dict[str, float], list[dict]]:
     server = _start(
         ["serve", "--checkpoint", args.checkpoint, "--bind", policy_addr, "--device", "cpu"], Path(f"{logs}.serve.log")
     )
-    robot = _start(["robot", "--sim", args.task, "--bind", robot_addr], Path(f"{logs}.robot.log"))
+    robot = _start(
+        ["robot", "--sim", args.task, "--bind", robot_addr, "--watchdog_ms", str(args.watchdog_ms)],
+        Path(f"{logs}.robot.log"),
+    )
     rows = []
     try:
         base = inference_ms(policy_addr, robot_addr)
@@ -185,6 +189,9 @@ def main() -> int:
     ap.add_argument("--modes", default="sync,async", help=f"comma list of {sorted(MODES)}")
     ap.add_argument("--n_action_steps", type=int, default=8)
     ap.add_argument("--rtc_guidance", type=float, default=5.0, help="RTC's guidance clip beta (paper: 5)")
+    ap.add_argument(
+        "--watchdog_ms", type=float, default=500.0, help="the robot server's watchdog (its default 500; 0 = off)"
+    )
     ap.add_argument("--pacing", type=int, default=1, help="repeats of the 100 Hz pacing measurement (0: none)")
     ap.add_argument("--tag", default="", help="a label stored with each --jsonl row (run name)")
     ap.add_argument("--jsonl", default=None, help="append one JSON line per cell (and per pacing run) here")
