@@ -268,7 +268,7 @@ class PathSelector:
             try:
                 prepare_path(name, layer, x)
                 times[name] = _time_call(name, layer, x, sync)
-            except (RuntimeError, NotImplementedError, AttributeError):
+            except (RuntimeError, NotImplementedError, AttributeError, TypeError):
                 continue  # an op this build or device lacks: not a candidate
         for _ in range(self.timed_calls - 1):
             best = min(times.values(), default=0.0)
