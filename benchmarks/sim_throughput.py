@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import platform
 import sys
 import time
 
@@ -66,6 +68,15 @@ def step_overhead(env_times: np.ndarray, raw_times: np.ndarray) -> float:
     return float(np.median(env_times / raw_times)) - 1.0
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
 def time_vector(name: str, n: int, asynchronous: bool, steps: int) -> float:
     """Total env steps per second of ``n`` sub-envs stepping ``steps`` times together."""
     venv = make_vector_env(RegistryEnvFn(name), n, asynchronous=asynchronous)
@@ -91,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vector-envs", type=int, default=2, help="sub-envs in the vectorised rows (0 skips)")
     parser.add_argument("--out", default=None, help="markdown file to write")
     args = parser.parse_args(argv)
+    load_start = os.getloadavg()[0]
     lines = [
         "| task | substeps | raw mj_step steps/s | env steps/s (state) | adapter overhead | "
         "env steps/s (96x96 image) | sync vec steps/s | async vec steps/s |",
@@ -119,13 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         env.close()
     table = "\n".join(lines)
     print(table)
+    load = f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs)"
     if args.out:
         cmd = "MUJOCO_GL=egl .venv/bin/python benchmarks/sim_throughput.py " + " ".join(sys.argv[1:])
         with open(args.out, "w") as f:
             f.write(
                 "# MuJoCo task throughput\n\n"
-                f"Command: `{cmd}`\n\nMachine: 2-core CPU, no GPU (shared with other jobs; Mesa llvmpipe "
-                f"EGL rendering). Date: {datetime.date.today().isoformat()}.\n\n"
+                f"Command: `{cmd}`\n\nMachine: {cpu_model()}, MuJoCo {mujoco.__version__}, no GPU (Mesa "
+                f"llvmpipe EGL rendering); {load}. Date: {datetime.date.today().isoformat()}.\n\n"
                 "Control steps are 0.1 s (10 Hz); `substeps` physics steps each. Adapter overhead = time in "
                 "`env.step` / time in raw `mj_step(nstep=substeps)` on the same model and state, minus 1: the "
                 f"median over steps of the paired per-step ratio, median of {args.repeats} runs of {args.steps} "
