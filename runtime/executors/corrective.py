@@ -8,7 +8,8 @@ Per step ``t`` and row: ``z_t = policy.embed()`` (reusing the latent of a chunk 
 ``E_t = 1 - cos(f(z_{t-k}, a_{t-k:t}), z_t - z_{t-k})`` (or the monitor's residual score) once ``k`` steps of the
 episode exist, then the :class:`~policylink.policies.corrector.calibration.PersistenceDetector` at the chunk offset
 of the action about to run. With ``short_horizon`` the horizon is event-triggered: a trigger caps the row's chunks
-at ``short_horizon`` actions until ``short_dwell`` steps pass without an alarm. Histories are per row and cleared by ``reset``, so nothing crosses an episode boundary.
+at ``short_horizon`` actions until ``short_dwell`` steps pass without an alarm. Histories are per row and cleared
+by ``reset``, so nothing crosses an episode boundary.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
 
     Attributes (per row, cleared by ``reset``): ``triggers`` int64 ``(B,)``; ``truncation_offsets`` (list per row
     of the chunk offsets at which chunks were cut); ``trace`` (list per row of ``(step, score, threshold,
-    fired)``); and for the whole run ``monitor_s`` / ``policy_s`` (seconds in the monitor / in policy calls),
+    fired)``); ``short_left`` / ``short_steps`` int64 ``(B,)`` (steps left in / executed in the short-horizon
+    phase); and for the whole run ``monitor_s`` / ``policy_s`` (seconds in the monitor / in policy calls),
     ``monitor_steps`` / ``policy_calls``.
 
     Raises:
