@@ -23,6 +23,7 @@ import torch
 from policylink.data.buffer import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder
 from policylink.policies import load_policy
+from policylink.policies.corrector.calibration import DetectorConfig
 from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.runtime.executors import CorrectiveLog, ExecutorConfig, make_executor
 from policylink.runtime.finetune_monitor import MonitorCmdConfig, train_and_calibrate
@@ -58,6 +59,7 @@ def record_rollouts(policy, path, n, seed, num_envs):
 
 BASE_CELLS = {
     "every1": ExecutorConfig(n_action_steps=1),
+    "open2": ExecutorConfig(n_action_steps=2),
     "open4": ExecutorConfig(n_action_steps=4),
     "open8": ExecutorConfig(n_action_steps=8),
     "open16": ExecutorConfig(n_action_steps=16),
@@ -67,17 +69,19 @@ BASE_CELLS = {
 
 def cell_config(name: str, monitor: str) -> ExecutorConfig:
     """A cell by name: a key of ``BASE_CELLS``, or ``corrective`` with optional ``:field=value;...`` overrides of
-    :class:`CorrectiveConfig` (e.g. ``corrective:short_horizon=1;short_dwell=8;guidance_scale=0``)."""
+    :class:`CorrectiveConfig` and (``detector.field``) :class:`DetectorConfig`, e.g.
+    ``corrective:monitor=DIR;short_horizon=1;short_dwell=8;guidance_scale=0;detector.persistence_m=1``."""
     if name in BASE_CELLS:
         return BASE_CELLS[name]
     kind, _, opts = name.partition(":")
     if kind != "corrective":
         raise ValueError(f"cell: expected one of {[*BASE_CELLS, 'corrective[:k=v;...]']}, received {name!r}")
-    fields = {}
+    fields, det = {"monitor": monitor}, {}
     for kv in filter(None, opts.split(";")):
         k, v = kv.split("=")
-        fields[k] = v if k == "guidance_target" else (None if v == "none" else float(v) if "." in v else int(v))
-    return ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor=monitor, **fields))
+        value = v if k in ("guidance_target", "monitor") else None if v == "none" else float(v) if "." in v else int(v)
+        (det if k.startswith("detector.") else fields)[k.removeprefix("detector.")] = value
+    return ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(detector=DetectorConfig(**det), **fields))
 
 
 def evaluate_cell(policy, name, cfg, args, pert_name, pert, out):
