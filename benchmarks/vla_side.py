@@ -1,0 +1,63 @@
+"""Does a ``multitask`` policy follow the instruction even when the pick fails? Runs one episode per instruction
+(the env's 18, or an instruction file's phrasings told in place of the env's), all in one batch, and reports where
+the gripper ends: on the named pad's side (``x < 0`` = left), and whether it closed within 3 cm of the named cube
+(benchmarks/results/vla.md, diagnostic).
+
+    python benchmarks/vla_side.py CHECKPOINT [--instructions FILE] [--seed 200000] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from policylink.adapters.registry import make_env
+from policylink.policies import load_policy
+from policylink.sim.mujoco.multitask import GOALS
+
+
+def run(checkpoint: str, instructions: str | None, seed: int, repeats: int) -> dict[str, float]:
+    """``{"side": fraction ending on the named side, "near_cube": fraction closing near the named cube, "n"}``."""
+    told = {t: t for t in GOALS}  # env instruction -> what the policy is told
+    if instructions:
+        table = json.loads(Path(instructions).read_text())
+        told = {t: table["/".join(g)][i % len(table["/".join(g)])] for i, (t, g) in enumerate(GOALS.items())}
+    items = [t for t in GOALS for _ in range(repeats)]
+    policy = load_policy(checkpoint, device="cpu", seed=seed)
+    envs = [make_env("multitask", obs_mode="state") for _ in items]
+    obs = [env.reset(seed=seed + i, options={"task": t})[0] for i, (env, t) in enumerate(zip(envs, items))]
+    near = np.zeros(len(items), bool)
+    steps = policy.config.n_action_steps
+    for k in range(envs[0].unwrapped.max_episode_steps):
+        policy.update_observation(
+            {"observation.state": np.stack([o["observation.state"] for o in obs]), "task": [told[t] for t in items]}
+        )
+        if k % steps == 0:
+            chunk = policy.predict_action_chunk()
+        for j, env in enumerate(envs):
+            obs[j] = env.step(chunk[j, k % steps])[0]
+            s = obs[j]["observation.state"]
+            cube = env.unwrapped.object_position
+            near[j] |= bool(s[3] < 0.5 and np.linalg.norm(s[:2] - cube[:2]) < 0.03)
+    side = [(o["observation.state"][0] < 0) == (GOALS[t][1] == "left") for o, t in zip(obs, items)]
+    return {"side": float(np.mean(side)), "near_cube": float(near.mean()), "n": len(items)}
+
+
+def main() -> None:
+    """Print the two fractions for one checkpoint."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint")
+    ap.add_argument("--instructions", default=None)
+    ap.add_argument("--seed", type=int, default=200_000)
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(json.dumps(run(args.checkpoint, args.instructions, args.seed, args.repeats)))
+
+
+if __name__ == "__main__":
+    main()
