@@ -16,6 +16,7 @@ from torch import nn
 
 from policylink.adapters.pointmaps import is_pointmap_key
 from policylink.adapters.schema import FeatureSpec
+from policylink.policies.common.conv_paths import use_measured_convs
 from policylink.policies.common.encoder_config import VISION_BACKBONES, EncoderConfig
 
 
@@ -114,7 +115,7 @@ class ImageEncoder(nn.Module):
         if backbone not in VISION_BACKBONES:
             raise ValueError(f"vision_backbone: expected one of {VISION_BACKBONES}, received {backbone!r}")
         self.crop = RandomCrop(crop_ratio)
-        self.trunk = resnet18_groupnorm() if backbone == "resnet18" else small_conv()
+        self.trunk = use_measured_convs(resnet18_groupnorm() if backbone == "resnet18" else small_conv())
         with torch.no_grad():
             probe = torch.zeros(1, 3, *self.crop.output_size(*image_hw))
             channels = self.trunk(probe).shape[1]

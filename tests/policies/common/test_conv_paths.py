@@ -148,3 +148,29 @@ def test_cuda_paths_equal_torch_conv():
         for name in available_paths(conv_key(conv, x)):
             torch.testing.assert_close(run_path(name, conv, x), expected, atol=1e-4, rtol=1e-4, msg=name)
         assert PathSelector(min_macs=0).choose(conv, x) in available_paths(conv_key(conv, x))
+
+
+@pytest.mark.parametrize(
+    ("n", "c_in", "c_out", "k", "stride", "pad", "hw"), [(1, 3, 8, 7, 2, 3, 20), (2, 8, 8, 3, 1, 1, 9)]
+)
+def test_conv2d_paths_equal_torch_conv_and_encoders_use_them(monkeypatch, n, c_in, c_out, k, stride, pad, hw):
+    from policylink.policies.common.conv_paths import MeasuredConv2d, use_measured_convs
+    from policylink.policies.common.encoders import ImageEncoder
+
+    torch.manual_seed(0)
+    conv = use_measured_convs(torch.nn.Sequential(torch.nn.Conv2d(c_in, c_out, k, stride, pad)))[0]
+    assert type(conv) is MeasuredConv2d
+    x = torch.randn(n, c_in, hw, hw)
+    key = conv_key(conv, x)
+    assert key.width == hw and available_paths(key) in (("torch",), ("torch", "onednn"))
+    assert key.macs == n * ((hw + 2 * pad - k) // stride + 1) ** 2 * k * k * c_in * c_out
+    with torch.no_grad():
+        expected = torch.nn.functional.conv2d(x, conv.weight, conv.bias, stride, pad)
+        for name in available_paths(key):
+            torch.testing.assert_close(run_path(name, conv, x), expected, atol=1e-5, rtol=1e-5, msg=name)
+        monkeypatch.setattr(conv_paths.SELECTOR, "min_macs", 0)
+        torch.testing.assert_close(conv(x), expected, atol=1e-5, rtol=1e-5)
+        assert conv_paths.SELECTOR.path_for(key) in available_paths(key)
+    enc = ImageEncoder((24, 24), "small_conv", 1.0, 4)
+    assert all(type(m) is not torch.nn.Conv2d for m in enc.trunk.modules())
+    conv_paths.SELECTOR.clear()
