@@ -175,7 +175,12 @@ def run_grid(args) -> tuple[dict[str, float], list[dict]]:
     finally:
         for p in (server, robot):
             p.send_signal(signal.SIGTERM)
-            p.wait(timeout=20)
+        for p in (server, robot):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:  # a starved server: never leave it running
+                p.kill()
+                p.wait()
     return base, rows
 
 
