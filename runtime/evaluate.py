@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from policylink.runtime.eval_refs import (  # noqa: F401 - ENV_PLACEHOLDER re-ex
     unique_labels,
     warn_recorded_seed_overlap,
 )
+from policylink.runtime.eval_resume import load_done, run_settings, shard_plan
 from policylink.runtime.executors import ExecutorConfig, make_executor
 from policylink.runtime.rollout import (
     RegistryEnvFn,
@@ -149,8 +149,8 @@ def evaluate(
         envs: env registry names, or ``(label, env_fn)`` pairs with a zero-argument callable returning an
             EnvAdapter (picklable for workers).
         on_mismatch: what to do with a cell whose saved shards came from a different configuration (seed,
-            executor, env kwargs...; see :func:`result_settings`): ``"error"`` (raise ValueError) or ``"redo"``
-            (discard them and evaluate the cell again).
+            executor, env kwargs...; see :func:`.eval_resume.result_settings`): ``"error"`` (raise ValueError)
+            or ``"redo"`` (discard them and evaluate the cell again).
         The other arguments are those of :class:`EvalConfig`.
 
     Returns:
@@ -185,26 +185,33 @@ def evaluate(
     pols, env_fns = _resolve(cfg, policies, envs)
     specs = _check_cells(pols, env_fns, cfg.device, cfg.executor, isolate=cfg.ray_address is None and cfg.workers > 0)
     out = Path(cfg.out)
-    settings = _settings(cfg)
+    settings = run_settings(cfg)
     tasks, done_shards = _plan_shards(cfg, pols, env_fns, specs, out, on_mismatch)
     bars = _bars(pols, env_fns, cfg.episodes, done_shards, progress)
-    for task, result in _run_tasks(tasks, cfg):
-        cdir = out / "cells" / task.cell
-        (cdir / "shards").mkdir(parents=True, exist_ok=True)
-        (cdir / "shards" / f"{task.first:06d}.json").write_text(json.dumps({"settings": settings, **result}))
-        done_shards[task.cell][task.first] = result
-        if bars is not None:
-            bars[task.cell].update(task.count)
+    _run_and_save(tasks, cfg, settings, done_shards, bars)
     summaries = _write_cells(pols, env_fns, specs, done_shards, out, settings)
-    if bars is not None:
-        for bar in bars.values():
-            bar.close()
     report.write_tables(out, summaries)
     if write_report:
         report.write_report(
             out, summaries, config={**settings, "policies": [p for p, _ in pols], "envs": list(env_fns)}
         )
     return summaries
+
+
+def _run_and_save(
+    tasks: list, cfg: EvalConfig, settings: dict[str, Any], done_shards: dict[str, dict], bars: dict | None
+) -> None:
+    """Run the shard tasks; each finished shard is written to ``<out>/cells/<cell>/shards/<first>.json`` at once
+    (a crash loses at most the shards in flight) and added to ``done_shards``; progress bars advance and close."""
+    for task, result in _run_tasks(tasks, cfg):
+        shards = Path(cfg.out) / "cells" / task.cell / "shards"
+        shards.mkdir(parents=True, exist_ok=True)
+        (shards / f"{task.first:06d}.json").write_text(json.dumps({"settings": settings, **result}))
+        done_shards[task.cell][task.first] = result
+        if bars is not None:
+            bars[task.cell].update(task.count)
+    for bar in (bars or {}).values():
+        bar.close()
 
 
 def _resolve(cfg: EvalConfig, policies: Sequence[Any], envs: Sequence[Any]) -> tuple[list, dict[str, Any]]:
@@ -236,12 +243,12 @@ def _plan_shards(cfg: EvalConfig, pols, env_fns, specs, out: Path, on_mismatch: 
         for e_label in env_fns:
             cell = cell_name(p_label, e_label)
             cdir = out / "cells" / cell
-            done_shards[cell] = _load_done(cdir, cfg, on_mismatch)
+            done_shards[cell] = load_done(cdir, cfg, on_mismatch)
             spec = specs[e_label]
             for first in range(0, cfg.episodes, cfg.shard_episodes):
                 if first in done_shards[cell]:
                     continue
-                count, vids = _shard_plan(cfg, first)
+                count, vids = shard_plan(cfg, first)
                 ref = policy_ref_for(p_ref, e_label)
                 tasks.append(
                     ShardTask(
@@ -395,79 +402,6 @@ def _probe_cells(pols, env_fns, device, executor) -> tuple[dict[str, Any], list[
                 continue
             problems += cell_problems(p_label, loaded[key], e_label, espec, executor)
     return specs, problems
-
-
-def _settings(cfg: EvalConfig) -> dict[str, Any]:
-    """The configuration of a run, saved with every shard and in ``eval_info.json``."""
-    return {"episodes": cfg.episodes, "videos": cfg.videos, **result_settings(cfg)}
-
-
-def result_settings(cfg: EvalConfig) -> dict[str, Any]:
-    """The settings that determine each episode's result (compared on resume): the seed, the shard layout, the
-    envs per task, the env kwargs and the executor. ``episodes`` and ``videos`` are not among them: episode ``i``
-    of a cell has the same result whatever their values, so a changed count reuses the shards it still needs."""
-    return {
-        "seed": cfg.seed,
-        "num_envs": cfg.num_envs,
-        "shard_episodes": cfg.shard_episodes,
-        "env_kwargs": {k: str(v) for k, v in cfg.env_kwargs.items()},
-        "executor": json.loads(json.dumps(asdict(cfg.executor), default=str)),
-        **({"instructions": cfg.instructions} if cfg.instructions else {}),
-    }
-
-
-def _shard_plan(cfg: EvalConfig, first: int) -> tuple[int, list[int]]:
-    """``(count, filmed episode indices)`` of the shard starting at episode ``first``."""
-    count = min(cfg.shard_episodes, cfg.episodes - first)
-    return count, [i for i in range(first, first + count) if i < cfg.videos]
-
-
-def _load_done(cdir: Path, cfg: EvalConfig, on_mismatch: str) -> dict[int, dict[str, Any]]:
-    """The saved shards of cell folder ``cdir`` that this run can reuse, by first episode.
-
-    A shard is reused when its result settings equal this run's, it starts a shard of this run with the same
-    episode count, and it filmed every episode this run films (a film of a failure beyond them is kept); shards
-    past ``episodes`` stay on disk unused. Without ``cfg.resume`` (or with ``on_mismatch="redo"`` and other
-    result settings) the cell's saved shards and videos are deleted first.
-
-    Raises:
-        ValueError: saved shards of other result settings with ``on_mismatch="error"`` (names the settings).
-    """
-    shards = cdir / "shards"
-    if shards.is_dir() and not cfg.resume:
-        _discard(cdir)
-    if not shards.is_dir():
-        return {}
-    now = result_settings(cfg)
-    saved = {int(f.stem): json.loads(f.read_text()) for f in sorted(shards.glob("*.json"))}
-    for doc in saved.values():
-        old = {k: doc["settings"].get(k) for k in now}
-        if old == now:
-            continue
-        diff = sorted(k for k in now if old[k] != now[k])
-        if on_mismatch == "redo":
-            print(f"{cdir.name}: settings {diff} changed; evaluating the cell again", file=sys.stderr)
-            _discard(cdir)
-            return {}
-        raise ValueError(
-            f"resume {cdir}: expected results of the same configuration, received different "
-            f"{diff} (saved {[old[k] for k in diff]}, now {[now[k] for k in diff]}); "
-            "use another --out or --resume false"
-        )
-    done = {}
-    for first, doc in saved.items():
-        if first % cfg.shard_episodes or first >= cfg.episodes:
-            continue
-        count, vids = _shard_plan(cfg, first)
-        if len(doc["episodes"]) == count and set(vids) <= {int(i) for i in doc.get("video_paths", {})}:
-            done[first] = {k: v for k, v in doc.items() if k != "settings"}
-    return done
-
-
-def _discard(cdir: Path) -> None:
-    """Delete a cell's saved shards and videos (its other files are rewritten at the end of the run)."""
-    for sub in ("shards", "videos"):
-        shutil.rmtree(cdir / sub, ignore_errors=True)
 
 
 def _run_tasks(tasks: list[ShardTask], cfg: EvalConfig):
