@@ -157,6 +157,11 @@ class DeployStats:
         )
 
 
+class WatchdogTripped(RuntimeError):
+    """The robot's watchdog tripped (no fresh action within its period): it holds and refuses commands until an
+    explicit re-arm, so the run ends rather than feeding a robot that executes nothing."""
+
+
 class DeployEnv(EnvAdapter):
     """A robot as a gymnasium env stepped in real time (one slot of the rollout loop's vector env).
 
@@ -222,6 +227,10 @@ class DeployEnv(EnvAdapter):
             sent = np.zeros(self.env_spec.action.dim, np.float32) if hold is None else np.asarray(hold, np.float32)
         else:
             sent = np.asarray(self.robot.send_action(action), np.float32)
+            if "tripped" in getattr(self.robot, "last_reasons", ()):
+                raise WatchdogTripped(
+                    "the robot's watchdog tripped (no fresh action within its period); it holds until re-armed"
+                )
         wake_error = self.pacer.wait()
         obs, info = self.robot.observe()
         t = self.clock()
@@ -376,6 +385,8 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
     Raises:
         IncompatibleSpecError: the policy, robot and executor do not fit (before anything moves).
         TimeoutError: the robot server does not answer ``hello``.
+
+    A tripped robot watchdog (:class:`WatchdogTripped`) ends the run with one message and exit code 1.
     """
     from policylink.adapters.protocol import RemoteError
     from policylink.adapters.schema import IncompatibleSpecError
@@ -412,6 +423,13 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
     except KeyboardInterrupt:
         print("\ninterrupted: the robot is holding", file=sys.stderr)
         out.code = 130
+    except WatchdogTripped as e:
+        print(
+            f"\n{e}: the run ends here; start it again to re-arm (a longer --watchdog-ms on the robot server "
+            "tolerates slower inference)",
+            file=sys.stderr,
+        )
+        out.code = 1
     except (TimeoutError, RemoteError, ConnectionError) as e:
         print(f"\npolicy or robot server stopped answering ({type(e).__name__}: {e}); the robot holds", file=sys.stderr)
         out.code = 1

@@ -151,6 +151,25 @@ def test_a_late_action_is_dropped_and_every_step_is_recorded_with_its_timing(tmp
     assert results[0].success and store.episode_meta(0).success is True
 
 
+def test_a_tripped_watchdog_ends_the_run_instead_of_feeding_a_robot_that_refuses(tmp_path):
+    from policylink.runtime.deploy import WatchdogTripped
+
+    class TripsAtThirdAction(FakeRobot):
+        last_reasons = ()
+
+        def send_action(self, action):  # RemoteRobot.send_action reports the reasons of the safety layer
+            self.last_reasons = ("tripped",) if len(self.sent) >= 2 else ()
+            return super().send_action(action)
+
+    clock = FakeClock()
+    policy = SlowOnce(clock)
+    policy.calls = 10  # never slow
+    with pytest.raises(WatchdogTripped, match="watchdog tripped"):
+        _deploy(tmp_path, clock, TripsAtThirdAction(clock), policy)
+    store = EpisodeStore(tmp_path / "run.zarr", "r")  # the interrupted episode is committed, success unknown
+    assert store.n_episodes == 1 and store.episode_lengths.tolist() == [2] and store.episode_meta(0).success is None
+
+
 def test_human_takeover_replaces_the_policy_and_is_recorded_as_human(tmp_path):
     clock = FakeClock()
     robot = FakeRobot(clock)
