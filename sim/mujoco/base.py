@@ -49,6 +49,29 @@ def yaw_of(quat_wxyz: np.ndarray) -> float:
     return math.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
 
 
+def _checked_args(obs_mode: str, render_mode: str | None, perturbation: Any, image_size: Any) -> tuple[int, int]:
+    """``(height, width)`` of ``image_size`` in pixels after checking the constructor's arguments.
+
+    Raises:
+        ValueError: an unknown ``obs_mode`` or ``render_mode``, a ``perturbation`` that is not a
+            PerturbationConfig, or an ``image_size`` that is not an int or ``(H, W)`` in ``1..MAX_IMAGE_SIDE``.
+    """
+    if obs_mode not in OBS_MODES:
+        raise ValueError(f"obs_mode: expected one of {OBS_MODES}, received {obs_mode!r}")
+    if render_mode not in (None, "rgb_array"):
+        raise ValueError(f"render_mode: expected None or 'rgb_array', received {render_mode!r}")
+    if perturbation is not None and not isinstance(perturbation, PerturbationConfig):
+        raise ValueError(f"perturbation: expected PerturbationConfig or None, received {type(perturbation).__name__}")
+    height, width = (image_size, image_size) if np.isscalar(image_size) else tuple(image_size)
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (height, width)) or not (
+        1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE
+    ):
+        raise ValueError(
+            f"image_size: expected an int or (H, W) of ints in 1..{MAX_IMAGE_SIDE} pixels, received {image_size!r}"
+        )
+    return int(height), int(width)
+
+
 class MujocoTaskEnv(EnvAdapter):
     """Base class of the MuJoCo tasks (an :class:`~policylink.adapters.env.EnvAdapter`).
 
@@ -105,20 +128,7 @@ class MujocoTaskEnv(EnvAdapter):
         render_size: int = 256,
         camera_pose_shift: CameraPoseShift | Mapping[str, Any] | None = None,
     ):
-        if obs_mode not in OBS_MODES:
-            raise ValueError(f"obs_mode: expected one of {OBS_MODES}, received {obs_mode!r}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode: expected None or 'rgb_array', received {render_mode!r}")
-        if perturbation is not None and not isinstance(perturbation, PerturbationConfig):
-            got = type(perturbation).__name__
-            raise ValueError(f"perturbation: expected PerturbationConfig or None, received {got}")
-        height, width = (image_size, image_size) if np.isscalar(image_size) else tuple(image_size)
-        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (height, width)) or not (
-            1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE
-        ):
-            raise ValueError(
-                f"image_size: expected an int or (H, W) of ints in 1..{MAX_IMAGE_SIDE} pixels, received {image_size!r}"
-            )
+        height, width = _checked_args(obs_mode, render_mode, perturbation, image_size)
         self.obs_mode, self.render_mode, self.render_quality = obs_mode, render_mode, render_quality
         self.model = mujoco.MjModel.from_xml_path(asset_path(self.xml_file))
         self.data = mujoco.MjData(self.model)
@@ -154,21 +164,9 @@ class MujocoTaskEnv(EnvAdapter):
             else None
         )
         self._main_body = self.model.body(self.main_object).id
-        features: dict[str, FeatureSpec] = {}
-        if self._use_state:
-            names = self.state_names[: self._n_state]
-            unit = self.state_unit if len(names) == len(self.state_names) else self.proprio_unit
-            features[STATE_KEY] = FeatureSpec("float32", (len(names),), names=names, unit=unit)
-        if self._use_images:
-            for cam in self.cameras:
-                features[IMAGE_PREFIX + cam] = FeatureSpec("uint8", (height, width, 3), unit="rgb")
-        if self._use_pointmaps:
-            for cam in self.cameras:
-                features[POINTMAP_PREFIX + cam] = FeatureSpec("float32", (height, width, 3), unit=POINTMAP_UNIT)
-        features[TASK_KEY] = FeatureSpec("string", ())
         self.env_spec = EnvSpec(
             name=self.name,
-            observation_features=features,
+            observation_features=self._observation_features(height, width),
             action=action,
             control_frequency=CONTROL_FREQUENCY_HZ,
             max_episode_steps=self.max_episode_steps,
@@ -181,6 +179,23 @@ class MujocoTaskEnv(EnvAdapter):
         # a valid state right away, but no GL context yet: AsyncVectorEnv builds a dummy env in the parent and
         # then forks; an EGL context inherited across fork hangs the children
         self._reset_physics({})
+
+    def _observation_features(self, height: int, width: int) -> dict[str, FeatureSpec]:
+        """The observation features of this obs mode: state (all task state or proprio only), one RGB image and/or
+        pointmap per camera at ``(height, width)``, and the instruction."""
+        features: dict[str, FeatureSpec] = {}
+        if self._use_state:
+            names = self.state_names[: self._n_state]
+            unit = self.state_unit if len(names) == len(self.state_names) else self.proprio_unit
+            features[STATE_KEY] = FeatureSpec("float32", (len(names),), names=names, unit=unit)
+        if self._use_images:
+            for cam in self.cameras:
+                features[IMAGE_PREFIX + cam] = FeatureSpec("uint8", (height, width, 3), unit="rgb")
+        if self._use_pointmaps:
+            for cam in self.cameras:
+                features[POINTMAP_PREFIX + cam] = FeatureSpec("float32", (height, width, 3), unit=POINTMAP_UNIT)
+        features[TASK_KEY] = FeatureSpec("string", ())
+        return features
 
     # ----------------------------------------------------------------------------------------- task hooks
     def _setup(self) -> None:
