@@ -1,14 +1,15 @@
-"""``memory``: a task that needs memory. A cue shown only during the first second names which of two goals is
-right; the gripper must first dwell at a fixed waypoint (far from the start), then touch the named goal. The
-cue is gone long before the decision, so no short observation window holds both the cue and the decision.
+"""``memory``: a task that needs memory. A cue shown only during the first second names which of two goals is right;
+the gripper must first dwell at a fixed waypoint (far from the start), then touch the named goal. The cue is gone
+long before the decision, so no short observation window holds both the cue and the decision.
 
-State (float32, 5): ee x, y, z (m), ``cue`` (+1 = left goal, -1 = right goal during the first
-:data:`CUE_STEPS` observations, 0 after) and ``visited`` (1 once the ee has stayed :data:`DWELL_STEPS` steps
-within :data:`WAYPOINT_RADIUS_M` of the waypoint, else 0). Images: the correct goal is lit green during the cue,
-both goals are grey after it. Action: ``ee_delta`` (dx, dy, dz), m per 0.1 s step, within +-0.02 m.
-Success: after ``visited``, the ee within :data:`GOAL_RADIUS_M` of the correct goal. Touching the wrong goal
-after ``visited`` ends the episode as a failure (``terminated``, ``info["is_success"]`` False,
-``info["wrong_goal"]`` True), so a policy that forgot the cue scores about 50 %.
+State (float32, 5): ee x, y, z (m), ``cue`` (+1 = left goal, -1 = right goal during the first :data:`CUE_STEPS`
+observations, 0 after) and ``dwell``, the dwell progress at the waypoint: steps spent within
+:data:`WAYPOINT_RADIUS_M` of it / :data:`DWELL_STEPS`, capped at 1 (1 = ``visited``). The progress is observed so
+that the cue is the only thing a policy has to remember (how long it has waited is in the state). Images: the
+correct goal is lit green during the cue, both goals are grey after it. Action: ``ee_delta`` (dx, dy, dz), m per 0.1
+s step, within +-0.02 m. Success: after ``visited``, the ee within :data:`GOAL_RADIUS_M` of the correct goal.
+Touching the wrong goal after ``visited`` ends the episode as a failure (``terminated``, ``info["is_success"]``
+False, ``info["wrong_goal"]`` True), so a policy that forgot the cue scores about 50 %.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class MemoryEnv(MujocoTaskEnv):
     name = "memory"
     xml_file = "memory.xml"
     max_episode_steps = 80
-    state_names = ("ee_x", "ee_y", "ee_z", "cue", "visited")
-    state_unit = "m (cue, visited: 1)"
+    state_names = ("ee_x", "ee_y", "ee_z", "cue", "dwell")
+    state_unit = "m (cue, dwell: 1)"
     n_proprio = 3
     default_cameras = ("top",)
     main_object = "waypoint"
@@ -110,7 +111,9 @@ class MemoryEnv(MujocoTaskEnv):
 
     def _state(self) -> np.ndarray:
         cue = (1.0 if self.goal_index == 0 else -1.0) if self.elapsed_steps < CUE_STEPS else 0.0
-        return np.concatenate([self.robot.ee_position, [cue, float(self.visited)]]).astype(np.float32)
+        self._advance_phase()
+        dwell = min(self._dwell, DWELL_STEPS) / DWELL_STEPS
+        return np.concatenate([self.robot.ee_position, [cue, dwell]]).astype(np.float32)
 
     def _near(self, goal: int) -> bool:
         return bool(np.linalg.norm(self.robot.ee_position - GOALS[goal]) < GOAL_RADIUS_M)

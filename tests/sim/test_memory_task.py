@@ -43,9 +43,13 @@ def test_expert_succeeds_and_the_cue_is_shown_only_in_the_first_second():
         cue = 1.0 if env.unwrapped.goal_index == 0 else -1.0
         assert info["is_success"] and terminated and not info["wrong_goal"]
         assert states[:CUE_STEPS, 3].tolist() == [cue] * CUE_STEPS and not states[CUE_STEPS:, 3].any()
-        first_visit = int(np.argmax(states[:, 4]))  # the decision comes long after the cue is gone
-        assert first_visit >= CUE_STEPS + DWELL_STEPS and states[first_visit:, 4].all()
+        first_visit = int(np.argmax(states[:, 4] == 1.0))  # the decision comes long after the cue is gone
+        assert first_visit >= CUE_STEPS + DWELL_STEPS and (states[first_visit:, 4] == 1.0).all()
         assert np.linalg.norm(states[first_visit - 1, :3] - WAYPOINT) < 0.03
+        # the dwell progress rises by 1 / DWELL_STEPS per step spent at the waypoint
+        dwell = states[: first_visit + 1, 4]
+        assert np.all(np.diff(dwell) >= 0) and np.isin(np.round(dwell * DWELL_STEPS, 4), np.arange(16)).all()
+        assert (dwell > 0).sum() == DWELL_STEPS
 
 
 def test_the_lit_goal_is_the_correct_one_and_goes_grey():
