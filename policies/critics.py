@@ -91,9 +91,9 @@ def polyak_update(target: nn.Module, source: nn.Module, rate: float) -> None:
 
 def critic_state(latent: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The critic's state ``(B, D + sum of vector dims)``: the frozen policy's latent ``(B, D)`` plus the newest
-    step of every normalised vector observation ``(B, To, d)`` in ``obs`` (images are left to the latent), in
-    sorted key order."""
-    vectors = [obs[k][:, -1] for k in sorted(obs) if obs[k].dim() == 3]
+    step of every normalised vector observation ``(B, To, d)`` in ``obs`` (images are left to the latent; the
+    instruction strings under ``task`` too), in sorted key order."""
+    vectors = [v[:, -1] for k, v in sorted(obs.items()) if isinstance(v, torch.Tensor) and v.dim() == 3]
     return torch.cat([latent, *vectors], dim=-1)
 
 
