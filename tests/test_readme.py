@@ -45,3 +45,19 @@ def test_readme_policy_type_example_registers_and_runs(capsys):
         assert capsys.readouterr().out.splitlines()[-1] == "(3, 4, 1)"
     finally:
         _TYPES.pop("mlp_flow", None)
+
+
+def test_readme_simulation_example_runs_an_expert_episode_under_perturbations():
+    (block,) = _blocks("sim")
+    namespace: dict = {"__name__": "readme_example"}
+    exec(compile(block, str(README), "exec"), namespace)
+    obs = namespace["obs"]
+    assert obs["observation.images.top"].shape == (96, 96, 3) and obs["observation.state"].shape == (6,)
+    assert namespace["terminated"] or namespace["truncated"]
+    assert 0 < namespace["env"].unwrapped.elapsed_steps <= 150
+
+
+def test_readme_foreign_env_example_prints_success(capsys):
+    (block,) = _blocks("foreign")
+    exec(compile(block, str(README), "exec"), {"__name__": "readme_example"})
+    assert capsys.readouterr().out.strip() == "True"
