@@ -152,7 +152,12 @@ def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
         ("--max_steps", "0", "max_steps: expected an int >= 1 (or omit it for the env's limit), received 0"),
         ("--max-steps", "-1", "max_steps: expected an int >= 1 (or omit it for the env's limit), received -1"),
         ("--expert", "great", "expert: expected one of expert, noisy, poor, received 'great'"),
-        ("--obs-mode", "depth", "obs_mode: expected one of state, image, state+image, image+proprio, received 'depth'"),
+        (
+            "--obs-mode",
+            "depth",
+            "obs_mode: expected one of state, image, state+image, image+proprio, pointmap+proprio, "
+            "image+pointmap+proprio, received 'depth'",
+        ),
         ("--dart_noise", "1.5", "dart_noise: expected a value in [0, 1], received 1.5"),
     ],
 )
