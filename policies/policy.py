@@ -33,7 +33,69 @@ from policylink.policies.processing import actions_to_normalized, actions_to_uni
 from policylink.policies.temporal import MemoryRows
 
 
-class ChunkPolicy(HistoryPolicy):
+class ModelPolicy(HistoryPolicy):
+    """A trained chunk model and its normaliser behind the PolicyAdapter contract: what every model-backed policy
+    shares (:class:`ChunkPolicy`, ACT's policy): the spec check, the device, ``config``, ``latent_dim``, ``save``.
+
+    Args:
+        model: the model (``cfg.n_obs_steps``, ``cfg.chunk_size``, ``action_dim``, ``latent_dim``); its weights are
+            used as they are (pass the EMA model).
+        normalizer: the normaliser the model was trained with (observation keys and ``action``).
+        spec: the PolicySpec (its horizons and action dimension must match the model's config).
+        device: torch device for inference.
+        seed: the policy's seed (:meth:`reseed`).
+        validate: validate observations against the spec on every ``update_observation``.
+
+    Raises:
+        ValueError: ``spec`` and the model's config disagree (names each mismatch: horizons, action dimension).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        normalizer: Normalizer,
+        spec: PolicySpec,
+        *,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        validate: bool = True,
+    ):
+        super().__init__(spec, validate=validate)
+        cfg = model.cfg
+        problems = [
+            f"{name}: expected {want} (model config), received {got} (spec)"
+            for name, want, got in (
+                ("n_obs_steps", cfg.n_obs_steps, spec.n_obs_steps),
+                ("chunk_size", cfg.chunk_size, spec.chunk_size),
+                ("action dimension", model.action_dim, spec.action.dim),
+            )
+            if want != got
+        ]
+        if problems:
+            raise ValueError("policy spec does not match the model: " + "; ".join(problems))
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.normalizer = normalizer
+        self.seed = int(seed)
+
+    @property
+    def config(self):
+        """The model's config (:class:`~policylink.policies.config.PolicyConfig` or its subclass)."""
+        return self.model.cfg
+
+    @property
+    def latent_dim(self) -> int:
+        """``D`` of ``embed``."""
+        return self.model.latent_dim
+
+    def save(self, path: str | Path) -> Path:
+        """Write an inference checkpoint folder (no training state). Returns the folder."""
+        from policylink.policies.checkpoint import save_checkpoint
+
+        return save_checkpoint(path, model=self.model, normalizer=self.normalizer, spec=self.spec)
+
+
+class ChunkPolicy(ModelPolicy):
     """A :class:`ChunkModel` (Diffusion Policy, flow matching, any registered type) behind the PolicyAdapter
     contract. Build one with :func:`policy_for_model` to get the capabilities its sampler supports.
 
@@ -63,23 +125,7 @@ class ChunkPolicy(HistoryPolicy):
         seed: int = 0,
         validate: bool = True,
     ):
-        super().__init__(spec, validate=validate)
-        cfg = model.cfg
-        problems = [
-            f"{name}: expected {want} (model config), received {got} (spec)"
-            for name, want, got in (
-                ("n_obs_steps", cfg.n_obs_steps, spec.n_obs_steps),
-                ("chunk_size", cfg.chunk_size, spec.chunk_size),
-                ("action dimension", model.action_dim, spec.action.dim),
-            )
-            if want != got
-        ]
-        if problems:
-            raise ValueError("policy spec does not match the model: " + "; ".join(problems))
-        self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
-        self.normalizer = normalizer
-        self.seed = int(seed)
+        super().__init__(model, normalizer, spec, device=device, seed=seed, validate=validate)
         self._generator = torch.Generator(device=self.device)
         self.reseed(seed)
         self._latents: torch.Tensor | None = None  # (B, D) cached observation latents
@@ -95,19 +141,9 @@ class ChunkPolicy(HistoryPolicy):
     # -- capabilities ---------------------------------------------------------------------------------------
 
     @property
-    def config(self):
-        """The model's :class:`~policylink.policies.config.PolicyConfig`."""
-        return self.model.cfg
-
-    @property
     def sampler(self) -> DenoisingSampler:
         """The model's :class:`~policylink.adapters.capabilities.DenoisingSampler` (time convention, clean estimate)."""
         return self.model.sampler
-
-    @property
-    def latent_dim(self) -> int:
-        """``D`` of :meth:`embed`."""
-        return self.model.latent_dim
 
     @property
     def conditioning(self) -> ConditioningSpec:
@@ -222,12 +258,6 @@ class ChunkPolicy(HistoryPolicy):
     def unnormalize_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Normalised actions ``(B, H, A)`` -> float32 numpy in the ActionSpec's units."""
         return actions_to_units(actions, self.normalizer)
-
-    def save(self, path: str | Path) -> Path:
-        """Write an inference checkpoint folder (no training state). Returns the folder."""
-        from policylink.policies.checkpoint import save_checkpoint
-
-        return save_checkpoint(path, model=self.model, normalizer=self.normalizer, spec=self.spec)
 
     # -- PolicyAdapter ----------------------------------------------------------------------------------------
 

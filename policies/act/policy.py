@@ -7,20 +7,19 @@ sampler to guide, so it is not a ``GuidedSampler``). Temporal ensembling is the 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import PolicySpec, batch_size_of
 from policylink.data.normalize import Normalizer
 from policylink.policies.act.model import ACTModel
+from policylink.policies.policy import ModelPolicy
 from policylink.policies.processing import actions_to_units, observation_tensors
 
 
-class ACTPolicy(HistoryPolicy):
+class ACTPolicy(ModelPolicy):
     """An :class:`~policylink.policies.act.model.ACTModel` as a batched PolicyAdapter with ``embed``.
 
     Args:
@@ -45,33 +44,7 @@ class ACTPolicy(HistoryPolicy):
         seed: int = 0,
         validate: bool = True,
     ):
-        super().__init__(spec, validate=validate)
-        cfg = model.cfg
-        problems = [
-            f"{name}: expected {want} (model config), received {got} (spec)"
-            for name, want, got in (
-                ("n_obs_steps", cfg.n_obs_steps, spec.n_obs_steps),
-                ("chunk_size", cfg.chunk_size, spec.chunk_size),
-                ("action dimension", model.action_dim, spec.action.dim),
-            )
-            if want != got
-        ]
-        if problems:
-            raise ValueError("policy spec does not match the model: " + "; ".join(problems))
-        self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
-        self.normalizer = normalizer
-        self.seed = int(seed)
-
-    @property
-    def config(self):
-        """The model's :class:`~policylink.policies.act.config.ACTPolicyConfig`."""
-        return self.model.cfg
-
-    @property
-    def latent_dim(self) -> int:
-        """``D`` of :meth:`embed` (the flattened observation features the transformer's tokens come from)."""
-        return self.model.latent_dim
+        super().__init__(model, normalizer, spec, device=device, seed=seed, validate=validate)
 
     def reseed(self, seed: int) -> None:
         """Record ``seed`` (interface parity with the sampled policies; ACT's output is deterministic)."""
@@ -91,12 +64,6 @@ class ACTPolicy(HistoryPolicy):
         elif env_ids is not None:
             obs = {k: np.asarray(v)[np.asarray(list(env_ids), dtype=np.int64)] for k, v in obs.items()}
         return self._encode(obs).cpu().numpy()
-
-    def save(self, path: str | Path) -> Path:
-        """Write an inference checkpoint folder (no training state). Returns the folder."""
-        from policylink.policies.checkpoint import save_checkpoint
-
-        return save_checkpoint(path, model=self.model, normalizer=self.normalizer, spec=self.spec)
 
     def _encode(self, obs: Mapping[str, Any]) -> torch.Tensor:
         features = self.model.features
