@@ -8,7 +8,8 @@ convention); state features enter already normalised (float32 ``(..., D)``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torchvision
@@ -199,16 +200,10 @@ class ObservationEncoder(nn.Module):
         if not self.image_keys and not self.vector_keys and not self.pointmap_keys:
             raise ValueError("observation_features: expected at least one feature, received none")
         self.n_obs_steps = n_obs_steps
-        self.image_encoders = nn.ModuleDict()
-        for i, key in enumerate(self.image_keys):
-            if cfg.share_vision_encoder and i > 0:
-                break
-            h, w, _ = features[key].shape
-            name = "shared" if cfg.share_vision_encoder else _module_name(key)
-            self.image_encoders[name] = ImageEncoder((h, w), cfg.vision_backbone, cfg.crop_ratio, cfg.num_keypoints)
+        self.image_encoders = camera_encoders(self.image_keys, features, cfg)
         self.state_encoders = nn.ModuleDict(
             {
-                _module_name(k): StateMLP(features[k].shape[0], list(cfg.state_hidden_dims), cfg.state_out_dim)
+                module_name(k): StateMLP(features[k].shape[0], list(cfg.state_hidden_dims), cfg.state_out_dim)
                 for k in self.vector_keys
             }
         )
@@ -226,17 +221,17 @@ class ObservationEncoder(nn.Module):
             b, t = x.shape[:2]
             if key in self.pointmap_keys:
                 rgb = obs[self.stacked_images[key]].flatten(0, 1) if key in self.stacked_images else None
-                parts.append(self.pointmap_encoders[_module_name(key)](x.flatten(0, 1), rgb).reshape(b, t, -1))
+                parts.append(self.pointmap_encoders[module_name(key)](x.flatten(0, 1), rgb).reshape(b, t, -1))
             elif key in self.image_keys:
-                enc = self.image_encoders["shared" if self.shared else _module_name(key)]
+                enc = self.image_encoders["shared" if self.shared else module_name(key)]
                 parts.append(enc(x.flatten(0, 1)).reshape(b, t, -1))
             else:
-                parts.append(self.state_encoders[_module_name(key)](x))
+                parts.append(self.state_encoders[module_name(key)](x))
         return torch.cat(parts, dim=-1).flatten(1)
 
     def image_encoder(self, key: str) -> ImageEncoder:
         """The :class:`ImageEncoder` of image feature ``key`` (the shared one when ``share_vision_encoder``)."""
-        return self.image_encoders["shared" if self.shared else _module_name(key)]
+        return self.image_encoders["shared" if self.shared else module_name(key)]
 
     def combine(self, image_features: Mapping[str, torch.Tensor], obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """:meth:`forward` from per-frame image features already computed, ``{key: (B, T, 2K)}`` for every image
@@ -249,11 +244,27 @@ class ObservationEncoder(nn.Module):
         if self.pointmap_keys:
             raise ValueError(f"combine: pointmap features {self.pointmap_keys} are encoded with their images")
         parts = [
-            image_features[k] if k in self.image_keys else self.state_encoders[_module_name(k)](obs[k])
+            image_features[k] if k in self.image_keys else self.state_encoders[module_name(k)](obs[k])
             for k in sorted(self.image_keys + self.vector_keys)
         ]
         return torch.cat(parts, dim=-1).flatten(1)
 
 
-def _module_name(key: str) -> str:
+def camera_encoders(image_keys: Sequence[str], features: Mapping[str, Any], cfg: Any) -> nn.ModuleDict:
+    """One :class:`ImageEncoder` per camera in ``image_keys`` (module name from the key), or a single ``"shared"``
+    one when ``cfg.share_vision_encoder`` (sized by the first camera); ``cfg``: an encoder config
+    (``vision_backbone``, ``crop_ratio``, ``num_keypoints``, ``share_vision_encoder``). Each outputs
+    ``(N, 2 * num_keypoints)`` keypoints."""
+    encoders = nn.ModuleDict()
+    for i, key in enumerate(image_keys):
+        if cfg.share_vision_encoder and i > 0:
+            break
+        h, w, _ = features[key].shape
+        name = "shared" if cfg.share_vision_encoder else module_name(key)
+        encoders[name] = ImageEncoder((h, w), cfg.vision_backbone, cfg.crop_ratio, cfg.num_keypoints)
+    return encoders
+
+
+def module_name(key: str) -> str:
+    """The ``nn.ModuleDict`` name of feature ``key`` (dots are not allowed there): ``.`` -> ``__``."""
     return key.replace(".", "__")

@@ -17,7 +17,7 @@ from torch import nn
 
 from policylink.adapters.schema import TASK_KEY, FeatureSpec
 from policylink.policies.common.conditioning import ConditioningEmbedding
-from policylink.policies.common.encoders import ImageEncoder
+from policylink.policies.common.encoders import camera_encoders, module_name
 from policylink.policies.common.samplers import FlowEulerSampler
 from policylink.policies.common.unet1d import SinusoidalTimeEmbedding
 from policylink.policies.flow.model import FlowModel
@@ -56,15 +56,9 @@ class ContextEncoder(nn.Module):
                 raise ValueError(f"{key}: expected an image (H, W, 3) or a vector (D,) feature, received {f.shape}")
         enc = cfg.encoder
         self.shared = enc.share_vision_encoder
-        self.cameras = nn.ModuleDict()
-        for i, key in enumerate(self.image_keys):
-            if self.shared and i > 0:
-                break
-            h, w, _ = features[key].shape
-            name = "shared" if self.shared else _module_name(key)
-            self.cameras[name] = ImageEncoder((h, w), enc.vision_backbone, enc.crop_ratio, enc.num_keypoints)
+        self.cameras = camera_encoders(self.image_keys, features, enc)
         self.image_proj = nn.Linear(2 * enc.num_keypoints, d) if self.image_keys else None
-        self.state_proj = nn.ModuleDict({_module_name(k): nn.Linear(features[k].shape[0], d) for k in self.vector_keys})
+        self.state_proj = nn.ModuleDict({module_name(k): nn.Linear(features[k].shape[0], d) for k in self.vector_keys})
         self.language = make_language_encoder(cfg.language)
         lang = self.language
         self.language_proj = nn.Linear(lang.feature_dim, d) if lang.num_tokens else None
@@ -88,10 +82,10 @@ class ContextEncoder(nn.Module):
             x = obs[key]
             b, t = x.shape[:2]
             if key in self.image_keys:
-                cam = self.cameras["shared" if self.shared else _module_name(key)]
+                cam = self.cameras["shared" if self.shared else module_name(key)]
                 parts.append(self.image_proj(cam(x.flatten(0, 1)).reshape(b, t, -1)))
             else:
-                parts.append(self.state_proj[_module_name(key)](x))
+                parts.append(self.state_proj[module_name(key)](x))
         if self.language_proj is not None:
             lang = torch.from_numpy(self.language(obs.get(TASK_KEY))).to(self.position.device)
             parts.append(self.language_proj(lang))
@@ -167,10 +161,6 @@ class VLAModel(FlowModel):
     def language(self):
         """The :class:`~policylink.policies.vla.language.LanguageEncoder` (cached per instruction)."""
         return self.encoder.language
-
-
-def _module_name(key: str) -> str:
-    return key.replace(".", "__")
 
 
 __all__ = ["ActionExpert", "ContextEncoder", "VLAModel"]

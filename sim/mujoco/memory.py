@@ -19,9 +19,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from policylink.adapters.schema import ActionSpec, ControlMode
+from policylink.adapters.schema import ActionSpec
 from policylink.sim.mujoco.base import CONTROL_FREQUENCY_HZ, MujocoTaskEnv
-from policylink.sim.mujoco.robot import GantryController
+from policylink.sim.mujoco.robot import GantryController, xyz_delta_spec
 
 MAX_DELTA_M = 0.02
 CUE_STEPS = int(CONTROL_FREQUENCY_HZ)  # the first second: observations 0 .. 9
@@ -64,13 +64,7 @@ class MemoryEnv(MujocoTaskEnv):
         self.wrong_goal = False
 
     def _action_spec(self) -> ActionSpec:
-        return ActionSpec(
-            names=("dx", "dy", "dz"),
-            control_mode=ControlMode.EE_DELTA,
-            units=("m", "m", "m"),
-            low=(-MAX_DELTA_M,) * 3,
-            high=(MAX_DELTA_M,) * 3,
-        )
+        return xyz_delta_spec(MAX_DELTA_M)
 
     def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
         goal = options.get("goal")

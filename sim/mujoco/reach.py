@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from policylink.adapters.schema import ActionSpec, ControlMode
+from policylink.adapters.schema import ActionSpec
 from policylink.sim.mujoco.base import MujocoTaskEnv, euclidean3
-from policylink.sim.mujoco.robot import GantryController
+from policylink.sim.mujoco.robot import GantryController, xyz_delta_spec
 
 MAX_DELTA_M = 0.02
 SUCCESS_RADIUS_M = 0.02
@@ -44,13 +44,7 @@ class ReachEnv(MujocoTaskEnv):
         self._target_view = self.data.mocap_pos[self._target_mocap]
 
     def _action_spec(self) -> ActionSpec:
-        return ActionSpec(
-            names=("dx", "dy", "dz"),
-            control_mode=ControlMode.EE_DELTA,
-            units=("m", "m", "m"),
-            low=(-MAX_DELTA_M,) * 3,
-            high=(MAX_DELTA_M,) * 3,
-        )
+        return xyz_delta_spec(MAX_DELTA_M)
 
     def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
         start = rng.uniform(START_LOW, START_HIGH)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import mujoco
 import numpy as np
 
+from policylink.adapters.schema import ActionSpec, ControlMode
+
 GRIPPER_OPEN_M = 0.045  # finger joint position when open (each finger, metres from the centre line)
 
 
@@ -93,3 +95,15 @@ class GantryController:
             return 0.0
         q = self.data.qpos
         return (float(q[self._finger_qadr[0]]) + float(q[self._finger_qadr[1]])) / (2.0 * GRIPPER_OPEN_M)
+
+
+def xyz_delta_spec(max_delta_m: float) -> ActionSpec:
+    """The gantry's end-effector delta action ``(dx, dy, dz)``, metres per control step, within ``+-max_delta_m``
+    (tasks without a gripper: ``reach``, ``memory``)."""
+    return ActionSpec(
+        names=("dx", "dy", "dz"),
+        control_mode=ControlMode.EE_DELTA,
+        units=("m", "m", "m"),
+        low=(-max_delta_m,) * 3,
+        high=(max_delta_m,) * 3,
+    )
