@@ -12,9 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from policylink.adapters.schema import PolicySpec, batch_size_of
-from policylink.data.normalize import Normalizer
-from policylink.policies.act.model import ACTModel
+from policylink.adapters.schema import batch_size_of
 from policylink.policies.policy import ModelPolicy
 from policylink.policies.processing import actions_to_units, observation_tensors
 
@@ -33,18 +31,6 @@ class ACTPolicy(ModelPolicy):
     Raises:
         ValueError: ``spec`` and the model's config disagree (names each mismatch).
     """
-
-    def __init__(
-        self,
-        model: ACTModel,
-        normalizer: Normalizer,
-        spec: PolicySpec,
-        *,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-        validate: bool = True,
-    ):
-        super().__init__(model, normalizer, spec, device=device, seed=seed, validate=validate)
 
     def reseed(self, seed: int) -> None:
         """Record ``seed`` (interface parity with the sampled policies; ACT's output is deterministic)."""
