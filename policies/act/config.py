@@ -78,6 +78,10 @@ class ACTPolicyConfig(PolicyConfig):
             raise ValueError(
                 f"policy.conditioning: expected none for act (no label/vector slot), received {self.conditioning}"
             )
+        if self.memory != "none":
+            raise ValueError(
+                f"policy.memory: expected 'none' for act (SEGA is for diffusion and flow), received {self.memory!r}"
+            )
         return self
 
 

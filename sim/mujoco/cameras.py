@@ -65,14 +65,21 @@ class CameraPoseShift:
         """A :class:`CameraPoseShift` from itself, a mapping of its fields (env kwargs from YAML/JSON), or None.
 
         Raises:
-            ValueError: an unknown field or another type (the message lists the fields).
+            ValueError: an unknown field or another type (the message lists the fields), or a field that is not a
+                number (names the field).
         """
         if value is None or isinstance(value, cls):
             return value
         fields = ("yaw_deg", "pitch_deg", "distance_m")
         if not isinstance(value, Mapping) or set(value) - set(fields):
             raise ValueError(f"camera_pose_shift: expected None or a mapping with keys {fields}, received {value!r}")
-        return cls(**{k: float(v) for k, v in value.items()})
+        out = {}
+        for k, v in value.items():
+            try:
+                out[k] = float(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"camera_pose_shift.{k}: expected a number, received {v!r}") from None
+        return cls(**out)
 
 
 def rotation_about(axis: np.ndarray, angle: float) -> np.ndarray:

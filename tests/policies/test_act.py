@@ -151,6 +151,8 @@ def test_act_config_parses_from_a_dict_and_refuses_a_label_slot():
     assert (cfg.state_norm_mode, cfg.action_norm_mode) == ("mean_std", "mean_std")
     with pytest.raises(ValueError, match="policy.conditioning: expected none for act"):
         PolicyConfig.from_dict({"type": "act", "conditioning": {"num_labels": 2}}).validate()
+    with pytest.raises(ValueError, match="policy.memory: expected 'none' for act .*, received 'sega'"):
+        PolicyConfig.from_dict({"type": "act", "memory": "sega"}).validate()
 
 
 @pytest.mark.parametrize("name", ["act_push_state", "act_pick_place_state"])

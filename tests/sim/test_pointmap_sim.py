@@ -71,6 +71,8 @@ def test_shift_geometry_and_errors():
         PushEnv(obs_mode="state", camera_pose_shift={"roll_deg": 3})
     with pytest.raises(ValueError, match=r"camera_pose_shift.pitch_deg: expected a value in \[-89, 89\]"):
         CameraPoseShift(pitch_deg=95.0)
+    with pytest.raises(ValueError, match=r"^camera_pose_shift.yaw_deg: expected a number, received 'abc'$"):
+        CameraPoseShift.coerce({"yaw_deg": "abc"})
 
 
 def test_gymnasium_env_checker_passes_with_pointmaps():
