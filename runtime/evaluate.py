@@ -216,11 +216,12 @@ def _run_and_save(
 
 def _resolve(cfg: EvalConfig, policies: Sequence[Any], envs: Sequence[Any]) -> tuple[list, dict[str, Any]]:
     """Labelled policies and env constructors of an evaluation; fills ``cfg.env_kwargs`` from the checkpoints
-    when no ``obs_mode`` is given, checks the checkpoints exist and warns on recorded-seed overlap."""
+    when no ``obs_mode`` is given (the keys given in ``env_kwargs`` are kept), checks the checkpoints exist and
+    warns on recorded-seed overlap."""
     pols = unique_labels("policies", [labelled(p) for p in policies])
     env_items = unique_labels("envs", [labelled(e) for e in envs])
-    if "obs_mode" not in cfg.env_kwargs:
-        cfg.env_kwargs.update(checkpoint_env_kwargs_of(pols, [label for label, _ in env_items]))
+    if "obs_mode" not in cfg.env_kwargs:  # the checkpoints' obs_mode / image_size; keys the user set win
+        cfg.env_kwargs = {**checkpoint_env_kwargs_of(pols, [label for label, _ in env_items]), **cfg.env_kwargs}
     require_checkpoints(pols, [label for label, _ in env_items])
     warn_recorded_seed_overlap(
         [policy_ref_for(r, e) for _, r in pols if isinstance(r, str) for e, _ in env_items], cfg.seed, cfg.episodes

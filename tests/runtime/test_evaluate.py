@@ -377,6 +377,11 @@ def test_env_kwargs_default_to_the_checkpoints_observation_mode(tmp_path, capsys
     assert checkpoint_env_kwargs_of([("a", image), ("b", small)], ["push"]) == {}  # they disagree: spec check names it
     assert checkpoint_env_kwargs_of([("a", state)], ["push"]) == {}  # the env default already
     assert checkpoint_env_kwargs_of([("a", "push_expert"), ("b", "tcp://127.0.0.1:5555")], ["push"]) == {}
+    from policylink.runtime.evaluate import EvalConfig, _resolve
+
+    cfg = EvalConfig(policies=[], envs=[], env_kwargs={"image_size": 48})  # given without obs_mode: it is kept
+    _resolve(cfg, [("a", image)], ["push"])
+    assert cfg.env_kwargs == {"obs_mode": "image+proprio", "image_size": 48}
 
 
 def test_bad_device_is_one_clear_error():
