@@ -141,7 +141,10 @@ def require_checkpoints(pols: list[tuple[str, Any]], env_labels: list[str]) -> N
             continue
         missing += [p for p in dict.fromkeys(policy_ref_for(folder, e) for e in env_labels) if not Path(p).is_dir()]
     if missing:
-        raise FileNotFoundError(
-            f"policies: checkpoint folder not found: {', '.join(missing)} (policylink train writes "
-            "<output_dir>/checkpoints/last)"
+        typed = any(isinstance(ref, str) and kind_ref(ref) for _, ref in pols)
+        hint = (
+            "a LeRobot checkpoint is the pretrained_model folder LeRobot saves"
+            if typed
+            else "policylink train writes <output_dir>/checkpoints/last"
         )
+        raise FileNotFoundError(f"policies: checkpoint folder not found: {', '.join(missing)} ({hint})")

@@ -411,6 +411,8 @@ def test_missing_checkpoint_is_reported_as_missing(tmp_path):
             progress=False,
             out=tmp_path / "out",
         )
+    with pytest.raises(FileNotFoundError, match=r"not found: .*/lr/pretrained_model \(a LeRobot checkpoint is the"):
+        ev.evaluate([f"lerobot:{tmp_path}/lr/pretrained_model"], ENVS, episodes=1, workers=0, progress=False)
 
 
 def test_seeds_that_recorded_the_demos_are_warned_about(tmp_path, capsys):
