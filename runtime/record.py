@@ -54,8 +54,9 @@ class RecordConfig:
         seed: seed of the first episode; episode ``i`` resets the env and the expert with ``seed + i``. Default
             (None): 0 for a new store, and one past the highest recorded seed when appending, so a re-run adds
             new episodes instead of repeating seeds. An explicit seed that repeats recorded ones is warned about.
-        obs_mode: observations to record: ``state``, ``image``, ``state+image`` or ``image+proprio`` (frames
-            plus the robot's own state only). The expert always acts on the full state.
+        obs_mode: observations to record: ``state``, ``image``, ``state+image``, ``image+proprio`` (frames
+            plus the robot's own state only), ``pointmap+proprio`` or ``image+pointmap+proprio`` (robot-frame
+            pointmaps per camera, metres). The expert always acts on the full state.
         image_size: camera image side, pixels.
         dart_noise: DART noise injection (Laskey et al. 2017): when > 0, each executed action is the expert's
             action plus Gaussian noise with this std, as a fraction of each dimension's half range (clipped to
