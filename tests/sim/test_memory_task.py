@@ -112,3 +112,24 @@ def test_record_train_sega_and_eval(tmp_path):
     assert loaded_cfg.memory == "sega" and loaded_cfg.sega.train_windows == 6
     rate = evaluate_success(policy_for_model(model, norm, spec), cfg.dataset, episodes=2, seed=100_000)
     assert rate in (0.0, 0.5, 1.0)
+
+    # served over ZMQ: the server's per-row memory follows the same steps and resets as a local policy's
+    from policylink.adapters.transport import PolicyServer, RemotePolicy
+    from policylink.policies import load_policy
+
+    local, served = load_policy(ckpt, device="cpu", seed=3), load_policy(ckpt, device="cpu", seed=3)
+    server = PolicyServer(served, "tcp://127.0.0.1:0").start()
+    try:
+        remote = RemotePolicy(server.endpoint, timeout_s=60)
+        rng = np.random.default_rng(0)
+        for step in range(4):
+            obs = {"observation.state": rng.normal(size=(2, 5)).astype(np.float32), "task": ["go", "go"]}
+            if step == 2:
+                local.reset([1])
+                remote.reset([1])
+            local.update_observation(obs)
+            remote.update_observation(obs)
+            np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
+        remote.close()
+    finally:
+        server.stop()
