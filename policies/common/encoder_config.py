@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 VISION_BACKBONES = ("resnet18", "small_conv")
+POINTMAP_ENCODERS = ("keypoints", "pointnet")
 
 
 @dataclass
@@ -22,6 +23,9 @@ class EncoderConfig:
         state_hidden_dims: hidden sizes of the state MLP; empty passes the normalised state through unchanged
             (Diffusion Policy's low-dim variant).
         state_out_dim: output size of the state MLP (ignored when ``state_hidden_dims`` is empty).
+        pointmap_encoder: ``"keypoints"`` (conv trunk + spatial-softmax attention read out as base-frame XYZ) or
+            ``"pointnet"`` (per-pixel MLP + max-pool over the pixels: DP3's encoder, invariant to where in the
+            image a scene point lands, so to a camera that moves about the scene).
     """
 
     vision_backbone: str = "resnet18"
@@ -30,6 +34,7 @@ class EncoderConfig:
     share_vision_encoder: bool = True
     state_hidden_dims: list[int] = field(default_factory=list)
     state_out_dim: int = 64
+    pointmap_encoder: str = "keypoints"
 
 
-__all__ = ["VISION_BACKBONES", "EncoderConfig"]
+__all__ = ["POINTMAP_ENCODERS", "VISION_BACKBONES", "EncoderConfig"]

@@ -6,6 +6,12 @@ out as the attention-weighted mean of the (normalised) pointmap, i.e. a 3-D posi
 instead of the expected pixel coordinate: the feature then does not move when the camera does, as long as the
 attention still lands on the same scene part (the premise of robot-centric pointmaps: actions and observations
 share the robot's frame).
+
+:class:`PointNetEncoder` (``encoder.pointmap_encoder: pointnet``) treats the pixels as a point set instead: one
+MLP per point and a max over the points (PointNet, Qi et al. 2017, in the lightweight form of 3D Diffusion Policy,
+Ze et al. 2024, arXiv 2403.03954), so the feature does not depend on where in the image a point lands at all --
+a camera that turns about the scene permutes the pixels and leaves the feature unchanged up to the points it
+brings into or out of view.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from torch.nn import functional as F
 
 from policylink.adapters.pointmaps import POINTMAP_PREFIX, is_pointmap_key
 from policylink.adapters.schema import IMAGE_PREFIX, FeatureSpec
-from policylink.policies.common.encoder_config import VISION_BACKBONES, EncoderConfig
+from policylink.policies.common.encoder_config import POINTMAP_ENCODERS, VISION_BACKBONES, EncoderConfig
 from policylink.policies.common.encoders import RandomCrop, resnet18_groupnorm, small_conv
 
 
@@ -61,6 +67,50 @@ class PointmapEncoder(nn.Module):
         return self.out((attn @ xyz).reshape(n, -1))
 
 
+POINTNET_HIDDEN_DIMS = (64, 128, 256)
+"""Per-point MLP widths (3D Diffusion Policy's encoder)."""
+POINTNET_OUT_DIM = 64
+"""Feature size of :class:`PointNetEncoder` (3D Diffusion Policy's)."""
+
+
+class PointNetEncoder(nn.Module):
+    """Crop -> per-pixel MLP (Linear, LayerNorm, ReLU per layer) -> max over pixels -> Linear -> LayerNorm.
+
+    PointNet (Qi et al., CVPR 2017) in the form of 3D Diffusion Policy's encoder (Ze et al. 2024, arXiv
+    2403.03954): every pixel is a point ``(x, y, z)`` (normalised base-frame metres), with its colour appended
+    when ``rgb_channels`` is 3; the max over points makes the feature a function of the point *set*, invariant to
+    any permutation of the pixels. Invalid pixels (zeros in metres, see :mod:`policylink.adapters.pointmaps`)
+    enter as one fixed point, which cannot carry scene information. The crop (train: random, eval: centre) keeps
+    the pixel grid of the other encoders, so a pointmap-and-RGB policy crops both alike.
+
+    Input: the normalised pointmap float32 ``(N, 3, H, W)`` and, when ``rgb_channels`` is 3, the frame
+    ``(N, 3, H, W)`` in ``[0, 1]``. Output: float32 ``(N, POINTNET_OUT_DIM)``.
+
+    Raises:
+        ValueError: ``rgb_channels`` not 0 or 3.
+    """
+
+    def __init__(self, crop_ratio: float, rgb_channels: int = 0):
+        super().__init__()
+        if rgb_channels not in (0, 3):
+            raise ValueError(f"rgb_channels: expected 0 (pointmap alone) or 3 (stacked RGB), received {rgb_channels}")
+        self.rgb_channels = rgb_channels
+        self.crop = RandomCrop(crop_ratio)
+        layers: list[nn.Module] = []
+        dims = (3 + rgb_channels, *POINTNET_HIDDEN_DIMS)
+        for a, b in zip(dims[:-1], dims[1:]):
+            layers += [nn.Linear(a, b), nn.LayerNorm(b), nn.ReLU()]
+        self.point_mlp = nn.Sequential(*layers)
+        self.out = nn.Sequential(nn.Linear(dims[-1], POINTNET_OUT_DIM), nn.LayerNorm(POINTNET_OUT_DIM))
+        self.out_dim = POINTNET_OUT_DIM
+
+    def forward(self, points: torch.Tensor, rgb: torch.Tensor | None = None) -> torch.Tensor:
+        x = points if rgb is None else torch.cat([rgb * 2.0 - 1.0, points], dim=1)
+        x = self.crop(x)  # (N, C, h, w): one crop for the stacked channels
+        per_point = self.point_mlp(x.flatten(2).transpose(1, 2))  # (N, h*w, 256)
+        return self.out(per_point.amax(dim=1))
+
+
 def _trunk(backbone: str, in_channels: int) -> nn.Module:
     """The image trunk with ``in_channels`` input channels (its first conv replaced when not 3)."""
     net = resnet18_groupnorm() if backbone == "resnet18" else small_conv()
@@ -73,16 +123,22 @@ def _trunk(backbone: str, in_channels: int) -> nn.Module:
 
 
 def pointmap_encoders(features: Mapping[str, FeatureSpec], cfg: EncoderConfig) -> tuple[nn.ModuleDict, dict[str, str]]:
-    """One :class:`PointmapEncoder` per pointmap feature of ``features``; a camera that also has an
-    ``observation.images.<camera>`` feature gets a stacked 6-channel encoder.
+    """One :class:`PointmapEncoder` (or :class:`PointNetEncoder`, by ``cfg.pointmap_encoder``) per pointmap
+    feature of ``features``; a camera that also has an ``observation.images.<camera>`` feature gets a stacked
+    encoder (6 input channels).
 
     Returns:
         ``(encoders, stacked)``: encoders keyed by the feature key with ``.`` replaced by ``__``; ``stacked`` maps
         each stacked pointmap key to the image key it consumes (that image gets no encoder of its own).
 
     Raises:
-        ValueError: a pointmap feature is not float ``(H, W, 3)``, or its stacked image has another ``H x W``.
+        ValueError: a pointmap feature is not float ``(H, W, 3)``, or its stacked image has another ``H x W``;
+            ``cfg.pointmap_encoder`` is not one of :data:`~policylink.policies.common.encoder_config.POINTMAP_ENCODERS`.
     """
+    if cfg.pointmap_encoder not in POINTMAP_ENCODERS:
+        raise ValueError(
+            f"policy.encoder.pointmap_encoder: expected one of {POINTMAP_ENCODERS}, received {cfg.pointmap_encoder!r}"
+        )
     encoders, stacked = nn.ModuleDict(), {}
     for key in sorted(k for k in features if is_pointmap_key(k)):
         f = features[key]
@@ -97,10 +153,13 @@ def pointmap_encoders(features: Mapping[str, FeatureSpec], cfg: EncoderConfig) -
                 )
             stacked[key] = image_key
         rgb = 3 if key in stacked else 0
-        encoders[key.replace(".", "__")] = PointmapEncoder(
-            f.shape[:2], cfg.vision_backbone, cfg.crop_ratio, cfg.num_keypoints, rgb
-        )
+        if cfg.pointmap_encoder == "pointnet":
+            encoders[key.replace(".", "__")] = PointNetEncoder(cfg.crop_ratio, rgb)
+        else:
+            encoders[key.replace(".", "__")] = PointmapEncoder(
+                f.shape[:2], cfg.vision_backbone, cfg.crop_ratio, cfg.num_keypoints, rgb
+            )
     return encoders, stacked
 
 
-__all__ = ["PointmapEncoder", "pointmap_encoders"]
+__all__ = ["POINTNET_OUT_DIM", "PointNetEncoder", "PointmapEncoder", "pointmap_encoders"]

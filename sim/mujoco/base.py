@@ -43,9 +43,9 @@ def asset_path(filename: str) -> str:
     return str(files("policylink.sim.mujoco").joinpath("assets", filename))
 
 
-def yaw_of(quat_wxyz: np.ndarray) -> float:
-    """Rotation about world z (rad) of a unit quaternion ``(w, x, y, z)``."""
-    w, x, y, z = (float(v) for v in quat_wxyz)
+def yaw_of(quat_wxyz: np.ndarray | list[float]) -> float:
+    """Rotation about world z (rad) of a unit quaternion ``(w, x, y, z)``: an array ``(4,)`` or 4 Python floats."""
+    w, x, y, z = quat_wxyz.tolist() if isinstance(quat_wxyz, np.ndarray) else quat_wxyz
     return math.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
 
 

@@ -18,6 +18,7 @@ from policylink.sim.mujoco.robot import GantryController
 
 MAX_DELTA_M = 0.025
 GOAL_POSE = np.array([0.0, 0.06, 0.0])  # x (m), y (m), yaw (rad); fixed, as in PushT
+_GOAL_X, _GOAL_Y, _GOAL_YAW = GOAL_POSE.tolist()
 SUCCESS_POSITION_M = 0.02
 SUCCESS_YAW_RAD = 0.2
 BLOCK_Z_M = 0.0155
@@ -90,24 +91,40 @@ class PushEnv(MujocoTaskEnv):
         q = self.data.qpos[self._block_qadr : self._block_qadr + 7]
         return np.array([q[0], q[1], yaw_of(q[3:7])])
 
+    def _block_pose_now(self) -> tuple[float, float, float]:
+        """:attr:`block_pose` as three Python floats (the per-step path)."""
+        x, y, _, *quat = self.data.qpos[self._block_qadr : self._block_qadr + 7].tolist()
+        return x, y, yaw_of(quat)
+
     def _state(self) -> np.ndarray:
-        q = self.data.qpos[self._block_qadr : self._block_qadr + 7]
-        yaw = yaw_of(q[3:7])
-        ee = self.robot.ee_position
-        return np.array([ee[0], ee[1], q[0], q[1], math.sin(yaw), math.cos(yaw)], dtype=np.float32)
+        x, y, yaw = self._block_pose_now()
+        ee_x, ee_y, _ = self.robot.ee_position.tolist()
+        return np.array([ee_x, ee_y, x, y, math.sin(yaw), math.cos(yaw)], dtype=np.float32)
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:
         """Block pose error in success-threshold units, float64 ``(N,)`` from states ``(N, 6)``: position error /
         0.02 m + yaw error / 0.2 rad (both 1 at the success boundary)."""
-        s = np.asarray(state, np.float64)
-        dist = np.hypot(s[:, 2] - GOAL_POSE[0], s[:, 3] - GOAL_POSE[1])
-        dyaw = np.abs((np.arctan2(s[:, 4], s[:, 5]) - GOAL_POSE[2] + np.pi) % (2 * np.pi) - np.pi)
-        return dist / SUCCESS_POSITION_M + dyaw / SUCCESS_YAW_RAD
+        return _goal_distance(np.asarray(state, np.float64).T, np.arctan2)
+
+    def goal_distance_now(self, state: list[float]) -> float:
+        """:meth:`goal_distance` of one state (Python floats), bit for bit."""
+        return float(_goal_distance(state, math.atan2))
 
     def _is_success(self) -> bool:
-        q = self.data.qpos[self._block_qadr : self._block_qadr + 7]
-        dist = math.hypot(q[0] - GOAL_POSE[0], q[1] - GOAL_POSE[1])
-        return dist < SUCCESS_POSITION_M and abs(wrap_angle(yaw_of(q[3:7]) - GOAL_POSE[2])) < SUCCESS_YAW_RAD
+        x, y, yaw = self._block_pose_now()
+        return (
+            math.hypot(x - _GOAL_X, y - _GOAL_Y) < SUCCESS_POSITION_M
+            and abs(wrap_angle(yaw - _GOAL_YAW)) < SUCCESS_YAW_RAD
+        )
+
+
+def _goal_distance(c, atan2):
+    """Position error / 0.02 m + yaw error / 0.2 rad from state columns ``c`` (float64 arrays with
+    ``atan2=np.arctan2``, or Python floats with ``math.atan2``: the same IEEE operations, so bit for bit;
+    ``np.hypot`` in both, as Python's ``math.hypot`` rounds differently in ~0.6 % of cases)."""
+    dist = np.hypot(c[2] - _GOAL_X, c[3] - _GOAL_Y)
+    dyaw = abs((atan2(c[4], c[5]) - _GOAL_YAW + math.pi) % (2 * math.pi) - math.pi)
+    return dist / SUCCESS_POSITION_M + dyaw / SUCCESS_YAW_RAD
 
 
 def make_push_env(**kwargs: Any) -> PushEnv:

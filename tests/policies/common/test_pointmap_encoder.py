@@ -10,7 +10,7 @@ from policylink.data.normalize import Normalizer
 from policylink.data.stats import stats_from_arrays
 from policylink.policies.common.encoder_config import EncoderConfig
 from policylink.policies.common.encoders import ObservationEncoder
-from policylink.policies.common.pointmap_encoder import PointmapEncoder
+from policylink.policies.common.pointmap_encoder import POINTNET_OUT_DIM, PointmapEncoder, PointNetEncoder
 from policylink.policies.processing import observation_tensors
 
 PM, IMG, STATE = "observation.pointmaps.top", "observation.images.top", "observation.state"
@@ -73,3 +73,38 @@ def test_observation_encoder_takes_pointmaps_alone_or_stacked_with_rgb():
     assert not torch.allclose(stacked(obs), stacked(changed))  # the RGB channels reach the features
     with pytest.raises(ValueError, match=r"observation.pointmaps.top: expected a float pointmap \(H, W, 3\)"):
         ObservationEncoder({PM: FeatureSpec("float32", (16, 16, 4))}, 1, cfg)
+
+
+def test_pointnet_feature_is_invariant_to_a_turned_or_shuffled_pixel_grid():
+    torch.manual_seed(0)
+    enc = PointNetEncoder(crop_ratio=1.0).eval()
+    points = torch.randn(2, 3, 8, 8)
+    got = enc(points)
+    assert got.shape == (2, POINTNET_OUT_DIM)
+    # a camera yawed by 90 degrees about its axis sees the same XYZ values on a turned grid
+    torch.testing.assert_close(enc(torch.rot90(points, 1, dims=(2, 3))), got, atol=1e-5, rtol=1e-5)
+    perm = torch.randperm(64)
+    shuffled = points.flatten(2)[:, :, perm].reshape(2, 3, 8, 8)
+    torch.testing.assert_close(enc(shuffled), got, atol=1e-5, rtol=1e-5)
+    moved = points.clone()
+    moved[0, :, 3, 4] += 5.0  # one point moved in the scene: the feature changes, the other sample's does not
+    out = enc(moved)
+    assert not torch.allclose(out[0], got[0]) and torch.equal(out[1], got[1])
+
+
+def test_pointnet_is_chosen_by_config_and_stacks_rgb_per_point():
+    cfg = EncoderConfig(vision_backbone="small_conv", crop_ratio=0.9, num_keypoints=4, pointmap_encoder="pointnet")
+    feats = {
+        STATE: FeatureSpec("float32", (2,)),
+        PM: FeatureSpec("float32", (16, 16, 3), unit="m"),
+        IMG: FeatureSpec("uint8", (16, 16, 3), unit="rgb"),
+    }
+    enc = ObservationEncoder(feats, 2, cfg).eval()
+    pm_enc = enc.pointmap_encoders["observation__pointmaps__top"]
+    assert isinstance(pm_enc, PointNetEncoder) and pm_enc.point_mlp[0].in_features == 6
+    obs = {STATE: torch.zeros(2, 2, 2), PM: torch.randn(2, 2, 3, 16, 16), IMG: torch.rand(2, 2, 3, 16, 16)}
+    assert enc.out_dim == 2 * (2 + POINTNET_OUT_DIM) and enc(obs).shape == (2, enc.out_dim)
+    assert not torch.allclose(enc(obs), enc(dict(obs, **{IMG: torch.rand(2, 2, 3, 16, 16)})))
+    bad = EncoderConfig(vision_backbone="small_conv", pointmap_encoder="pointcloud")
+    with pytest.raises(ValueError, match=r"policy.encoder.pointmap_encoder: expected one of .*'pointcloud'"):
+        ObservationEncoder(feats, 2, bad)
