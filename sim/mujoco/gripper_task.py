@@ -57,9 +57,9 @@ class GripperTaskEnv(MujocoTaskEnv):
 
     def placed(self, body: str, goal_xy: np.ndarray, radius: float, max_height: float) -> bool:
         """``body`` rests within ``radius`` (m) of ``goal_xy`` below ``max_height`` (m) and the gripper is open."""
-        p = self.body_position(body)
-        return bool(
-            math.hypot(p[0] - goal_xy[0], p[1] - goal_xy[1]) < radius
-            and p[2] < max_height
+        x, y, z = self.body_position(body).tolist()
+        return (
+            math.hypot(x - float(goal_xy[0]), y - float(goal_xy[1])) < radius
+            and z < max_height
             and self.robot.opening > RELEASED_OPENING
         )

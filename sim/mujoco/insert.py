@@ -72,9 +72,8 @@ class InsertEnv(GripperTaskEnv):
         return _distance(state, math.sqrt)
 
     def _is_success(self) -> bool:
-        peg, hole = self.object_position, self.data.mocap_pos[self._hole_mocap]
-        bottom = peg[2] - PEG_HALF_HEIGHT_M
-        return bool(bottom < INSERTED_BOTTOM_M and math.hypot(peg[0] - hole[0], peg[1] - hole[1]) < CENTRED_M)
+        (px, py, pz), (hx, hy, _) = self.object_position.tolist(), self.data.mocap_pos[self._hole_mocap].tolist()
+        return pz - PEG_HALF_HEIGHT_M < INSERTED_BOTTOM_M and math.hypot(px - hx, py - hy) < CENTRED_M
 
 
 def _distance(c, sqrt):

@@ -69,7 +69,9 @@ class PickPlaceEnv(GripperTaskEnv):
         return _distance(state, math.sqrt)
 
     def _is_success(self) -> bool:
-        return self.placed("cube", self.goal_position[:2], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)
+        return self.placed(
+            "cube", self.data.mocap_pos[self._target_mocap].tolist(), SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005
+        )
 
 
 def _distance(c, sqrt):

@@ -74,8 +74,7 @@ class ReachEnv(MujocoTaskEnv):
         return _distance(state, math.sqrt)
 
     def _is_success(self) -> bool:
-        e, t = self.robot.ee_position, self.target
-        return math.dist((e[0], e[1], e[2]), (t[0], t[1], t[2])) < SUCCESS_RADIUS_M
+        return math.dist(self.robot.ee_position.tolist(), self._target_view.tolist()) < SUCCESS_RADIUS_M
 
 
 def _distance(c, sqrt):

@@ -44,6 +44,7 @@ class GantryController:
             self._finger_qadr = [int(model.joint(n).qposadr[0]) for n in fingers]
             self._finger_dadr = np.array([model.joint(n).dofadr[0] for n in fingers])
             self._finger_act = np.array([model.actuator(n).id for n in fingers])
+            self._finger_act_left, self._finger_act_right = (int(i) for i in self._finger_act)
         self.site_id = model.site("ee").id
         self._ee_view = data.site_xpos[self.site_id]  # views stay valid: MjData buffers are never reallocated
         self.low = np.asarray(workspace_low, dtype=np.float64)
@@ -54,7 +55,7 @@ class GantryController:
         self._offset = ref.site_xpos[self.site_id, : self.n_axes].copy()
         self._low_list, self._high_list = self.low.tolist(), self.high.tolist()
         self._offset_list = self._offset.tolist()
-        self.target = np.zeros(self.n_axes)
+        self._target = [0.0] * self.n_axes
         self.grip = 0.0
 
     def reset(self, ee_position: np.ndarray) -> None:
@@ -62,8 +63,9 @@ class GantryController:
         q = np.asarray(ee_position, dtype=np.float64) - self._offset
         self.data.qpos[self._qadr] = q
         self.data.qvel[self._dadr] = 0.0
-        self.target = np.clip(np.asarray(ee_position, dtype=np.float64), self.low, self.high)
-        self.data.ctrl[self._act] = self.target - self._offset
+        target = np.clip(np.asarray(ee_position, dtype=np.float64), self.low, self.high)
+        self._target = target.tolist()
+        self.data.ctrl[self._act] = target - self._offset
         self.grip = 0.0
         if self.has_gripper:
             self.data.qpos[self._finger_qadr] = GRIPPER_OPEN_M
@@ -77,11 +79,18 @@ class GantryController:
             min(max(e + d, lo), hi)
             for e, d, lo, hi in zip(self._ee_view.tolist(), delta.tolist(), self._low_list, self._high_list)
         ]
-        self.target = np.array(target)
+        self._target = target
         self.data.ctrl[self._act_slice] = [t - o for t, o in zip(target, self._offset_list)]
         if grip is not None and self.has_gripper:
             self.grip = min(max(float(grip), 0.0), 1.0)
-            self.data.ctrl[self._finger_act] = GRIPPER_OPEN_M * (1.0 - self.grip)
+            ctrl, opening = self.data.ctrl, GRIPPER_OPEN_M * (1.0 - self.grip)
+            ctrl[self._finger_act_left] = opening
+            ctrl[self._finger_act_right] = opening
+
+    @property
+    def target(self) -> np.ndarray:
+        """The ``ee`` site target of the last :meth:`command` / :meth:`reset`, m, float64 ``(n_axes,)``."""
+        return np.array(self._target)
 
     @property
     def ee_position(self) -> np.ndarray:
