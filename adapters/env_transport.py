@@ -14,7 +14,8 @@ from policylink.adapters import security
 from policylink.adapters.env import EnvAdapter
 from policylink.adapters.protocol import ENV_REPLIES, ENV_REQUESTS, ErrorCode, ProtocolError
 from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES, Channel, Server
-from policylink.adapters.schema import STEP_BEFORE_RESET, ActionError, EnvSpec, coerce_action
+from policylink.adapters.schema import ActionError, EnvSpec
+from policylink.adapters.validation import STEP_BEFORE_RESET, coerce_action
 
 __all__ = ["EnvServer", "RemoteEnv", "LiveEnv"]
 

@@ -26,8 +26,9 @@ import numpy as np
 from policylink.adapters.codec import SUPPORTED_DTYPES
 from policylink.adapters.policy import HistoryPolicy, PolicyAdapter
 from policylink.adapters.protocol import PROTOCOL_VERSION, ErrorCode, RemoteError
-from policylink.adapters.schema import TASK_KEY, ActionError, PolicySpec, validate_observation
+from policylink.adapters.schema import TASK_KEY, ActionError, PolicySpec
 from policylink.adapters.security import check_bind
+from policylink.adapters.validation import validate_observation
 
 DEFAULT_KEY_MAP: Mapping[str, str] = {"prompt": TASK_KEY}
 _CLOSE_INTERNAL_ERROR = 1011

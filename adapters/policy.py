@@ -18,9 +18,8 @@ from policylink.adapters.schema import (
     ActionError,
     ObservationError,
     PolicySpec,
-    batch_size_of,
-    validate_observation,
 )
+from policylink.adapters.validation import batch_size_of, validate_observation
 
 
 @runtime_checkable

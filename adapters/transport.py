@@ -38,9 +38,8 @@ from policylink.adapters.schema import (
     ActionError,
     ObservationError,
     PolicySpec,
-    batch_size_of,
-    validate_observation,
 )
+from policylink.adapters.validation import batch_size_of, validate_observation
 
 __all__ = ["PolicyServer", "RemotePolicy", "WIRE_CAPABILITIES", "EnvServer", "RemoteEnv", "LiveEnv"]
 

@@ -94,7 +94,7 @@ class EpisodeRecorder:
         """
         ep = self._slot(slot)
         if self.env_spec is not None:
-            from policylink.adapters.schema import validate_observation
+            from policylink.adapters.validation import validate_observation
 
             validate_observation({k: self.env_spec.observation_features[k] for k in self.keys or []}, obs)
         if self.keys is None:

@@ -24,7 +24,8 @@ from policylink.adapters.capabilities import (
     as_guidance,
 )
 from policylink.adapters.policy import HistoryPolicy
-from policylink.adapters.schema import PolicySpec, batch_size_of
+from policylink.adapters.schema import PolicySpec
+from policylink.adapters.validation import batch_size_of
 from policylink.data.normalize import Normalizer
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance
 from policylink.policies.common.frame_features import FrameFeatureCache, lean_latents

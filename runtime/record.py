@@ -182,7 +182,7 @@ class ScriptedSource(EpisodeSubscriber):
 
     def act(self, obs_batch: Mapping[str, Any]) -> np.ndarray:
         """float32 ``(B, A)``: each row's step function on its observation."""
-        from policylink.adapters.schema import batch_size_of
+        from policylink.adapters.validation import batch_size_of
 
         b = batch_size_of(obs_batch)
         if b != len(self.acts):

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from policylink.adapters.schema import batch_size_of
+from policylink.adapters.validation import batch_size_of
 from policylink.policies.policy import ModelPolicy
 from policylink.policies.processing import actions_to_units, observation_tensors
 

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from policylink.adapters.schema import TASK_KEY, batch_size_of
+from policylink.adapters.schema import TASK_KEY
+from policylink.adapters.validation import batch_size_of
 from policylink.policies.policy import PrefixChunkPolicy
 from policylink.policies.processing import observation_tensors
 from policylink.policies.vla.language import InstructionError

@@ -19,7 +19,7 @@ import numpy as np
 
 from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, GuidedSampler, PrefixConditioned
 from policylink.adapters.policy import PolicyAdapter
-from policylink.adapters.schema import batch_size_of
+from policylink.adapters.validation import batch_size_of
 from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.runtime.executors.latency import LatencyConfig
 from policylink.runtime.executors.queue import ChunkQueue

@@ -19,7 +19,7 @@ import mujoco
 import numpy as np
 
 from policylink.adapters.env import EnvAdapter
-from policylink.adapters.schema import coerce_action
+from policylink.adapters.validation import coerce_action
 from policylink.sim.genesis.scene import GANTRY_JOINTS, GantryScene
 from policylink.sim.mujoco.base import MujocoTaskEnv
 from policylink.sim.mujoco.perturbations import PerturbationConfig

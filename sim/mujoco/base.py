@@ -21,13 +21,12 @@ from policylink.adapters.pointmaps import POINTMAP_PREFIX, POINTMAP_UNIT
 from policylink.adapters.schema import (
     IMAGE_PREFIX,
     STATE_KEY,
-    STEP_BEFORE_RESET,
     TASK_KEY,
     ActionSpec,
     EnvSpec,
     FeatureSpec,
-    coerce_action,
 )
+from policylink.adapters.validation import STEP_BEFORE_RESET, coerce_action
 from policylink.sim.mujoco.cameras import CameraPoseShift, apply_camera_pose_shift, mujoco_pointmap
 from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
@@ -315,7 +314,7 @@ class MujocoTaskEnv(EnvAdapter):
         return self._observation(state), float(success), success, truncated, info
 
     def _clipped_action(self, action: Any) -> np.ndarray:
-        """:func:`~policylink.adapters.schema.coerce_action` (same result, same errors) with a fast path for the
+        """:func:`~policylink.adapters.validation.coerce_action` (same result, same errors) with a fast path for the
         common case, a finite ``(A,)`` array-like: convert, check, clip against limits kept as float32 arrays."""
         try:
             a = np.asarray(action, dtype=np.float32)

@@ -14,8 +14,8 @@ from policylink.adapters.schema import (
     PolicySpec,
     RotationConvention,
     SpecError,
-    validate_observation,
 )
+from policylink.adapters.validation import batch_size_of, validate_observation
 
 ACTION = ActionSpec(
     names=("x", "y", "gripper"),
@@ -165,8 +165,6 @@ def test_rotation_convention_is_explicit():
 
 
 def test_batch_size_of_counts_every_feature_and_task():
-    from policylink.adapters.schema import batch_size_of
-
     obs = {"observation.state": np.zeros((3, 2), np.float32), "task": ["a", "b", "c"]}
     assert batch_size_of(obs) == 3
     assert batch_size_of(obs, ["observation.state", "missing"]) == 3

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from policylink.adapters import registry
-from policylink.adapters.schema import IMAGE_PREFIX, STATE_KEY, TASK_KEY, ActionError, validate_observation
+from policylink.adapters.schema import IMAGE_PREFIX, STATE_KEY, TASK_KEY, ActionError
+from policylink.adapters.validation import validate_observation
 from policylink.sim.experts import make_expert
 from policylink.sim.mujoco.perturbations import PerturbationConfig
 

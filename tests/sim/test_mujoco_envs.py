@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from policylink.adapters import registry
-from policylink.adapters.schema import STATE_KEY, TASK_KEY, ActionError, validate_observation
+from policylink.adapters.schema import STATE_KEY, TASK_KEY, ActionError
+from policylink.adapters.validation import validate_observation
 from policylink.runtime.rollout import RegistryEnvFn, make_vector_env
 from policylink.sim.mujoco.perturbations import PerturbationConfig
 
