@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from policylink.data.buffer import EpisodeMeta
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder
 from policylink.policies import load_policy
 from policylink.policies.corrector.calibration import DetectorConfig

@@ -24,7 +24,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 def rollouts(env, expert, episodes: int, seed: int, recorder=None) -> int:
     """Run ``episodes`` expert episodes; record them when ``recorder`` is given. Returns frames."""
-    from policylink.data.buffer import EpisodeMeta
+    from policylink.data.episode_meta import EpisodeMeta
     from policylink.runtime.record import record_episode
 
     frames = 0

@@ -18,7 +18,7 @@ Key names: contract keys (``observation.state``, ``observation.images.front``, `
 as array names; dots are legal node names in both zarr formats. ``/`` would create a sub-group and ``%`` is
 the escape character, so they are percent-encoded (``/`` -> ``%2F``, ``%`` -> ``%25``) on write and decoded
 on read. A diffusion_policy replay buffer (``data/``, ``meta/episode_ends`` only) opens as is; its missing
-metadata reads as unknown.
+metadata reads as unknown (the per-episode metadata and its coding: :mod:`policylink.data.episode_meta`).
 
 Crash safety: an episode is appended by (1) resizing and writing every ``data/`` array, (2) writing its
 metadata, and (3) last, growing ``meta/episode_ends`` -- the commit. zarr's LocalStore writes every file
@@ -38,25 +38,24 @@ import contextlib
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from policylink.adapters.schema import ACTION_KEY
+from policylink.data.episode_meta import (
+    META_ARRAYS,
+    STRING_FIELDS,
+    EpisodeMeta,
+    append_meta_codes,
+    decode_meta,
+    encode_meta,
+    read_vocab,
+)
 
 REWARD_KEY = "reward"
 DONE_KEY = "done"
-SOURCES = ("expert", "policy", "human", "unknown")
-_STRING_FIELDS = ("task", "source", "quality")
-_META_ARRAYS = {  # name -> (dtype, fill meaning "unknown")
-    "episode_success": ("int8", -1),
-    "episode_seed": ("int64", -1),
-    "episode_task": ("int32", -1),
-    "episode_source": ("int32", -1),
-    "episode_quality": ("int32", -1),
-}
 _ATTRS_KEY = "policylink"
 DEFAULT_CHUNK_BYTES = 1 << 18  # 256 KiB uncompressed per chunk: fastest random windows (benchmarks/data_throughput.md)
 
@@ -72,32 +71,6 @@ class StoreLockedError(StoreError):
 
 class EpisodeDataError(StoreError, ValueError):
     """An episode's arrays do not match the store (missing/extra key, length, shape or dtype)."""
-
-
-@dataclass(frozen=True)
-class EpisodeMeta:
-    """Per-episode metadata.
-
-    Attributes:
-        task: language instruction (``""`` for single-task envs).
-        success: whether the episode succeeded (``info["is_success"]``), or None when unknown.
-        seed: the env reset seed, or None.
-        source: who acted: ``"expert"`` (scripted), ``"policy"`` (rollout), ``"human"`` (teleop) or
-            ``"unknown"``.
-        quality: free-form quality tag (``"expert"``, ``"noisy"``, ``"poor"``, a checkpoint name...).
-    """
-
-    task: str = ""
-    success: bool | None = None
-    seed: int | None = None
-    source: str = "unknown"
-    quality: str = ""
-
-    def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"EpisodeMeta.source: expected one of {SOURCES}, received {self.source!r}")
-        if self.seed is not None and int(self.seed) < 0:
-            raise ValueError(f"EpisodeMeta.seed: expected a non-negative int or None, received {self.seed}")
 
 
 def escape_key(key: str) -> str:
@@ -171,7 +144,7 @@ class EpisodeStore:
                         self._check_layout(writing=True)
                 if mode == "w" or not exists:
                     self._root = zarr.open_group(store, mode="w", zarr_format=zarr_format)
-                    self._root.attrs[_ATTRS_KEY] = {"version": 1, "vocab": {f: [] for f in _STRING_FIELDS}}
+                    self._root.attrs[_ATTRS_KEY] = {"version": 1, "vocab": {f: [] for f in STRING_FIELDS}}
                 meta = self._root.require_group("meta")
                 self._root.require_group("data")
                 if "episode_ends" not in meta:
@@ -315,25 +288,11 @@ class EpisodeStore:
         """Metadata of episode ``i`` (fields missing in a foreign store read as unknown)."""
         self.episode_slice(i)  # bounds check
         i %= self.n_episodes
-        vals = {}
-        for name in _META_ARRAYS:
+        codes = {}
+        for name in META_ARRAYS:
             have = name in self._meta and self._meta[name].shape[0] > i
-            vals[name] = int(self._read(self._meta[name], f"meta/{name}", slice(i, i + 1))[0]) if have else -1
-        vocab = self._vocab()
-
-        def word(field: str, default: str) -> str:
-            j = vals[f"episode_{field}"]
-            return vocab[field][j] if 0 <= j < len(vocab[field]) else default
-
-        success = None if vals["episode_success"] < 0 else bool(vals["episode_success"])
-        seed = None if vals["episode_seed"] < 0 else vals["episode_seed"]
-        return EpisodeMeta(
-            task=word("task", ""),
-            success=success,
-            seed=seed,
-            source=word("source", "unknown"),
-            quality=word("quality", ""),
-        )
+            codes[name] = int(self._read(self._meta[name], f"meta/{name}", slice(i, i + 1))[0]) if have else -1
+        return decode_meta(codes, self._vocab())
 
     def all_meta(self) -> list[EpisodeMeta]:
         """Metadata of every committed episode, in order."""
@@ -382,15 +341,7 @@ class EpisodeStore:
             arr.resize((start + t, *arr.shape[1:]))
             arr[start : start + t] = v
         n = self.n_episodes
-        codes = {
-            "episode_success": -1 if meta.success is None else int(meta.success),
-            "episode_seed": -1 if meta.seed is None else int(meta.seed),
-            **{f"episode_{f}": self._vocab_index(f, getattr(meta, f)) for f in _STRING_FIELDS},
-        }
-        for name, value in codes.items():  # (2) metadata
-            arr = self._meta_array(name)
-            arr.resize((n + 1,))
-            arr[n] = value
+        append_meta_codes(self._meta_group, self._meta, n, encode_meta(meta, self._vocab_index))  # (2) metadata
         ends = self._meta["episode_ends"]  # (3) commit
         ends.resize((n + 1,))
         ends[n] = start + t
@@ -443,18 +394,6 @@ class EpisodeStore:
             raise KeyError(f"feature {key!r}: not in the store; available: {self.keys}")
         return self._data[name]
 
-    def _meta_array(self, name: str) -> Any:
-        if name not in self._meta:
-            dtype, fill = _META_ARRAYS[name]
-            arr = self._meta_group.create_array(name, shape=(0,), chunks=(4096,), dtype=dtype, fill_value=fill)
-            self._meta[name] = arr
-            n = self.n_episodes
-            if n:  # foreign store gaining metadata: earlier episodes are unknown
-                arr.resize((n,))
-                arr[:] = np.full(n, fill, dtype=dtype)
-            return arr
-        return self._meta[name]
-
     def _create_array(self, key: str, v: np.ndarray) -> Any:
         steps = chunk_steps_for(v.shape[1:], v.dtype, self.chunk_bytes)
         arr = self._data_group.create_array(
@@ -504,9 +443,7 @@ class EpisodeStore:
             raise EpisodeDataError("episode does not match the store: " + "; ".join(problems))
 
     def _vocab(self) -> dict[str, list[str]]:
-        attrs = dict(self._root.attrs).get(_ATTRS_KEY, {})
-        vocab = dict(attrs.get("vocab", {}))
-        return {f: list(vocab.get(f, [])) for f in _STRING_FIELDS}
+        return read_vocab(dict(self._root.attrs).get(_ATTRS_KEY, {}))
 
     def _vocab_index(self, field: str, word: str) -> int:
         vocab = self._vocab()
@@ -536,7 +473,7 @@ class EpisodeStore:
         for arr in self._data.values():
             if arr.shape[0] != steps:
                 arr.resize((steps, *arr.shape[1:]))
-        for name in ["episode_ends", *_META_ARRAYS]:
+        for name in ["episode_ends", *META_ARRAYS]:
             if name in self._meta and self._meta[name].shape[0] != n:
                 self._meta[name].resize((n,))
         for p in self.path.rglob("*.partial"):
@@ -553,9 +490,7 @@ __all__ = [
     "ACTION_KEY",
     "DONE_KEY",
     "REWARD_KEY",
-    "SOURCES",
     "EpisodeDataError",
-    "EpisodeMeta",
     "EpisodeStore",
     "StoreError",
     "StoreLockedError",

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeMeta, EpisodeStore
+from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeStore
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.stats import compute_stats, is_image_array
 from policylink.data.video import DEFAULT_CODEC, VideoFrames, encode_video
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.schema import ACTION_KEY, TASK_KEY, EnvSpec
-from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeMeta, EpisodeStore
+from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeStore
+from policylink.data.episode_meta import EpisodeMeta
 
 TERMINATED_KEY = "terminated"
 """Per-step bool array: the env reported a true termination (``terminated``, not a time-limit truncation) at this

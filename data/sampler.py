@@ -32,7 +32,8 @@ from policylink.data.normalize import Normalizer
 OBS_PAD_KEY = "observation_is_pad"
 ACTION_PAD_KEY = "action_is_pad"
 EPISODE_FIELDS = ("success", "seed", "source", "quality")
-"""Per-episode tags a :class:`SequenceDataset` can add to its items (:class:`~policylink.data.buffer.EpisodeMeta`)."""
+"""Per-episode tags a :class:`SequenceDataset` can add to its items (fields of
+:class:`~policylink.data.episode_meta.EpisodeMeta`)."""
 _TEXT_EPISODE_FIELDS = ("source", "quality")
 NEXT_PREFIX = "next."
 """Key prefix of the observation window ``s_{t+H}`` in a transition batch (``next.observation.state``, ...)."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.obs_modes import check_obs_mode, obs_mode_env_kwargs
-from policylink.data.buffer import EpisodeMeta
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder
 from policylink.runtime.rollout import (
     BorrowedEnv,

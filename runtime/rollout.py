@@ -130,7 +130,7 @@ class RecorderSubscriber(EpisodeSubscriber):
 
     Args:
         recorder: the recorder (the caller opens and closes it).
-        meta: template of each episode's :class:`~policylink.data.buffer.EpisodeMeta` (task, source, quality);
+        meta: template of each episode's :class:`~policylink.data.episode_meta.EpisodeMeta` (task, source, quality);
             its ``seed`` is replaced by the episode's reset seed and ``success`` by the episode's success (True
             when ``info["is_success"]`` was True at the reset or at any step).
 
@@ -139,7 +139,7 @@ class RecorderSubscriber(EpisodeSubscriber):
     """
 
     def __init__(self, recorder: Any, meta: Any = None):
-        from policylink.data.buffer import EpisodeMeta
+        from policylink.data.episode_meta import EpisodeMeta
 
         self.recorder = recorder
         self.meta = meta if meta is not None else EpisodeMeta()
@@ -148,7 +148,7 @@ class RecorderSubscriber(EpisodeSubscriber):
 
     def on_reset(self, slot: int, index: int, seed: int, info: Mapping[str, Any]) -> None:
         """Open the episode in the recorder's ``slot``."""
-        from policylink.data.buffer import EpisodeMeta
+        from policylink.data.episode_meta import EpisodeMeta
 
         m = self.meta
         meta = EpisodeMeta(task=m.task, seed=None if seed < 0 else seed, source=m.source, quality=m.quality)
@@ -336,7 +336,7 @@ def _subscribers(
     """``subscribers`` plus the recorder / video shorthands of :func:`rollout`, in that order."""
     subs = list(subscribers)
     if recorder is not None:
-        from policylink.data.buffer import EpisodeMeta
+        from policylink.data.episode_meta import EpisodeMeta
 
         subs.append(RecorderSubscriber(recorder, EpisodeMeta(source=source)))
     if len(video_episodes):

@@ -15,13 +15,13 @@ import zarr
 
 from policylink.data.buffer import (
     EpisodeDataError,
-    EpisodeMeta,
     EpisodeStore,
     StoreError,
     StoreLockedError,
     escape_key,
     unescape_key,
 )
+from policylink.data.episode_meta import EpisodeMeta
 
 
 def _episode(i: int, t: int = 5) -> dict[str, np.ndarray]:
@@ -216,7 +216,8 @@ def test_second_writer_is_refused(tmp_path):
 
 _WRITER = textwrap.dedent("""
     import sys, numpy as np
-    from policylink.data.buffer import EpisodeStore, EpisodeMeta
+    from policylink.data.buffer import EpisodeStore
+    from policylink.data.episode_meta import EpisodeMeta
     path, w = sys.argv[1], int(sys.argv[2])
     with EpisodeStore(path, "a", lock_timeout=60) as s:
         for j in range(3):

@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from policylink.data.buffer import EpisodeMeta, EpisodeStore
+from policylink.data.buffer import EpisodeStore
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.lerobot import LeRobotFormatError, export_lerobot, import_lerobot
 
 os.environ["HF_HUB_OFFLINE"] = "1"

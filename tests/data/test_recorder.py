@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policylink.data.buffer import EpisodeMeta, EpisodeStore, StoreLockedError
+from policylink.data.buffer import EpisodeStore, StoreLockedError
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder, RecorderError
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from policylink.data.buffer import EpisodeMeta, EpisodeStore
+from policylink.data.buffer import EpisodeStore
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.normalize import Normalizer
 from policylink.data.sampler import SequenceDataset, SequenceSampler, split_episodes
 

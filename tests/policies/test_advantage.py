@@ -10,7 +10,8 @@ import torch
 
 from policylink.adapters.capabilities import ConditioningSpec
 from policylink.adapters.registry import make_env
-from policylink.data.buffer import EpisodeMeta, EpisodeStore
+from policylink.data.buffer import EpisodeStore
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.labels import LabelsError, read_labels
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance, drop_labels
 from policylink.policies.common.unet1d import UNetConfig

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from policylink.data.buffer import EpisodeDataError, EpisodeMeta, EpisodeStore, StoreError
+from policylink.data.buffer import EpisodeDataError, EpisodeStore, StoreError
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.runtime import dataset as cli
 
 

@@ -416,7 +416,8 @@ def test_missing_checkpoint_is_reported_as_missing(tmp_path):
 
 
 def test_seeds_that_recorded_the_demos_are_warned_about(tmp_path, capsys):
-    from policylink.data.buffer import EpisodeMeta, EpisodeStore
+    from policylink.data.buffer import EpisodeStore
+    from policylink.data.episode_meta import EpisodeMeta
 
     store = tmp_path / "demos.zarr"
     with EpisodeStore(str(store), "w") as s:

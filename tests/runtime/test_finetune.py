@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
-from policylink.data.buffer import EpisodeMeta, EpisodeStore
+from policylink.data.buffer import EpisodeStore
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.normalize import Normalizer
 from policylink.data.stats import compute_stats
 from policylink.policies.checkpoint import load_policy, save_checkpoint

@@ -11,7 +11,8 @@ import pytest
 from policylink.adapters import registry
 from policylink.adapters.env import EnvAdapter
 from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec
-from policylink.data.buffer import EpisodeMeta, EpisodeStore
+from policylink.data.buffer import EpisodeStore
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder
 from policylink.runtime import record as record_cli
 from policylink.runtime.record import record_episode

@@ -115,7 +115,7 @@ class _ProbeLoss(ImitationLoss):
 
 
 def test_a_registered_loss_gets_its_fields_and_logs_its_metrics(reach_store, tmp_path):
-    from policylink.data.buffer import EpisodeMeta
+    from policylink.data.episode_meta import EpisodeMeta
 
     path = tmp_path / "rewarded.zarr"
     with EpisodeStore(reach_store) as src, EpisodeStore(path, "w") as dst:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from policylink.adapters.registry import make_env
-from policylink.data.buffer import EpisodeMeta, EpisodeStore
+from policylink.data.buffer import EpisodeStore
+from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.lerobot import export_lerobot, is_lerobot_dataset, open_lerobot
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.registry import make_config
