@@ -25,6 +25,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,8 +91,7 @@ def measure(env_fn, policy_fn, episodes, shard, workers, ray_address, out) -> tu
     return episodes / wall, cpu / wall
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and write the markdown report. Returns 0."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="reach")
     ap.add_argument("--obs-mode", default="image", help="env obs_mode (image = rendering-bound)")
@@ -100,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray back-end")
     ap.add_argument("--out", default="benchmarks/results/eval_scaling.md")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    env_fn = RegistryEnvFn(args.env, obs_mode=args.obs_mode)
+
+def _hold_policy_for(env_fn) -> tuple[Any, HoldFactory]:
+    """``(env spec, picklable HoldPolicy factory)`` for the env of ``env_fn``."""
     # read the spec in a forked child: a GL context created here would not survive the workers' fork
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork")) as pool:
         es = pool.submit(_spec_of, env_fn).result()
@@ -113,7 +115,43 @@ def main(argv: list[str] | None = None) -> int:
         n_action_steps=8,
         control_frequency=es.control_frequency,
     )
-    policy_fn = HoldFactory(pspec)
+    return es, HoldFactory(pspec)
+
+
+def _measure_backend(args, env_fn, policy_fn, name: str, address: str | None, tmp: str) -> tuple:
+    """One report row for a back-end: best and median episodes/s and worker CPU / wall with 1 and 2 workers."""
+    rates, util = {}, {}
+    if address is not None:  # start Ray's worker processes (and their imports) outside the timing
+        measure(env_fn, policy_fn, 2 * args.shard, args.shard, 2, address, Path(tmp) / "warmup")
+    for workers in (1, 2):
+        rates[workers], util[workers] = [], []
+    for r in range(args.repeats):  # interleaved, so slow phases of the shared machine hit both
+        for workers in (1, 2):
+            out = Path(tmp) / f"{name[:3]}_{workers}_{r}"
+            rate, busy = measure(env_fn, policy_fn, args.episodes, args.shard, workers, address, out)
+            rates[workers].append(rate)
+            util[workers].append(busy)
+            print(
+                f"{name}, {workers} worker(s), run {r}: {rate:.2f} episodes/s, worker CPU / wall "
+                f"{busy:.2f}, load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    best1, best2 = max(rates[1]), max(rates[2])
+    return (
+        name,
+        best1,
+        best2,
+        best2 / best1,
+        statistics.median(rates[1]),
+        statistics.median(rates[2]),
+        statistics.median(util[1]),
+        statistics.median(util[2]),
+        address is None,
+    )
+
+
+def _run_backends(args, env_fn, policy_fn) -> list[tuple]:
+    """The rows of every back-end: the local pool, then (unless ``--no-ray``) a local Ray cluster."""
     backends = [("local pool", None)]
     if not args.no_ray:
         import ray
@@ -122,41 +160,15 @@ def main(argv: list[str] | None = None) -> int:
 
         start_local(num_cpus=2)  # what `--ray_address local` starts: one node on 127.0.0.1
         backends.append(("Ray (local, num_cpus=2)", "local"))
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, address in backends:
-            rates, util = {}, {}
-            if address is not None:  # start Ray's worker processes (and their imports) outside the timing
-                measure(env_fn, policy_fn, 2 * args.shard, args.shard, 2, address, Path(tmp) / "warmup")
-            for workers in (1, 2):
-                rates[workers], util[workers] = [], []
-            for r in range(args.repeats):  # interleaved, so slow phases of the shared machine hit both
-                for workers in (1, 2):
-                    out = Path(tmp) / f"{name[:3]}_{workers}_{r}"
-                    rate, busy = measure(env_fn, policy_fn, args.episodes, args.shard, workers, address, out)
-                    rates[workers].append(rate)
-                    util[workers].append(busy)
-                    print(
-                        f"{name}, {workers} worker(s), run {r}: {rate:.2f} episodes/s, worker CPU / wall "
-                        f"{busy:.2f}, load {os.getloadavg()[0]:.2f}",
-                        flush=True,
-                    )
-            best1, best2 = max(rates[1]), max(rates[2])
-            rows.append(
-                (
-                    name,
-                    best1,
-                    best2,
-                    best2 / best1,
-                    statistics.median(rates[1]),
-                    statistics.median(rates[2]),
-                    statistics.median(util[1]),
-                    statistics.median(util[2]),
-                    address is None,
-                )
-            )
+        rows = [_measure_backend(args, env_fn, policy_fn, name, address, tmp) for name, address in backends]
     if not args.no_ray:
         ray.shutdown()
+    return rows
+
+
+def _report(args, argv: list[str] | None, es, rows: list[tuple]) -> list[str]:
+    """The markdown report's lines."""
     load = os.getloadavg()
     lines = [
         "# Evaluation scaling: episodes/s with 1 and 2 workers",
@@ -187,6 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         "would mean two fully busy cores. The machine is shared with other engineers' jobs while this runs, so",
         "the workers get what is left of the 2 cores; the speed-up is bounded by that share, not by the pool.",
     ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write the markdown report. Returns 0."""
+    args = _parse_args(argv)
+    env_fn = RegistryEnvFn(args.env, obs_mode=args.obs_mode)
+    es, policy_fn = _hold_policy_for(env_fn)
+    rows = _run_backends(args, env_fn, policy_fn)
+    lines = _report(args, argv, es, rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
