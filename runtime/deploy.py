@@ -165,11 +165,7 @@ class WatchdogTripped(RuntimeError):
 class DeployEnv(EnvAdapter):
     """A robot as a gymnasium env stepped in real time (one slot of the rollout loop's vector env).
 
-    ``reset`` begins an episode on the robot and restarts the pacing grid ``phase`` periods after the returned
-    observation: a robot that ticks on its own clock from its reset (the sim-as-real robot, most controllers) then
-    applies each action half a period after it is sent and is read half a period after it ticked, so neither side
-    races the other's tick (with the grid on the robot's ticks, a tick a few ms late showed the loop a stale state
-    and its action overwrote the previous one before any tick applied it). ``step(a)``:
+    ``reset`` begins an episode on the robot and restarts the pacing grid at the returned observation. ``step(a)``:
     a human's action replaces ``a`` while ``teleop`` is engaged; ``a`` is sent unless its period (the one that
     began at the observation it answers) has already ended -- then it is dropped and counted late; then the loop
     sleeps to the next deadline and reads ``(observation, info)``. ``terminated``/``truncated`` come from the robot
@@ -182,11 +178,6 @@ class DeployEnv(EnvAdapter):
         stats: the :class:`DeployStats` to fill (shared across episodes).
         status: called with :attr:`stats` about once a second (the live status line).
         clock: monotonic clock, seconds.
-        phase: where the pacing grid sits between the robot's ticks, as a fraction of a period in ``[0, 1)``
-            (default 0.5).
-
-    Raises:
-        ValueError: ``phase`` outside ``[0, 1)``.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -200,11 +191,8 @@ class DeployEnv(EnvAdapter):
         stats: DeployStats | None = None,
         status: Callable[[DeployStats], None] | None = None,
         clock: Clock = time.monotonic,
-        phase: float = 0.5,
     ):
-        if not 0.0 <= phase < 1.0:
-            raise ValueError(f"phase: expected a fraction of a period in [0, 1), received {phase}")
-        self.robot, self.teleop, self.clock, self.phase = robot, teleop, clock, float(phase)
+        self.robot, self.teleop, self.clock = robot, teleop, clock
         self.env_spec = robot.env_spec
         self._init_spaces()
         self.period = 1.0 / float(hz or self.env_spec.control_frequency)
@@ -215,12 +203,11 @@ class DeployEnv(EnvAdapter):
         self._obs_t, self._first = clock(), True
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict]:
-        """Begin an episode on the robot; the pacing grid starts ``phase`` periods from now."""
+        """Begin an episode on the robot; the pacing grid starts now."""
         super().reset(seed=seed)
         obs, info = self.robot.reset(seed=seed, options=options)
-        now = self.clock()
-        self.pacer.start(now + self.phase * self.period)
-        self._obs, self._obs_t, self._first = obs, now, True
+        self.pacer.start()
+        self._obs, self._obs_t, self._first = obs, self.pacer.t0, True
         return obs, {"is_success": bool(info.get("is_success", False))}
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict]:

@@ -340,24 +340,3 @@ def test_three_processes_policy_server_robot_server_and_run_complete_reach(reach
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=20)
-
-
-def test_the_pacing_grid_sits_half_a_period_after_the_robot_reset():
-    clock = FakeClock(t=1000.0)
-    env = DeployEnv(FakeRobot(clock), clock=clock)  # 10 Hz
-    env.pacer._sleep = clock.sleep
-    env.reset(seed=0)
-    wakes = []
-    for _ in range(3):
-        env.step(np.zeros(2, np.float32))
-        wakes.append(round(clock.t, 6))
-    # robot ticks at 1000.1, 1000.2, ...: the loop reads 50 ms after each and sends 50 ms before the next
-    assert wakes == [1000.15, 1000.25, 1000.35]
-    assert env.stats.late == 0 and env.stats.startup_late == 0
-    env0 = DeployEnv(FakeRobot(clock), clock=clock, phase=0.0)
-    env0.pacer._sleep = clock.sleep
-    env0.reset(seed=0)
-    env0.step(np.zeros(2, np.float32))
-    assert round(clock.t - 1000.35, 6) == 0.1  # phase 0: the grid starts at the reset itself
-    with pytest.raises(ValueError, match=r"phase: expected a fraction of a period in \[0, 1\), received 1.0"):
-        DeployEnv(FakeRobot(clock), clock=clock, phase=1.0)
