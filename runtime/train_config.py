@@ -28,7 +28,8 @@ class DatasetConfig:
         control_mode: control mode of the stored actions (a :class:`~policylink.adapters.schema.ControlMode`
             value), used only when the store records no ActionSpec (a LeRobot import) and ``env`` is empty: the
             ActionSpec is then built from the stored action names and range, with unknown units.
-        obs_mode: env observation mode (``"state"``, ``"image"``, ``"state+image"``, ``"image+proprio"``).
+        obs_mode: env observation mode (``"state"``, ``"image"``, ``"state+image"``, ``"image+proprio"``,
+            ``"pointmap+proprio"``, ``"image+pointmap+proprio"``).
         image_size: camera image side, px (image modes).
         val_fraction: fraction of episodes held out for the validation loss (episode split).
         split_seed: seed of the episode split.

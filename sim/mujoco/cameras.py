@@ -71,8 +71,13 @@ class CameraPoseShift:
         if value is None or isinstance(value, cls):
             return value
         fields = ("yaw_deg", "pitch_deg", "distance_m")
-        if not isinstance(value, Mapping) or set(value) - set(fields):
+        if not isinstance(value, Mapping):
             raise ValueError(f"camera_pose_shift: expected None or a mapping with keys {fields}, received {value!r}")
+        unknown = sorted(map(str, set(value) - set(fields)))
+        if unknown:
+            raise ValueError(
+                f"camera_pose_shift: unknown key(s) {unknown}: expected keys among {fields}, received {dict(value)!r}"
+            )
         out = {}
         for k, v in value.items():
             try:

@@ -67,8 +67,10 @@ def test_shift_geometry_and_errors():
     np.testing.assert_allclose(p, [0.0, -1.5, 0.0], atol=1e-12)
     with pytest.raises(ValueError, match=r"camera_pose_shift.distance_m: expected more than -1.000 m"):
         shift_camera_pose(np.array([0.0, -1.0, 0.0]), R, CameraPoseShift(distance_m=-1.0), np.zeros(3))
-    with pytest.raises(ValueError, match=r"camera_pose_shift: expected None or a mapping with keys"):
+    with pytest.raises(ValueError, match=r"camera_pose_shift: unknown key\(s\) \['roll_deg'\]: expected keys among"):
         PushEnv(obs_mode="state", camera_pose_shift={"roll_deg": 3})
+    with pytest.raises(ValueError, match=r"camera_pose_shift: expected None or a mapping with keys"):
+        CameraPoseShift.coerce(20.0)
     with pytest.raises(ValueError, match=r"camera_pose_shift.pitch_deg: expected a value in \[-89, 89\]"):
         CameraPoseShift(pitch_deg=95.0)
     with pytest.raises(ValueError, match=r"^camera_pose_shift.yaw_deg: expected a number, received 'abc'$"):
