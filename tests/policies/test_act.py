@@ -183,24 +183,17 @@ def test_committed_act_configs_train_through_the_trainer(name, tmp_path):
     assert len(lines) == 3 and float(lines[-1].split(",")[1]) > 0  # header + 2 steps, a positive loss
 
 
-def test_act_served_over_zmq_gives_the_in_process_chunks(kit, normalizer):
+def test_act_served_over_zmq_gives_the_in_process_chunks(kit, normalizer, served):
     from policylink.adapters.capabilities import Embedder
-    from policylink.adapters.transport import PolicyServer, RemotePolicy
 
     torch.manual_seed(0)
     local = _policy(kit, normalizer)
     torch.manual_seed(0)
-    served = _policy(kit, normalizer)
+    remote = served(_policy(kit, normalizer))
     obs = {STATE: np.random.default_rng(0).normal(size=(3, 3)).astype(np.float32)}
-    server = PolicyServer(served, "tcp://127.0.0.1:0").start()
-    try:
-        remote = RemotePolicy(server.endpoint, timeout_s=60)
-        assert isinstance(remote, Embedder) and not isinstance(remote, GuidedSampler)
-        local.update_observation(obs)
-        remote.update_observation(obs)
-        np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
-        np.testing.assert_array_equal(remote.predict_action_chunk([1]), local.predict_action_chunk([1]))
-        np.testing.assert_array_equal(remote.embed(None, [2]), local.embed(None, [2]))
-        remote.close()
-    finally:
-        server.stop()
+    assert isinstance(remote, Embedder) and not isinstance(remote, GuidedSampler)
+    local.update_observation(obs)
+    remote.update_observation(obs)
+    np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
+    np.testing.assert_array_equal(remote.predict_action_chunk([1]), local.predict_action_chunk([1]))
+    np.testing.assert_array_equal(remote.embed(None, [2]), local.embed(None, [2]))

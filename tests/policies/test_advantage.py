@@ -127,8 +127,7 @@ def reach_store(tmp_path_factory):
     return path
 
 
-def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tmp_path):
-    from policylink.adapters.transport import PolicyServer, RemotePolicy
+def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tmp_path, served):
     from policylink.policies.checkpoint import load_policy
     from policylink.runtime.dataset_advantage import AdvantageReportConfig, advantage_report
     from policylink.runtime.evaluate import evaluate
@@ -167,17 +166,11 @@ def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tm
     with pytest.raises(ValueError, match=r"expected values in \[-1, 2\)"):
         local.set_conditioning(labels=[2])  # a label the checkpoint was not trained with
 
-    served = load_policy(ckpt, device="cpu")
+    remote = served(load_policy(ckpt, device="cpu"))
     obs = {STATE: np.random.default_rng(0).uniform(-0.2, 0.2, (2, 6)).astype(np.float32)}
-    server = PolicyServer(served, "tcp://127.0.0.1:0").start()
-    try:
-        remote = RemotePolicy(server.endpoint, timeout_s=60)
-        local.update_observation(obs)
-        remote.update_observation(obs)
-        np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
-        remote.close()
-    finally:
-        server.stop()
+    local.update_observation(obs)
+    remote.update_observation(obs)
+    np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
     summary = evaluate([("adv", str(ckpt))], ["reach"], episodes=2, workers=0, out=tmp_path / "eval", videos=0,
                        progress=False, write_report=False, env_kwargs={"obs_mode": "state"})  # fmt: skip
     assert len(summary) == 1 and summary[0]["n_episodes"] == 2  # eval loads it with its default label and w

@@ -91,9 +91,8 @@ def _tiny_run(tmp_path):
     return tmp_path / "run" / "checkpoints" / "last"
 
 
-def test_vla_trains_evaluates_with_an_instruction_file_and_serves(tmp_path):
+def test_vla_trains_evaluates_with_an_instruction_file_and_serves(tmp_path, served):
     _require_sentence_transformers()
-    from policylink.adapters.transport import PolicyServer, RemotePolicy
     from policylink.policies import load_policy
     from policylink.runtime.evaluate import evaluate
 
@@ -109,24 +108,18 @@ def test_vla_trains_evaluates_with_an_instruction_file_and_serves(tmp_path):
     told = {t["task"] for t in info["per_task"]}
     assert told and told <= {v[0] for v in heldout.values()}  # the policy was told the file's phrasings
 
-    local, served = load_policy(ckpt, device="cpu", seed=3), load_policy(ckpt, device="cpu", seed=3)
+    local, remote = load_policy(ckpt, device="cpu", seed=3), served(load_policy(ckpt, device="cpu", seed=3))
     assert capabilities_of(local) == ["conditionable", "embedder", "guided_sampler", "prefix"]
     assert isinstance(local, GuidedSampler) and isinstance(local, PrefixConditioned)  # RTC, Q-VGM, corrector
     assert local.sampler.prediction == Prediction.VELOCITY
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (2, 24, 24, 3), dtype=np.uint8)
     obs = {STATE: rng.normal(size=(2, 13)).astype(np.float32), IMAGE: image, "task": [RED_LEFT, "put the blue block"]}
-    server = PolicyServer(served, "tcp://127.0.0.1:0").start()
-    try:
-        remote = RemotePolicy(server.endpoint, timeout_s=60)
-        local.update_observation(obs)
-        remote.update_observation(obs)
-        chunk = local.predict_action_chunk()
-        assert chunk.shape == (2, 4, 4) and np.isfinite(chunk).all()
-        np.testing.assert_array_equal(remote.predict_action_chunk(), chunk)
-        remote.close()
-    finally:
-        server.stop()
+    local.update_observation(obs)
+    remote.update_observation(obs)
+    chunk = local.predict_action_chunk()
+    assert chunk.shape == (2, 4, 4) and np.isfinite(chunk).all()
+    np.testing.assert_array_equal(remote.predict_action_chunk(), chunk)
 
     # a missing camera and a missing instruction are errors that name the field
     with pytest.raises(ObservationError, match=IMAGE):

@@ -85,7 +85,7 @@ def test_the_wrong_goal_after_the_waypoint_fails_the_episode():
     assert terminated and info["wrong_goal"] and not info["is_success"] and len(states) < 80
 
 
-def test_record_train_sega_and_eval(tmp_path):
+def test_record_train_sega_and_eval(tmp_path, served):
     from policylink.policies.checkpoint import load_components
     from policylink.policies.policy import policy_for_model
     from policylink.policies.registry import make_config
@@ -114,22 +114,15 @@ def test_record_train_sega_and_eval(tmp_path):
     assert rate in (0.0, 0.5, 1.0)
 
     # served over ZMQ: the server's per-row memory follows the same steps and resets as a local policy's
-    from policylink.adapters.transport import PolicyServer, RemotePolicy
     from policylink.policies import load_policy
 
-    local, served = load_policy(ckpt, device="cpu", seed=3), load_policy(ckpt, device="cpu", seed=3)
-    server = PolicyServer(served, "tcp://127.0.0.1:0").start()
-    try:
-        remote = RemotePolicy(server.endpoint, timeout_s=60)
-        rng = np.random.default_rng(0)
-        for step in range(4):
-            obs = {"observation.state": rng.normal(size=(2, 5)).astype(np.float32), "task": ["go", "go"]}
-            if step == 2:
-                local.reset([1])
-                remote.reset([1])
-            local.update_observation(obs)
-            remote.update_observation(obs)
-            np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())
-        remote.close()
-    finally:
-        server.stop()
+    local, remote = load_policy(ckpt, device="cpu", seed=3), served(load_policy(ckpt, device="cpu", seed=3))
+    rng = np.random.default_rng(0)
+    for step in range(4):
+        obs = {"observation.state": rng.normal(size=(2, 5)).astype(np.float32), "task": ["go", "go"]}
+        if step == 2:
+            local.reset([1])
+            remote.reset([1])
+        local.update_observation(obs)
+        remote.update_observation(obs)
+        np.testing.assert_array_equal(remote.predict_action_chunk(), local.predict_action_chunk())

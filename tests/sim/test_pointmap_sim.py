@@ -85,10 +85,9 @@ def test_gymnasium_env_checker_passes_with_pointmaps():
     env.close()
 
 
-def test_a_pointmap_policy_records_trains_evaluates_and_serves(tmp_path):
+def test_a_pointmap_policy_records_trains_evaluates_and_serves(tmp_path, served):
     """Tiny end to end: 2 recorded episodes (16 px), 3 training steps of a stacked RGB+pointmap diffusion policy,
     1 evaluation episode under a 20-degree camera yaw, and a served copy answering like the in-process one."""
-    from policylink.adapters.transport import PolicyServer, RemotePolicy
     from policylink.policies.checkpoint import load_policy
     from policylink.policies.common.encoder_config import EncoderConfig
     from policylink.policies.common.unet1d import UNetConfig
@@ -142,18 +141,12 @@ def test_a_pointmap_policy_records_trains_evaluates_and_serves(tmp_path):
     env = make_env("push", **shift)
     obs, _ = env.reset(seed=0)
     batch = {k: v[None] for k, v in obs.items() if k != "task"} | {"task": [obs["task"]]}
-    local = load_policy(ckpt, device="cpu", seed=0)
-    server = PolicyServer(load_policy(ckpt, device="cpu", seed=0), "tcp://127.0.0.1:0").start()
-    try:
-        remote = RemotePolicy(server.endpoint)
-        chunks = []
-        for p in (local, remote):
-            p.reset()
-            p.update_observation(batch)
-            chunks.append(p.predict_action_chunk())
-        remote.close()
-    finally:
-        server.stop()
-        env.close()
+    env.close()
+    local, remote = load_policy(ckpt, device="cpu", seed=0), served(load_policy(ckpt, device="cpu", seed=0))
+    chunks = []
+    for p in (local, remote):
+        p.reset()
+        p.update_observation(batch)
+        chunks.append(p.predict_action_chunk())
     assert chunks[0].shape == (1, 8, 2)
     np.testing.assert_allclose(chunks[0], chunks[1], atol=1e-6)
