@@ -41,24 +41,32 @@ def main(argv: list[str] | None = None) -> int:
         "trains only the conditioned policy, evaluated next to the value run's cells)",
     )
     ap.add_argument("--seed", type=int, default=0, help="training seed")
+    ap.add_argument("--awr", type=int, default=1, help="1: also train and evaluate the AWR baseline (value labels)")
     ap.add_argument("--out", default="outputs/advantage")
+    ap.add_argument("--aggregate", action="store_true", help="only print mean and 95%% interval over the seeds' "
+                    "summaries in --out (summary_<labels>_s<seed>.json) and write aggregate.json")  # fmt: skip
     args = ap.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.aggregate:
+        return _aggregate(out)
     store = out / f"{args.task}_mixed.zarr"
     for quality, share, first in MIX:
         n = round(args.demos * share)
         _run(out, f"record_{quality}", ["record", "--env", args.task, "--expert", quality, "--episodes", str(n),
              "--seed", str(first), "--out", str(store)], skip=_recorded(store, quality))  # fmt: skip
     config = ROOT / "configs" / "train" / f"flow_{args.task}_state_fast.yaml"
+    if not config.exists():
+        config = config.with_name(f"flow_{args.task}_state.yaml")
     common = ["--config", str(config), "--dataset.path", str(store), "--steps", str(args.steps), "--progress",
               "false", "--torch_threads", "1", "--seed", str(args.seed), "--dataset.val_fraction", "0"]  # fmt: skip
     # labels from a value model (RECAP, the main result) or from task progress (ALTER, the ablation): own names
     tag = "" if args.labels == "value" else f"_{args.labels}"
     runs = {name: out / f"{name}{tag}_s{args.seed}" for name in ("adv", "awr")}
     runs["bc"] = out / f"bc_s{args.seed}"
-    label_set = f"advantage{tag}"
+    # value labels come from this seed's BC latents: one label set per seed (progress labels are seed-free)
+    label_set = f"advantage{tag}" + (f"_s{args.seed}" if args.labels == "value" else "")
     _run(out, "train_bc", ["train", *common, "--output_dir", str(runs["bc"])], skip=_done(runs["bc"]))
     label_args = ["--dataset", str(store), "--source", args.labels, "--seed", str(args.seed), "--name", label_set]
     if args.labels == "value":
@@ -70,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     _run(out, f"train_adv{tag}", ["finetune", "advantage", "train", *common, "--output_dir", str(runs["adv"])],
          skip=_done(runs["adv"]))  # fmt: skip
     _run(out, f"train_awr{tag}", ["finetune", "advantage", "train", *common, "--loss", "awr", "--output_dir",
-         str(runs["awr"])], skip=_done(runs["awr"]) or bool(tag))  # fmt: skip
+         str(runs["awr"])], skip=_done(runs["awr"]) or bool(tag) or not args.awr)  # fmt: skip
     policies = {"bc": runs["bc"] / "checkpoints" / "last"} if not tag else {}
-    if not tag:
+    if not tag and args.awr:
         policies["awr"] = runs["awr"] / "checkpoints" / "last"
     for w in args.scales.split(","):
         name = f"adv{tag}_w{w}"
-        policies[name] = _with_cfg_scale(runs["adv"] / "checkpoints" / "last", float(w), out / name)
+        policies[name] = _with_cfg_scale(runs["adv"] / "checkpoints" / "last", float(w), out / f"{name}_s{args.seed}")
     refs = ",".join(f"{k}={v}" for k, v in policies.items())
     evaluation = [
         "eval",
@@ -95,13 +103,30 @@ def main(argv: list[str] | None = None) -> int:
         "--videos",
         "0",
         "--out",
-        str(out / "eval"),
+        str(out / f"eval{tag}_s{args.seed}"),
     ]
-    _run(out, "eval", evaluation)  # fmt: skip
-    rows = json.loads((out / "eval" / "results.json").read_text())
+    _run(out, f"eval{tag}_s{args.seed}", evaluation)  # fmt: skip
+    rows = json.loads((out / f"eval{tag}_s{args.seed}" / "results.json").read_text())
     for r in rows:
         print(f"{r['policy']:<10} {r['pc_success']:5.1f}%  [{r['ci95_low']:.0f}, {r['ci95_high']:.0f}]", flush=True)
-    (out / "summary.json").write_text(json.dumps(rows, indent=1))
+    (out / f"summary_{args.labels}_s{args.seed}.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _aggregate(out: Path) -> int:
+    """Mean success and a 95 % Student-t interval over training seeds, per cell, from ``summary_*_s*.json``."""
+    from policylink.runtime.report import seed_interval
+
+    cells: dict[str, list[float]] = {}
+    for path in sorted(out.glob("summary_*_s*.json")):
+        for row in json.loads(path.read_text()):
+            cells.setdefault(row["policy"], []).append(float(row["pc_success"]))
+    table = []
+    for name, vals in cells.items():
+        mean, half = seed_interval(vals)
+        table.append({"policy": name, "seeds": len(vals), "per_seed": vals, "mean": mean, "ci95_half": half})
+        print(f"{name:<16} n={len(vals)} {mean:5.1f}% +- {half:4.1f}  {vals}", flush=True)
+    (out / "aggregate.json").write_text(json.dumps(table, indent=1))
     return 0
 
 

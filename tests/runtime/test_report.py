@@ -24,6 +24,14 @@ def test_wilson_interval_known_values():
         report.wilson_interval(4, 3)
 
 
+def test_seed_interval_known_values():
+    # 40, 50, 60: mean 50, s = 10, half = 4.303 * 10 / sqrt(3) = 24.844
+    assert report.seed_interval([40.0, 50.0, 60.0]) == pytest.approx((50.0, 24.844), abs=1e-3)
+    assert report.seed_interval([30.0]) == (30.0, 0.0)
+    with pytest.raises(ValueError, match="values: expected at least one"):
+        report.seed_interval([])
+
+
 def _summary(policy, env, k, n):
     lo, hi = report.wilson_interval(k, n)
     return {
