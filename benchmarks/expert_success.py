@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import sys
 import time
 
@@ -21,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from policylink.adapters.registry import make_env
+from policylink.runtime.report import wilson_interval
 from policylink.sim.experts import QUALITIES, make_expert
 
 DEFAULT_ENVS = ("reach", "push", "pick_place", "insert", "multitask")
@@ -35,16 +35,6 @@ def run_episode(env, expert, seed: int) -> tuple[bool, int]:
         if terminated or truncated:
             return bool(info["is_success"]), t + 1
     return bool(info["is_success"]), env.unwrapped.env_spec.max_episode_steps
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a binomial rate."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_episode(env, expert, s) for s in tqdm(range(args.seeds), desc=f"{name}/{quality}", leave=False)
             ]
             k = sum(r[0] for r in results)
-            lo, hi = wilson(k, args.seeds)
+            lo, hi = wilson_interval(k, args.seeds)
             rows.append(
                 (
                     name,

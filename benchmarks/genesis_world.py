@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from policylink.adapters.registry import make_env
+from policylink.runtime.report import wilson_interval
 from policylink.sim.experts import make_expert
 
 PAIRS = (("genesis_reach", "reach"), ("genesis_pick_place", "pick_place"))
@@ -74,14 +74,6 @@ def expert_success(env, seeds: int, label: str) -> tuple[int, float]:
     return wins, float(np.mean(lengths))
 
 
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a binomial rate."""
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write the markdown report. Returns 0."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for env, label in ((genv, gname), (menv, mname)):
             wins, mean_len = expert_success(env, args.seeds, label)
-            lo, hi = wilson(wins, args.seeds)
+            lo, hi = wilson_interval(wins, args.seeds)
             success_rows.append(f"| {label} | {wins}/{args.seeds} | [{lo:.2f}, {hi:.2f}] | {mean_len:.1f} |")
 
     lines = [
