@@ -68,7 +68,8 @@ class EvalConfig:
         shard_episodes: episodes per task.
         videos: the first ``videos`` episodes of each cell are saved as mp4 (captioned with seed, step and
             outcome), plus the first failed episode of the shards holding them when none of them failed.
-        device: torch device for checkpoints.
+        device: torch device for checkpoints: ``"auto"`` (CUDA when available, as ``train``, ``run`` and ``serve``),
+            ``"cpu"``, ``"cuda[:N]"``.
         resume: reuse the shards already written in ``out`` (a changed ``episodes`` count keeps the shards it
             still needs and runs the others; a changed ``videos`` count re-runs the shards whose videos change);
             false discards them.
@@ -91,7 +92,7 @@ class EvalConfig:
     num_envs: int = 1
     shard_episodes: int = 10
     videos: int = 2
-    device: str = "cpu"
+    device: str = "auto"
     resume: bool = True
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
