@@ -35,14 +35,22 @@ class RobotConfig:
         sim_kwargs: keyword arguments of the task factory (``obs_mode``, ``image_size``...).
         driver: ``lerobot:<RobotConfig type>`` or ``module:factory`` returning a :class:`Robot`.
         driver_kwargs: keyword arguments of the driver factory (the LeRobot ``RobotConfig`` fields for lerobot).
-        low, high: LeRobot motor limits (one value for every motor), in ``unit``.
-        unit, hz: LeRobot motor unit and control frequency.
-        observation_latency_ms, actuation_latency_ms, jitter_ms, seed: sim-as-real timing.
+        low: LeRobot motor lower limit (one value for every motor), in ``unit``.
+        high: LeRobot motor upper limit (one value for every motor), in ``unit``.
+        unit: LeRobot motor unit (``%`` of range, ``deg`` or ``rad``).
+        hz: LeRobot control frequency (Hz).
+        observation_latency_ms: sim-as-real: an observation read at ``t`` shows the state at ``t`` minus this (ms).
+        actuation_latency_ms: sim-as-real: an action received at ``t`` acts from the first tick after ``t`` plus
+            this (ms).
+        jitter_ms: sim-as-real: each control tick fires up to this much after its deadline (uniform, seeded; ms).
+        seed: sim-as-real: seed of the tick jitter.
         time_scale: sim-as-real wall-clock speed (0.5 = ticks at half the task's control frequency).
         watchdog_ms: hold (or stop) when no action arrives this long after the session's first; 0 = off.
         on_timeout: ``hold`` or ``stop``.
         max_step: per-period step bound for every action dimension (None = the limits only).
-        bind, curve_keys, insecure: as ``policylink serve`` (loopback by default).
+        bind: ZMQ address to serve on (loopback by default; elsewhere needs ``curve_keys`` or ``insecure``).
+        curve_keys: folder of CURVE keys, as ``policylink serve``.
+        insecure: serve on a non-loopback address without encryption, as ``policylink serve``.
         duration_s: stop after this many seconds (None = until Ctrl-C / SIGTERM).
     """
 
