@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def load_policy(path: Any, device: Any = "auto", seed: int = 0):
+def load_policy(path: Any, device: Any = "auto", seed: int = 0, cfg_scale: float | None = None):
     """Load a checkpoint folder as a PolicyAdapter (see :func:`policylink.policies.checkpoint.load_policy`)."""
     from policylink.policies.checkpoint import load_policy as _load
 
-    return _load(path, device=device, seed=seed)
+    return _load(path, device=device, seed=seed, cfg_scale=cfg_scale)
 
 
 __all__ = ["load_policy"]

@@ -162,7 +162,7 @@ def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkMo
     return cfg, spec, model.eval(), normalizer
 
 
-def load_policy(path: str | Path, device: str | torch.device = "auto", seed: int = 0):
+def load_policy(path: str | Path, device: str | torch.device = "auto", seed: int = 0, cfg_scale: float | None = None):
     """Load a checkpoint folder as a ready :class:`~policylink.policies.policy.ChunkPolicy` (a PolicyAdapter with
     the capabilities its sampler supports, :func:`~policylink.policies.policy.policy_for_model`).
 
@@ -170,14 +170,23 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", seed: int
         path: the checkpoint folder (needs nothing else: config, weights, normaliser and spec are inside).
         device: ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda:0"``...
         seed: seed of the sampler's noise.
+        cfg_scale: classifier-free guidance weight replacing the checkpoint's ``policy.cfg_scale`` (None = keep it).
 
     Raises:
         CheckpointError: missing or inconsistent files.
+        ValueError: a bad ``cfg_scale`` (see :meth:`~policylink.policies.policy.ChunkPolicy.set_cfg_scale`).
     """
     from policylink.policies.policy import policy_for_model
 
     _, spec, model, normalizer = load_components(path)
-    return policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
+    policy = policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
+    if cfg_scale is not None and hasattr(policy, "set_cfg_scale"):
+        policy.set_cfg_scale(cfg_scale)
+    elif cfg_scale is not None:  # a model with its own adapter (ACT) has no label slot: only w = 1 is valid
+        from policylink.policies.config import check_cfg_scale
+
+        check_cfg_scale(cfg_scale, 0)
+    return policy
 
 
 def load_training_state(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:

@@ -42,7 +42,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
             (``-1`` = the null label; advantage-conditioned checkpoints: 1, "positive").
         cfg_scale: classifier-free guidance weight ``w`` at inference, ``out = (1 - w) out_u + w out_c`` (velocity
             for flow, noise for diffusion; 0 = unconditional, 1 = conditional, plain sampling) for rows with a
-            label; ``--policy.cfg_scale`` overrides the checkpoint's.
+            label; ``--cfg_scale`` of ``eval`` / ``run`` / ``serve`` overrides the checkpoint's (see check_cfg_scale).
         ema_max_decay: EMA decay ceiling; the decay warms up as ``1 - (1 + step) ** -ema_power``.
         ema_power: EMA warm-up exponent (Diffusion Policy: 0.75).
         state_norm_mode: normaliser mode for state vectors (``min_max`` maps to ``[-1, 1]``).
@@ -116,11 +116,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
                 f"policy.default_label: expected -1 (null) or a trained label in [0, {c.num_labels}) "
                 f"(policy.conditioning.num_labels={c.num_labels}), received {self.default_label}"
             )
-        if not math.isfinite(self.cfg_scale) or (self.cfg_scale != 1.0 and not c.num_labels):
-            raise ValueError(
-                f"policy.cfg_scale: expected 1.0 for a policy without a label slot (policy.conditioning.num_labels"
-                f"={c.num_labels}), or a finite weight, received {self.cfg_scale}"
-            )
+        check_cfg_scale(self.cfg_scale, c.num_labels, "policy.cfg_scale")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,3 +174,27 @@ class PolicyConfig(draccus.ChoiceRegistry):
 
 
 __all__ = ["DEFAULT_POLICY_TYPE", "PolicyConfig"]
+
+
+def check_cfg_scale(w: Any, num_labels: int, name: str = "cfg_scale") -> float:
+    """A classifier-free guidance weight ``w`` as a float: finite and ``>= 0`` (0 = unconditional, 1 = conditional,
+    > 1 = guided toward the label; Ho & Salimans 2022), and exactly 1.0 for a policy without a label slot.
+
+    Raises:
+        ValueError: names ``name``, the expected and the received value (a non-number, NaN/inf, a negative
+            weight, or ``w != 1`` with ``num_labels = 0``).
+    """
+    try:
+        value = float(w)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number >= 0, received {w!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"{name}: expected a finite weight >= 0 (0 = unconditional, 1 = conditional, > 1 = guided), received {w}"
+        )
+    if value != 1.0 and not num_labels:
+        raise ValueError(
+            f"{name}: expected 1.0 for a policy without a label slot (policy.conditioning.num_labels=0: it was not "
+            f"trained with advantage conditioning), received {w}"
+        )
+    return value

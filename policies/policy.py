@@ -151,6 +151,17 @@ class ChunkPolicy(ModelPolicy):
         """The model's conditioning slot (``policy.conditioning`` of its config; all zero = none)."""
         return self.model.conditioning
 
+    def set_cfg_scale(self, w: float) -> None:
+        """Use classifier-free guidance weight ``w`` from now on, instead of the checkpoint's ``policy.cfg_scale``
+        (``out = (1 - w) out_u + w out_c``; Ho & Salimans 2022).
+
+        Raises:
+            ValueError: ``w`` not finite or negative, or ``w != 1`` for a policy without a label slot.
+        """
+        from policylink.policies.config import check_cfg_scale
+
+        self.config.cfg_scale = check_cfg_scale(w, self.conditioning.num_labels)
+
     def reseed(self, seed: int) -> None:
         """Restart the sampler's noise stream from ``seed``."""
         self.seed = int(seed)

@@ -454,7 +454,7 @@ def _load_deploy_policy(cfg: Any, period: float) -> Any:
 
         policy = RemotePolicy(ref, timeout_s=max(5.0, 20 * period))
     else:
-        policy = load_policy_ref(ref, cfg.device, cfg.seed)
+        policy = load_policy_ref(ref, cfg.device, cfg.seed, cfg.cfg_scale)
     return inject_inference_latency(policy, float(cfg.inject_latency_ms) / 1e3)
 
 

@@ -31,6 +31,7 @@ def result_settings(cfg: EvalConfig) -> dict[str, Any]:
         "env_kwargs": {k: str(v) for k, v in cfg.env_kwargs.items()},
         "executor": json.loads(json.dumps(asdict(cfg.executor), default=str)),
         **({"instructions": cfg.instructions} if cfg.instructions else {}),
+        **({"cfg_scale": cfg.cfg_scale} if cfg.cfg_scale is not None else {}),
     }
 
 

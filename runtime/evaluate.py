@@ -70,6 +70,9 @@ class EvalConfig:
             outcome), plus the first failed episode of the shards holding them when none of them failed.
         device: torch device for checkpoints: ``"auto"`` (CUDA when available, as ``train``, ``run`` and ``serve``),
             ``"cpu"``, ``"cuda[:N]"``.
+        cfg_scale: classifier-free guidance weight ``w`` for every checkpoint (0 = unconditional, 1 = conditional,
+            > 1 guided); None = each checkpoint's own ``policy.cfg_scale``. Only checkpoints trained with advantage
+            conditioning accept ``w != 1``.
         resume: reuse the shards already written in ``out`` (a changed ``episodes`` count keeps the shards it
             still needs and runs the others; a changed ``videos`` count re-runs the shards whose videos change);
             false discards them.
@@ -93,6 +96,7 @@ class EvalConfig:
     shard_episodes: int = 10
     videos: int = 2
     device: str = "auto"
+    cfg_scale: float | None = None
     resume: bool = True
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
@@ -119,6 +123,7 @@ class ShardTask:
     video_episodes: list[int]
     video_dir: str
     device: str
+    cfg_scale: float | None = None
 
 
 def evaluate(
@@ -133,7 +138,8 @@ def evaluate(
     num_envs: int = 1,
     shard_episodes: int = 10,
     videos: int = 2,
-    device: str = "cpu",
+    device: str = "auto",
+    cfg_scale: float | None = None,
     resume: bool = True,
     env_kwargs: dict[str, Any] | None = None,
     executor: ExecutorConfig | None = None,
@@ -178,13 +184,14 @@ def evaluate(
         shard_episodes=shard_episodes,
         videos=videos,
         device=device,
+        cfg_scale=cfg_scale,
         resume=resume,
         env_kwargs=dict(env_kwargs or {}),
         executor=executor or ExecutorConfig(),
         instructions=instructions,
     )
     pols, env_fns = _resolve(cfg, policies, envs)
-    specs = _check_cells(pols, env_fns, cfg.device, cfg.executor, isolate=cfg.ray_address is None and cfg.workers > 0)
+    specs = _check_cells(pols, env_fns, cfg, isolate=cfg.ray_address is None and cfg.workers > 0)
     out = Path(cfg.out)
     settings = run_settings(cfg)
     tasks, done_shards = _plan_shards(cfg, pols, env_fns, specs, out, on_mismatch)
@@ -255,7 +262,7 @@ def _plan_shards(cfg: EvalConfig, pols, env_fns, specs, out: Path, on_mismatch: 
                 tasks.append(
                     ShardTask(
                         cell, ref, env_fns[e_label], first, count, cfg.seed, cfg.num_envs, spec.max_episode_steps,
-                        spec.control_frequency, cfg.executor, vids, str(cdir / "videos"), cfg.device,
+                        spec.control_frequency, cfg.executor, vids, str(cdir / "videos"), cfg.device, cfg.cfg_scale,
                     )
                 )  # fmt: skip
     return tasks, done_shards
@@ -287,7 +294,7 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
     start = time.perf_counter()
     limit_threads(1)  # parallelism comes from workers, not from oversubscribed thread pools
     shard_seed = task.seed + task.first
-    policy = load_policy_ref(task.policy_ref, task.device, shard_seed)
+    policy = load_policy_ref(task.policy_ref, task.device, shard_seed, task.cfg_scale)
     limit_threads(1)
     np.random.seed(shard_seed % 2**32)
     if "torch" in sys.modules:
@@ -340,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shard_episodes=cfg.shard_episodes,
         videos=cfg.videos,
         device=cfg.device,
+        cfg_scale=cfg.cfg_scale,
         resume=cfg.resume,
         env_kwargs=cfg.env_kwargs,
         executor=cfg.executor,
@@ -358,7 +366,7 @@ def _with_video_render(cfg: EvalConfig) -> dict[str, Any]:
     return kw
 
 
-def _check_cells(pols, env_fns, device, executor, isolate: bool) -> dict[str, Any]:
+def _check_cells(pols, env_fns, cfg: EvalConfig, isolate: bool) -> dict[str, Any]:
     """EnvSpec per env label; raises one IncompatibleSpecError listing every incompatible cell.
 
     With ``isolate`` the envs and policies are built in a short-lived forked process, so this process never
@@ -369,15 +377,15 @@ def _check_cells(pols, env_fns, device, executor, isolate: bool) -> dict[str, An
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork")) as pool:
-            specs, problems = pool.submit(_probe_cells, pols, env_fns, device, executor).result()
+            specs, problems = pool.submit(_probe_cells, pols, env_fns, cfg).result()
     else:
-        specs, problems = _probe_cells(pols, env_fns, device, executor)
+        specs, problems = _probe_cells(pols, env_fns, cfg)
     if problems:
         raise IncompatibleSpecError(problems)
     return specs
 
 
-def _probe_cells(pols, env_fns, device, executor) -> tuple[dict[str, Any], list[str]]:
+def _probe_cells(pols, env_fns, cfg: EvalConfig) -> tuple[dict[str, Any], list[str]]:
     specs = {}
     for label, fn in env_fns.items():
         env = fn()
@@ -391,7 +399,7 @@ def _probe_cells(pols, env_fns, device, executor) -> tuple[dict[str, Any], list[
             key = cell_ref if isinstance(cell_ref, str) else id(cell_ref)
             if key not in loaded:
                 try:
-                    policy = load_policy_ref(cell_ref, device)
+                    policy = load_policy_ref(cell_ref, cfg.device, cfg_scale=cfg.cfg_scale)
                 except (KeyError, OSError, ValueError) as e:
                     loaded[key] = f"cannot load policy {cell_ref!r}: {e}"
                 else:
@@ -402,7 +410,7 @@ def _probe_cells(pols, env_fns, device, executor) -> tuple[dict[str, Any], list[
             if isinstance(loaded[key], str):
                 problems.append(f"{p_label} x {e_label}: {loaded[key]}")
                 continue
-            problems += cell_problems(p_label, loaded[key], e_label, espec, executor)
+            problems += cell_problems(p_label, loaded[key], e_label, espec, cfg.executor)
     return specs, problems
 
 

@@ -29,6 +29,8 @@ class RunConfig:
             ``0..N-1``; a warning names any overlap with the seeds a checkpoint's demonstrations were recorded with).
         num_envs: parallel envs in the vector env.
         device: torch device for checkpoints (``auto``, ``cpu``, ``cuda:0``).
+        cfg_scale: classifier-free guidance weight ``w`` of a checkpoint trained with advantage conditioning (0 =
+            unconditional, 1 = conditional, > 1 guided); None = the checkpoint's own ``policy.cfg_scale``.
         record: optional zarr store path; the episodes are appended to it.
         env_kwargs: keyword arguments of the env factory (``obs_mode``, ``image_size``...); without ``obs_mode``,
             a checkpoint's own observation mode and image size are used.
@@ -53,6 +55,7 @@ class RunConfig:
     seed: int = 100_000
     num_envs: int = 1
     device: str = "auto"
+    cfg_scale: float | None = None
     record: str | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
@@ -93,16 +96,25 @@ def limit_threads(n: int = 1) -> None:
         sys.modules["torch"].set_num_threads(n)
 
 
-def load_policy_ref(ref: Any, device: str = "auto", seed: int = 0) -> Any:
+def load_policy_ref(ref: Any, device: str = "auto", seed: int = 0, cfg_scale: float | None = None) -> Any:
     """A PolicyAdapter from a reference: a server address (``tcp://``, ``ipc://``), a checkpoint folder, a typed
     checkpoint ``kind:folder`` (the factory of registry name ``kind`` with ``checkpoint=folder``, e.g.
     ``lerobot:/path/to/pretrained_model``), a policy registry name, or a zero-argument callable returning a policy.
+    ``cfg_scale`` (None = the checkpoint's) replaces a checkpoint folder's classifier-free guidance weight.
 
     Raises:
         FileNotFoundError: the reference looks like a path (contains ``/``) but no such folder exists.
         UnknownNameError: neither an address, a path, nor a registered name.
-        ValueError: a registered name that cannot be built without a checkpoint (``diffusion``, ``flow``).
+        ValueError: a registered name that cannot be built without a checkpoint (``diffusion``, ``flow``); a bad
+            ``cfg_scale``, or one given for a reference that is not a checkpoint folder (a served policy uses the
+            server's: ``policylink serve --cfg_scale``).
     """
+    path = Path(str(ref)).expanduser()
+    if cfg_scale is not None and (callable(ref) or not path.is_dir()):
+        raise ValueError(
+            f"cfg_scale: applies to a checkpoint folder loaded here, received it with policy {ref!r} (a served "
+            f"policy uses the server's: policylink serve --checkpoint DIR --cfg_scale W)"
+        )
     if callable(ref):
         return ref()
     ref = str(ref)
@@ -117,11 +129,10 @@ def load_policy_ref(ref: Any, device: str = "auto", seed: int = 0) -> Any:
 
         kind, folder = kind_ref(ref)
         return policy_factory(kind)(checkpoint=str(Path(folder).expanduser()), device=device, seed=seed)
-    path = Path(ref).expanduser()
     if path.is_dir():
         from policylink.policies import load_policy
 
-        return load_policy(str(path), device=device, seed=seed)
+        return load_policy(str(path), device=device, seed=seed, cfg_scale=cfg_scale)
     if "/" in ref or os.sep in ref or path.exists():
         kind = "not a folder" if path.exists() else "not found"
         raise FileNotFoundError(
@@ -181,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     probe = env_fn()
     spec = env_spec_of(probe)
     probe.close()
-    policy = load_policy_ref(cfg.policy, cfg.device, cfg.seed)
+    policy = load_policy_ref(cfg.policy, cfg.device, cfg.seed, cfg.cfg_scale)
     limit_threads(cfg.threads)  # torch may have been imported by the load
     problems = cell_problems(cfg.policy, policy.spec, cfg.env, spec, cfg.executor)
     if problems:

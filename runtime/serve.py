@@ -37,6 +37,8 @@ class ServeConfig:
         policy: registry name built with ``policylink.adapters.registry.make_policy`` (exclusive with
             ``checkpoint``).
         device: torch device for ``checkpoint`` (``"auto"``, ``"cpu"``, ``"cuda"``).
+        cfg_scale: classifier-free guidance weight ``w`` of a checkpoint trained with advantage conditioning (0 =
+            unconditional, 1 = conditional, > 1 guided); None = the checkpoint's own ``policy.cfg_scale``.
         bind: ZeroMQ endpoint ``tcp://HOST:PORT`` (PORT in 1..65535, or 0 for a free one) or ``ipc://PATH``;
             anything but loopback needs ``curve_keys`` or ``insecure``.
         openpi_port: also serve openpi clients on this websocket port (None = off).
@@ -52,6 +54,7 @@ class ServeConfig:
     checkpoint: str | None = None
     policy: str | None = None
     device: str = "auto"
+    cfg_scale: float | None = None
     bind: str = "tcp://127.0.0.1:5555"
     openpi_port: int | None = None
     openpi_host: str = "127.0.0.1"
@@ -139,11 +142,13 @@ def _load(cfg: ServeConfig):
     if kind_ref(cfg.checkpoint) is not None:  # kind:folder (lerobot:PATH), resolved as policylink eval/run do
         from policylink.runtime.run import load_policy_ref
 
-        return load_policy_ref(cfg.checkpoint, device=cfg.device)
+        return load_policy_ref(cfg.checkpoint, device=cfg.device, cfg_scale=cfg.cfg_scale)
     if cfg.checkpoint is not None:
         from policylink.policies import load_policy
 
-        return load_policy(cfg.checkpoint, device=cfg.device)
+        return load_policy(cfg.checkpoint, device=cfg.device, cfg_scale=cfg.cfg_scale)
+    if cfg.cfg_scale is not None:
+        raise ValueError(f"cfg_scale: applies to --checkpoint, received it with --policy {cfg.policy!r}")
     from policylink.adapters.registry import make_policy
 
     return make_policy(cfg.policy)

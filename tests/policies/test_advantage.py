@@ -4,6 +4,8 @@ default w (issue 15)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.labels import LabelsError, read_labels
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance, drop_labels
 from policylink.policies.common.unet1d import UNetConfig
+from policylink.policies.config import check_cfg_scale
 from policylink.policies.finetune.advantage import ValueConfig, awr_weights, fit_value_model, two_hot
 from policylink.policies.registry import make_config, make_policy
 
@@ -174,6 +177,27 @@ def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tm
     summary = evaluate([("adv", str(ckpt))], ["reach"], episodes=2, workers=0, out=tmp_path / "eval", videos=0,
                        progress=False, write_report=False, env_kwargs={"obs_mode": "state"})  # fmt: skip
     assert len(summary) == 1 and summary[0]["n_episodes"] == 2  # eval loads it with its default label and w
+    # --cfg_scale (eval, run, serve) replaces the checkpoint's w: the same chunk as setting it in the config
+    override = load_policy(ckpt, device="cpu", cfg_scale=0.0)
+    local.config.cfg_scale = 0.0
+    for p in (override, local):
+        p.reset()
+        p.reseed(7)
+        p.update_observation(obs)
+    assert override.config.cfg_scale == 0.0
+    np.testing.assert_array_equal(override.predict_action_chunk(), local.predict_action_chunk())
+    for bad, msg in (
+        (-1.0, "expected a finite weight >= 0"),
+        (float("nan"), "expected a finite weight >= 0"),
+        ("x", "expected a number"),
+    ):
+        with pytest.raises(ValueError, match=f"cfg_scale: {msg}"):
+            load_policy(ckpt, device="cpu", cfg_scale=bad)
+    summary = evaluate([("adv", str(ckpt))], ["reach"], episodes=2, workers=0, out=tmp_path / "eval", videos=0,
+                       progress=False, write_report=False, env_kwargs={"obs_mode": "state"}, cfg_scale=0.0,
+                       on_mismatch="redo")  # fmt: skip
+    saved = json.loads(next((tmp_path / "eval").rglob("000000.json")).read_text())
+    assert summary[0]["n_episodes"] == 2 and saved["settings"]["cfg_scale"] == 0.0
 
     cfg.loss, cfg.output_dir = "awr", str(tmp_path / "awr")  # the AWR baseline on the same labels
     cfg.policy = make_config(
@@ -184,8 +208,17 @@ def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tm
     assert all(np.isfinite(float(r["loss"])) and float(r["mean_weight"]) > 0 for r in rows if r["loss"])
 
 
-def test_cfg_scale_needs_a_label_slot():
-    with pytest.raises(ValueError, match="policy.cfg_scale"):
+def test_cfg_scale_needs_a_label_slot(tmp_path):
+    with pytest.raises(ValueError, match="policy.cfg_scale: expected 1.0 for a policy without a label slot"):
         make_config("flow", cfg_scale=2.0).validate()
+    with pytest.raises(ValueError, match=r"policy.cfg_scale: expected a finite weight >= 0 .*received nan"):
+        make_config("flow", conditioning=ConditioningSpec(num_labels=2), cfg_scale=float("nan")).validate()
+    with pytest.raises(ValueError, match="cfg_scale: expected 1.0 for a policy without a label slot"):
+        check_cfg_scale(2.0, num_labels=0)
+    assert check_cfg_scale("1.5", num_labels=2) == 1.5
+    from policylink.runtime.run import load_policy_ref
+
+    with pytest.raises(ValueError, match="cfg_scale: applies to a checkpoint folder loaded here"):
+        load_policy_ref("tcp://127.0.0.1:1", cfg_scale=2.0)
     with pytest.raises(ValueError, match="policy.default_label"):
         make_config("flow", conditioning=ConditioningSpec(num_labels=2), default_label=2).validate()

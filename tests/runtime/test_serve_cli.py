@@ -115,17 +115,30 @@ def test_serve_checkpoint_goes_through_load_policy(monkeypatch, tmp_path):
 
     calls = []
     monkeypatch.setattr(
-        policylink.policies, "load_policy", lambda path, device="auto": calls.append((path, device)) or DoublePolicy()
+        policylink.policies,
+        "load_policy",
+        lambda path, device="auto", cfg_scale=None: calls.append((path, device, cfg_scale)) or DoublePolicy(),
     )
     port = _free_port()
     t, result = _serve_in_thread(
-        ["--checkpoint", str(tmp_path), "--device", "cpu", "--bind", f"tcp://127.0.0.1:{port}", "--duration_s", "2"]
+        [
+            "--checkpoint",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "--duration_s",
+            "2",
+            "--cfg_scale",
+            "1.5",
+        ]  # fmt: skip
     )
     remote = RemotePolicy(f"tcp://127.0.0.1:{port}", timeout_s=5)
     assert remote.spec == SPEC
     remote.close()
     t.join(10)
-    assert result["rc"] == 0 and calls == [(str(tmp_path), "cpu")]
+    assert result["rc"] == 0 and calls == [(str(tmp_path), "cpu", 1.5)]
 
 
 @pytest.mark.parametrize(
