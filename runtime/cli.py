@@ -41,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("policylink.runtime.run", "run one policy on one environment and print the episode results"),
     "dataset": (
         "policylink.runtime.dataset",
-        "dataset tools: info, stats, export-lerobot, import-lerobot, merge, view",
+        "dataset tools: info, stats, export-lerobot, import-lerobot, merge, view, advantage-report",
     ),
     "bench": ("policylink.runtime.bench", "run a benchmark from benchmarks/ and write its results"),
     "keys": ("policylink.runtime.keys", "CURVE key pairs for authenticated, encrypted serving"),

@@ -21,9 +21,11 @@ class AdvantageReportConfig:
     """``policylink dataset advantage-report PATH [--out DIR]``.
 
     Attributes:
-        path: the labelled episode store. name: the label set.
-        out: folder for ``advantage_hist.png`` and the worst episodes' videos (empty: print only).
-        worst: how many worst-labelled episodes to list (and render).
+        path: the labelled episode store.
+        name: the label set (``finetune advantage label --name``).
+        out: folder for ``advantage_hist.png`` and, for a store with camera frames, the worst episodes' videos
+            (empty: print only).
+        worst: how many worst-labelled episodes to list (and render); 0 lists none.
     """
 
     path: str = ""
@@ -41,6 +43,10 @@ def advantage_report(cfg: AdvantageReportConfig) -> dict[str, Any]:
     """
     from policylink.data.buffer import EpisodeStore
 
+    if not cfg.path:
+        raise ValueError("path: expected an episode store path (policylink dataset advantage-report STORE.zarr)")
+    if cfg.worst < 0:
+        raise ValueError(f"worst: expected >= 0 episodes, received {cfg.worst}")
     store = EpisodeStore(cfg.path, "r")
     labels = read_labels(cfg.path, cfg.name)
     metas, ends = store.all_meta(), store.episode_ends

@@ -22,6 +22,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -185,10 +186,17 @@ class LabelCommand:
             ``progress`` (progress gained over a chunk, ALTER; needs ``env`` with a ``goal_distance``).
         checkpoint: the frozen policy whose ``embed`` latents feed the value model (``source=value``).
         env: registry env whose ``goal_distance`` gives the progress (``source=progress``; default: the store's).
-        name: label-set name. n_step: RECAP's ``N``. horizon: ALTER's chunk (progress difference) in steps.
+        name: label-set name (the store's ``labels/<name>`` group; ``finetune advantage train --advantage.labels``).
+        n_step: RECAP's ``N``: the advantage is ``sum_{k<N} r_k + V(o_{t+N}) - V(o_t)`` (steps).
+        horizon: ALTER's chunk: the advantage is the progress gained over this many steps.
         max_episode_steps: for RECAP's reward normalisation (default: the longest episode).
-        positive_fraction, failure_window, positive_sources, positive_qualities: :class:`LabelConfig`.
-        value: the :class:`ValueConfig`. seed: value-model seed. device: for the latents.
+        positive_fraction: top fraction of steps per task labelled positive (RECAP: 0.3).
+        failure_window: the last this-many steps of a failed episode are forced negative.
+        positive_sources: episode sources forced positive (e.g. ``human``).
+        positive_qualities: episode qualities forced positive (e.g. ``expert``).
+        value: the value model (:class:`ValueConfig`: ``mse`` or distributional ``bins``, steps, folds...).
+        seed: value-model seed.
+        device: torch device for the latents.
         torch_threads: intra-op CPU threads (0 = torch's default; 1 on a shared machine).
     """
 
@@ -218,12 +226,14 @@ def label_store(cmd: LabelCommand) -> dict[str, Any]:
     """
     from policylink.data.buffer import EpisodeStore
 
-    if not cmd.dataset:
-        raise ValueError("dataset: expected an episode store path (--dataset STORE.zarr), received ''")
+    if not cmd.dataset or not Path(cmd.dataset).exists():
+        raise ValueError(f"dataset: expected an episode store path (--dataset STORE.zarr), received {cmd.dataset!r}"
+                         + (" (no such path)" if cmd.dataset else ""))  # fmt: skip
     if cmd.torch_threads:
         torch.set_num_threads(cmd.torch_threads)
     store = EpisodeStore(cmd.dataset, "r")
     metas = store.all_meta()
+    _check_label_command(cmd, store, metas)
     ends = store.episode_ends
     success = np.array([-1 if m.success is None else int(m.success) for m in metas])
     attrs: dict[str, Any] = {"source": cmd.source}
@@ -245,6 +255,48 @@ def label_store(cmd: LabelCommand) -> dict[str, Any]:
     return attrs
 
 
+def _check_label_command(cmd: LabelCommand, store, metas) -> None:
+    """Refuse settings that would be ignored or would silently label the wrong thing (each error names its field).
+
+    Raises:
+        ValueError: ``n_step``/``horizon`` < 1, ``checkpoint`` with ``source=progress``, an ``env`` other than the
+            one the store was recorded on, a ``positive_sources``/``positive_qualities`` entry no episode has.
+    """
+    for name in ("n_step", "horizon"):
+        if getattr(cmd, name) < 1:
+            raise ValueError(f"{name}: expected >= 1 steps, received {getattr(cmd, name)}")
+    if cmd.source == "progress" and cmd.checkpoint:
+        raise ValueError(f"checkpoint: used by source=value only (the value model's latents), received "
+                         f"{cmd.checkpoint!r} with source=progress")  # fmt: skip
+    recorded = store.info.get("env")
+    if cmd.env and recorded and cmd.env != recorded:
+        raise ValueError(f"env: the store {cmd.dataset!r} was recorded on {recorded!r}, received env={cmd.env!r}")
+    for name, have in (
+        ("positive_sources", {m.source for m in metas}),
+        ("positive_qualities", {m.quality for m in metas}),
+    ):
+        unknown = sorted(set(getattr(cmd, name)) - have)
+        if unknown:
+            raise ValueError(f"{name}: no episode of the store has {unknown} (the store's: {sorted(map(str, have))})")
+
+
+def _check_checkpoint_fits(cmd: LabelCommand, model, store) -> None:
+    """The value model's policy must read this store's observations (same keys and shapes).
+
+    Raises:
+        ValueError: names ``checkpoint``, the key, the policy's shape and the store's.
+    """
+    features = store.info.get("features") or {}
+    for key, spec in model.features.items():
+        if key not in store.keys:
+            raise ValueError(f"checkpoint: its policy reads {key!r}, which the store {cmd.dataset!r} does not hold "
+                             f"(it holds {sorted(store.keys)})")  # fmt: skip
+        shape = (features.get(key) or {}).get("shape")
+        if shape is not None and tuple(shape) != tuple(spec.shape):
+            raise ValueError(f"checkpoint: its policy reads {key!r} of shape {tuple(spec.shape)}, the store "
+                             f"{cmd.dataset!r} holds {tuple(shape)} (trained on another env?)")  # fmt: skip
+
+
 def _value_advantage(cmd, store, success):
     from policylink.policies.checkpoint import load_components
     from policylink.policies.finetune.advantage import cross_fitted_values, store_latents
@@ -252,6 +304,7 @@ def _value_advantage(cmd, store, success):
     if not cmd.checkpoint:
         raise ValueError("checkpoint: source=value needs the frozen policy whose latents feed the value model")
     _, _, model, normalizer = load_components(cmd.checkpoint)
+    _check_checkpoint_fits(cmd, model, store)
     ends = store.episode_ends
     t_max = cmd.max_episode_steps or int(store.episode_lengths.max())
     rewards = recap_rewards(ends, success, t_max)
@@ -276,11 +329,14 @@ def _goal_distance(cmd: LabelCommand, store) -> np.ndarray:
         raise ValueError(f"dataset: progress is computed from observation.state; the store holds {store.keys}")
     env = make_env(env_name)
     try:
-        d = env.unwrapped.goal_distance(store.load(["observation.state"])["observation.state"])
+        goal_distance = getattr(env.unwrapped, "goal_distance", None)
+        d = None if goal_distance is None else goal_distance(store.load(["observation.state"])["observation.state"])
     finally:
         env.close()
     if d is None:
-        raise ValueError(f"env {env_name!r}: the task defines no goal_distance (no progress signal)")
+        raise ValueError(
+            f"env {env_name!r}: the task defines no goal_distance (no progress signal); use --source value"
+        )
     return d
 
 
@@ -304,8 +360,15 @@ def main(argv: Sequence[str]) -> int:
 
     rest = list(argv[1:])
     if not rest or rest[0] not in ("label", "train"):
-        print("usage: policylink finetune advantage label|train [--option value ...]", file=sys.stderr)
-        return 0 if rest and rest[0] in ("-h", "--help") else 2
+        asked = bool(rest) and rest[0] in ("-h", "--help")
+        if rest and not asked:
+            print(f"policylink finetune advantage: unknown subcommand {rest[0]!r} (expected label or train)",
+                  file=sys.stderr)  # fmt: skip
+        print("usage: policylink finetune advantage label|train [--option value ...]\n"
+              "  label  compute binary advantage labels of an episode store (RECAP value model or ALTER progress)\n"
+              "  train  train a policy conditioned on those labels (or --loss awr: the AWR baseline)\n"
+              "each takes --help for its options", file=sys.stderr if not asked else sys.stdout)  # fmt: skip
+        return 0 if asked else 2
     if rest[0] == "label":
         cmd = parse_config(LabelCommand, rest[1:], prog="policylink finetune advantage label")
         print(json.dumps(label_store(cmd), indent=1, default=str))

@@ -222,3 +222,28 @@ def test_cfg_scale_needs_a_label_slot(tmp_path):
         load_policy_ref("tcp://127.0.0.1:1", cfg_scale=2.0)
     with pytest.raises(ValueError, match="policy.default_label"):
         make_config("flow", conditioning=ConditioningSpec(num_labels=2), default_label=2).validate()
+
+
+def test_label_command_refuses_settings_it_would_ignore_or_misapply(reach_store, tmp_path):
+    from types import SimpleNamespace
+
+    from policylink.adapters.schema import FeatureSpec
+    from policylink.runtime.dataset_advantage import AdvantageReportConfig, advantage_report
+    from policylink.runtime.finetune_advantage import LabelCommand, _check_checkpoint_fits, label_store
+
+    cases = [
+        ({"dataset": str(tmp_path / "none.zarr")}, r"dataset: expected an episode store path .* \(no such path\)"),
+        ({"source": "progress", "env": "push"}, "env: the store .* was recorded on 'reach', received env='push'"),
+        ({"source": "progress", "checkpoint": "x"}, "checkpoint: used by source=value only"),
+        ({"n_step": 0}, "n_step: expected >= 1 steps, received 0"),
+        ({"source": "progress", "positive_qualities": ["bogus"]}, r"positive_qualities: no episode .* \['bogus'\]"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            label_store(LabelCommand(**{"dataset": str(reach_store), **kwargs}))
+    model = SimpleNamespace(features={"observation.state": FeatureSpec("float32", (3,))})
+    cmd = LabelCommand(dataset=str(reach_store))
+    with pytest.raises(ValueError, match=r"checkpoint: its policy reads 'observation.state' of shape \(3,\).*\(6,\)"):
+        _check_checkpoint_fits(cmd, model, EpisodeStore(reach_store, "r"))
+    with pytest.raises(ValueError, match="worst: expected >= 0 episodes, received -1"):
+        advantage_report(AdvantageReportConfig(path=str(reach_store), worst=-1))
