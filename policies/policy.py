@@ -247,7 +247,11 @@ class ChunkPolicy(ModelPolicy):
         if labels is not None and not spec.num_labels or tokens is not None and not spec.token_dim:
             raise ValueError(f"set_conditioning: the policy's conditioning slot is {spec}; received "
                              f"labels={labels is not None}, tokens={tokens is not None}")  # fmt: skip
-        lab = np.asarray(NULL_LABEL if labels is None else labels, np.int64)
+        raw = np.asarray(NULL_LABEL if labels is None else labels)
+        if raw.dtype.kind not in "iu" and not (raw.dtype.kind == "f" and np.all(np.mod(raw, 1) == 0)):
+            raise ValueError(f"conditioning.labels: expected integers in [-1, {spec.num_labels}) (-1 = null), "
+                             f"received {raw.tolist()}")  # fmt: skip
+        lab = raw.astype(np.int64)
         if labels is not None and ((lab < NULL_LABEL) | (lab >= spec.num_labels)).any():
             raise ValueError(f"conditioning.labels: expected values in [-1, {spec.num_labels}) (the labels the policy "
                              f"was trained with; -1 = null), received {lab.tolist()}")  # fmt: skip

@@ -111,6 +111,8 @@ def _write_files(cfg: AdvantageReportConfig, store, labels, worst: list[int]) ->
             files.append(write_video(out / f"worst_episode_{e:04d}.mp4", list(frames), fps))
     for f in files:
         print(f"wrote {f}")
+    if not cams and worst:
+        print("no videos of the worst episodes: the store holds no camera frames (observation.images.*)")
     return files
 
 

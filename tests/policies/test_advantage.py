@@ -168,6 +168,9 @@ def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tm
     assert (local.config.conditioning.num_labels, local.config.default_label, local.config.cfg_scale) == (2, 1, 1.5)
     with pytest.raises(ValueError, match=r"expected values in \[-1, 2\)"):
         local.set_conditioning(labels=[2])  # a label the checkpoint was not trained with
+    for bad in ([1.5], ["pos"]):
+        with pytest.raises(ValueError, match=r"conditioning.labels: expected integers in \[-1, 2\)"):
+            local.set_conditioning(labels=bad)
 
     remote = served(load_policy(ckpt, device="cpu"))
     obs = {STATE: np.random.default_rng(0).uniform(-0.2, 0.2, (2, 6)).astype(np.float32)}
