@@ -64,8 +64,8 @@ class EvalConfig:
         out: output folder (cells, tables, plots, videos, report.html).
         ray_address: ``None`` for the local process pool; ``auto``, ``local`` (start one here) or an address;
             ``workers`` then caps the Ray tasks in flight (0 = no cap).
-        num_envs: vector envs per task.
-        shard_episodes: episodes per task.
+        num_envs: vector envs in each worker's shard (one shard = a run of episodes of one (policy, env) cell).
+        shard_episodes: episodes per shard (the unit of work of a worker, of resuming and of Ray tasks).
         videos: the first ``videos`` episodes of each cell are saved as mp4 (captioned with seed, step and
             outcome), plus the first failed episode of the shards holding them when none of them failed.
         device: torch device for checkpoints: ``"auto"`` (CUDA when available, as ``train``, ``run`` and ``serve``),

@@ -23,7 +23,7 @@ class LatencyConfig:
     """Inference delay ``d`` in control steps (one step = ``1 / control_frequency`` s).
 
     Attributes:
-        mode: a :class:`LatencyMode` value.
+        mode: ``none`` (zero delay), ``fixed`` (always ``steps``) or ``uniform`` (an integer in ``[low, high]``).
         steps: the fixed delay (``mode="fixed"``), steps.
         low, high: inclusive bounds of the uniformly sampled delay (``mode="uniform"``), steps.
         seed: seed of the delay sampler (so evaluations are reproducible).
