@@ -114,18 +114,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _aggregate(out: Path) -> int:
-    """Mean success and a 95 % Student-t interval over training seeds, per cell, from ``summary_*_s*.json``."""
+    """Per cell over training seeds (``summary_<labels>_s<seed>.json``): mean success with a 95 % Student-t
+    interval, and the paired difference to plain BC of the same seed (mean, 95 % t-interval)."""
     from policylink.runtime.report import seed_interval
 
-    cells: dict[str, list[float]] = {}
+    per_seed: dict[str, dict[str, float]] = {}  # seed -> cell -> success %
     for path in sorted(out.glob("summary_*_s*.json")):
+        seed = path.stem.rsplit("_s", 1)[1]
         for row in json.loads(path.read_text()):
-            cells.setdefault(row["policy"], []).append(float(row["pc_success"]))
+            per_seed.setdefault(seed, {})[row["policy"]] = float(row["pc_success"])
+    names = list(dict.fromkeys(name for cells in per_seed.values() for name in cells))
     table = []
-    for name, vals in cells.items():
+    for name in names:
+        vals = [cells[name] for cells in per_seed.values() if name in cells]
+        diffs = [cells[name] - cells["bc"] for cells in per_seed.values() if name in cells and "bc" in cells]
         mean, half = seed_interval(vals)
-        table.append({"policy": name, "seeds": len(vals), "per_seed": vals, "mean": mean, "ci95_half": half})
-        print(f"{name:<16} n={len(vals)} {mean:5.1f}% +- {half:4.1f}  {vals}", flush=True)
+        d_mean, d_half = seed_interval(diffs) if diffs and name != "bc" else (0.0, 0.0)
+        table.append({"policy": name, "seeds": len(vals), "per_seed": vals, "mean": mean, "ci95_half": half,
+                      "minus_bc_mean": d_mean, "minus_bc_ci95_half": d_half})  # fmt: skip
+        print(
+            f"{name:<18} n={len(vals)} {mean:5.1f}% +- {half:4.1f}  vs BC {d_mean:+5.1f} +- {d_half:4.1f}  "
+            f"{[round(v, 1) for v in vals]}"
+        )
     (out / "aggregate.json").write_text(json.dumps(table, indent=1))
     return 0
 
