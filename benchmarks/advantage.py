@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0, help="training seed")
     ap.add_argument("--awr", type=int, default=1, help="1: also train and evaluate the AWR baseline (value labels)")
+    ap.add_argument("--with-bc", type=int, default=0, help="1: evaluate plain BC beside a progress-label run too")
     ap.add_argument("--out", default="outputs/advantage")
     ap.add_argument("--aggregate", action="store_true", help="only print mean and 95%% interval over the seeds' "
                     "summaries in --out (summary_<labels>_s<seed>.json) and write aggregate.json")  # fmt: skip
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
          skip=_done(runs["adv"]))  # fmt: skip
     _run(out, f"train_awr{tag}", ["finetune", "advantage", "train", *common, "--loss", "awr", "--output_dir",
          str(runs["awr"])], skip=_done(runs["awr"]) or bool(tag) or not args.awr)  # fmt: skip
-    policies = {"bc": runs["bc"] / "checkpoints" / "last"} if not tag else {}
+    policies = {"bc": runs["bc"] / "checkpoints" / "last"} if not tag or args.with_bc else {}
     if not tag and args.awr:
         policies["awr"] = runs["awr"] / "checkpoints" / "last"
     for w in args.scales.split(","):
