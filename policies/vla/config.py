@@ -65,6 +65,11 @@ class VLAPolicyConfig(PolicyConfig):
     language: LanguageConfig = field(default_factory=LanguageConfig)
     expert: ExpertConfig = field(default_factory=ExpertConfig)
     flow: FlowConfig = field(default_factory=FlowConfig)
+    state_tokens: dict[str, list[int]] = field(default_factory=dict)
+    """Vector key -> sizes of consecutive slices, one context token each (object-centric state tokens, e.g.
+    ``{"observation.state": [4, 3, 3, 3]}`` for ``multitask``: robot, red, green, blue cube), so that choosing
+    an object from the instruction is attention over tokens rather than gating one vector. A key not listed
+    is one token. The sizes must add up to the key's dimension (checked when the network is built)."""
 
     def validate(self) -> VLAPolicyConfig:
         """The shared checks plus the language, expert and flow fields.
@@ -92,6 +97,11 @@ class VLAPolicyConfig(PolicyConfig):
             raise ValueError(
                 f"policy.flow.time_sampling: expected one of {TIME_SAMPLINGS}, received {self.flow.time_sampling!r}"
             )
+        for key, sizes in self.state_tokens.items():
+            if not sizes or min(sizes) < 1:
+                raise ValueError(
+                    f"policy.state_tokens[{key!r}]: expected a non-empty list of slice sizes >= 1, received {sizes}"
+                )
         if self.flow.num_steps < 1:
             raise ValueError(f"policy.flow.num_steps: expected >= 1, received {self.flow.num_steps}")
         return self

@@ -29,9 +29,10 @@ class ContextEncoder(nn.Module):
     """Observation windows + instructions -> ``N`` context tokens of width ``d``, flattened to ``(B, N * d)``.
 
     Tokens: per observation step, one per camera (shared :class:`ImageEncoder` -> spatial-softmax keypoints ->
-    linear) and one per state vector (linear); then the ``L`` language tokens (linear over the cached encoder
-    features); last, one instruction summary token: a per-token MLP max-pooled over the instruction's tokens
-    (a learned constant without language). Each slot adds a learned position/type embedding.
+    linear) and one per state vector (linear), or one per configured slice of it (``cfg.state_tokens``); then
+    the ``L`` language tokens (linear over the cached encoder features); last, one instruction summary token: a
+    per-token MLP max-pooled over the instruction's tokens (a learned constant without language). Each slot adds a
+    learned position/type embedding.
 
     Args:
         features: the policy's observation features (images ``(H, W, 3)`` and vectors ``(D,)``).
@@ -41,7 +42,8 @@ class ContextEncoder(nn.Module):
     ``obs["task"]`` a list of ``B`` str (unless the language encoder is ``none``).
 
     Raises:
-        ValueError: a text or non-vector feature among ``features``. KeyError: a feature (e.g. a camera) is
+        ValueError: a text or non-vector feature among ``features``, or ``cfg.state_tokens`` that do not fit the
+        vector features (:func:`state_slices`). KeyError: a feature (e.g. a camera) is
         missing from ``obs``. InstructionError: a missing or unencodable instruction.
     """
 
@@ -58,7 +60,15 @@ class ContextEncoder(nn.Module):
         self.shared = enc.share_vision_encoder
         self.cameras = camera_encoders(self.image_keys, features, enc)
         self.image_proj = nn.Linear(2 * enc.num_keypoints, d) if self.image_keys else None
-        self.state_proj = nn.ModuleDict({module_name(k): nn.Linear(features[k].shape[0], d) for k in self.vector_keys})
+        self.state_slices = state_slices(self.vector_keys, features, cfg.state_tokens)
+        self.state_proj = nn.ModuleDict(
+            {
+                module_name(k): nn.ModuleList(nn.Linear(n, d) for n in sizes)
+                if len(sizes) > 1
+                else nn.Linear(sizes[0], d)
+                for k, sizes in self.state_slices.items()
+            }
+        )
         self.language = make_language_encoder(cfg.language)
         lang = self.language
         self.language_proj = nn.Linear(lang.feature_dim, d) if lang.num_tokens else None
@@ -68,7 +78,8 @@ class ContextEncoder(nn.Module):
             nn.Sequential(nn.Linear(lang.feature_dim, d), nn.GELU(), nn.Linear(d, d)) if lang.num_tokens else None
         )
         self.no_language = nn.Parameter(torch.zeros(1, 1, d)) if not lang.num_tokens else None
-        self.num_tokens = t * (len(self.image_keys) + len(self.vector_keys)) + lang.num_tokens + 1
+        num_state = sum(len(sizes) for sizes in self.state_slices.values())
+        self.num_tokens = t * (len(self.image_keys) + num_state) + lang.num_tokens + 1
         self.position = nn.Parameter(torch.randn(self.num_tokens, d) * 0.02)
         self.dim = d
         self.out_dim = self.num_tokens * d
@@ -85,7 +96,7 @@ class ContextEncoder(nn.Module):
                 cam = self.cameras["shared" if self.shared else module_name(key)]
                 parts.append(self.image_proj(cam(x.flatten(0, 1)).reshape(b, t, -1)))
             else:
-                parts.append(self.state_proj[module_name(key)](x))
+                parts.append(self._state_tokens(key, x))
         if self.language_proj is not None:
             lang = torch.from_numpy(self.language(obs.get(TASK_KEY))).to(self.position.device)
             parts.append(self.language_proj(lang))
@@ -97,6 +108,41 @@ class ContextEncoder(nn.Module):
             parts.append(self.no_language.expand(parts[0].shape[0], 1, -1))
         tokens = torch.cat(parts, dim=1) + self.position
         return tokens.flatten(1)
+
+    def _state_tokens(self, key: str, x: torch.Tensor) -> torch.Tensor:
+        """``x (B, T, D)`` -> ``(B, T * G, d)``: one token per configured slice (``G`` slices) and step."""
+        proj, sizes = self.state_proj[module_name(key)], self.state_slices[key]
+        if len(sizes) == 1:
+            return proj(x)
+        tokens = torch.stack([p(part) for p, part in zip(proj, torch.split(x, sizes, dim=-1))], dim=2)
+        return tokens.flatten(1, 2)
+
+
+def state_slices(
+    vector_keys: list[str], features: Mapping[str, FeatureSpec], state_tokens: Mapping[str, list[int]]
+) -> dict[str, list[int]]:
+    """Per vector key the slice sizes of its context tokens: ``state_tokens[key]`` or the whole vector.
+
+    Raises:
+        ValueError: a ``state_tokens`` key that is not a vector observation key of the policy, or sizes whose
+            sum differs from the key's dimension (names ``policy.state_tokens``, expected and received).
+    """
+    unknown = sorted(set(state_tokens) - set(vector_keys))
+    if unknown:
+        raise ValueError(
+            f"policy.state_tokens: expected keys among the vector observation keys {vector_keys}, received {unknown}"
+        )
+    out = {}
+    for key in vector_keys:
+        dim = features[key].shape[0]
+        sizes = list(state_tokens.get(key, [dim]))
+        if sum(sizes) != dim:
+            raise ValueError(
+                f"policy.state_tokens[{key!r}]: expected slice sizes adding up to the feature's dimension {dim}, "
+                f"received {sizes} (sum {sum(sizes)})"
+            )
+        out[key] = sizes
+    return out
 
 
 class ActionExpert(nn.Module):

@@ -39,6 +39,38 @@ def test_goal_id_and_blind_encoders_give_known_tokens():
     assert NoLanguage(LanguageConfig(encoder="none"))(None).shape == (0, 0, 0)  # blind: reads no instruction
 
 
+def test_state_tokens_give_one_token_per_object_slice():
+    from policylink.adapters.schema import FeatureSpec
+    from policylink.policies.vla.config import VLAPolicyConfig
+    from policylink.policies.vla.model import ContextEncoder
+
+    def encoder(state_tokens):
+        cfg = VLAPolicyConfig(observation_keys=[STATE], n_obs_steps=1, state_tokens=state_tokens)
+        cfg.language = LanguageConfig(encoder="goal_id", goal_ids={RED_LEFT: 0})
+        cfg.expert.dim = 8
+        return ContextEncoder({STATE: FeatureSpec("float32", (13,))}, cfg.validate())
+
+    torch.manual_seed(0)
+    split, whole = encoder({STATE: [4, 3, 3, 3]}), encoder({})
+    assert (split.num_tokens, whole.num_tokens) == (4 + 1 + 1, 1 + 1 + 1)  # state tokens + goal token + summary
+    x = torch.randn(2, 1, 13)
+    y = x.clone()
+    y[..., 7:] += 1.0  # move the green and blue cubes only
+    tok_x = split({STATE: x, "task": [RED_LEFT] * 2}).reshape(2, 6, 8)
+    tok_y = split({STATE: y, "task": [RED_LEFT] * 2}).reshape(2, 6, 8)
+    torch.testing.assert_close(tok_x[:, :2], tok_y[:, :2])  # robot and red-cube tokens see only their slices
+    assert (tok_x[:, 2:4] - tok_y[:, 2:4]).abs().amin() > 0  # green and blue tokens change
+    with pytest.raises(
+        ValueError,
+        match=r"state_tokens\['observation.state'\]: expected slice sizes adding up to .* 13, received \[4, 3\]",
+    ):
+        encoder({STATE: [4, 3]})
+    with pytest.raises(ValueError, match=r"state_tokens: expected keys among .* received \['observation.other'\]"):
+        encoder({"observation.other": [13]})
+    with pytest.raises(ValueError, match=r"state_tokens\['observation.state'\]: expected a non-empty list"):
+        encoder({STATE: [13, 0]})
+
+
 def test_minilm_tokens_are_cached_per_instruction_and_bad_instructions_are_named():
     _require_sentence_transformers()
     clear_language_caches()
@@ -79,7 +111,7 @@ def _tiny_run(tmp_path):
         "policy": {"type": "vla", "observation_keys": [STATE, IMAGE], "n_obs_steps": 1, "chunk_size": 4,
                    "n_action_steps": 4, "encoder": {"vision_backbone": "small_conv", "num_keypoints": 4},
                    "language": {"max_tokens": 16}, "expert": {"dim": 16, "layers": 1, "heads": 2},
-                   "flow": {"num_steps": 2}},
+                   "flow": {"num_steps": 2}, "state_tokens": {STATE: [4, 3, 3, 3]}},
         "dataset": {"path": str(store), "env": "multitask", "obs_mode": "state+image", "image_size": 24},
         "eval": {"every": 0, "episodes": 0}, "output_dir": str(tmp_path / "run"), "steps": 3, "batch_size": 8,
         "log_every": 1, "val_every": 0, "torch_threads": 1, "progress": False,
