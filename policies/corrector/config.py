@@ -31,6 +31,10 @@ class CorrectiveConfig:
             chunk runs ``n_action_steps`` like any other (the paper's rule).
         short_dwell: steps the short horizon lasts after the trigger; every alarm step (smoothed score above its
             threshold) inside it restarts the count.
+        short_start: steps at the start of every episode that run at ``short_horizon`` as if a trigger had fired
+            at reset (0 = none). The monitor cannot score before ``k`` steps of the episode exist, and on
+            contact-rich tasks the first chunk decides most failures before any alarm can come
+            (benchmarks/results/corrector.md, round 3); alarms inside this phase extend it like any short phase.
 
     Raises:
         ValueError: a negative or non-finite weight, an unknown target, or a horizon / dwell out of range (named).
@@ -44,6 +48,7 @@ class CorrectiveConfig:
     guidance_target: str = "observed"
     short_horizon: int | None = None
     short_dwell: int = 8
+    short_start: int = 0
 
     def __post_init__(self) -> None:
         for name in ("guidance_scale", "committed_weight"):
@@ -58,6 +63,9 @@ class CorrectiveConfig:
                              f"received {self.short_horizon!r}")  # fmt: skip
         if int(self.short_dwell) < 0:
             raise ValueError(f"executor.corrective.short_dwell: expected >= 0, received {self.short_dwell!r}")
+        if int(self.short_start) < 0 or (self.short_start and self.short_horizon is None):
+            raise ValueError(f"executor.corrective.short_start: expected 0, or >= 1 with a short_horizon, received "
+                             f"short_start={self.short_start!r} short_horizon={self.short_horizon!r}")  # fmt: skip
 
 
 __all__ = ["CorrectiveConfig"]

@@ -8,7 +8,8 @@ Per step ``t`` and row: ``z_t = policy.embed()`` (reusing the latent of a chunk 
 ``E_t = 1 - cos(f(z_{t-k}, a_{t-k:t}), z_t - z_{t-k})`` (or the monitor's residual score) once ``k`` steps of the
 episode exist, then the :class:`~policylink.policies.corrector.calibration.PersistenceDetector` at the chunk offset
 of the action about to run. With ``short_horizon`` the horizon is event-triggered: a trigger caps the row's chunks
-at ``short_horizon`` actions until ``short_dwell`` steps pass without an alarm. Histories are per row and cleared
+at ``short_horizon`` actions until ``short_dwell`` steps pass without an alarm (``short_start``: also for the first
+steps of every episode). Histories are per row and cleared
 by ``reset``, so nothing crosses an episode boundary.
 """
 
@@ -116,7 +117,7 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         self._t = np.zeros(batch_size, np.int64)  # steps executed in the episode
         self.detector = PersistenceDetector(self.settings.detector, batch_size, self.thresholds)
         self.triggers = np.zeros(batch_size, np.int64)
-        self.short_left = np.zeros(batch_size, np.int64)  # steps left in the short-horizon phase
+        self.short_left = np.full(batch_size, self._short_start(), np.int64)  # steps left in the short phase
         self.short_steps = np.zeros(batch_size, np.int64)  # steps executed in it this episode
         self.truncation_offsets: list[list[int]] = [[] for _ in range(batch_size)]
         self.trace: list[list[tuple[int, float, float, bool]]] = [[] for _ in range(batch_size)]
@@ -127,7 +128,7 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         self._a[ids] = 0.0
         self.detector.reset(ids)
         self.triggers[ids] = 0
-        self.short_left[ids] = 0
+        self.short_left[ids] = self._short_start()
         self.short_steps[ids] = 0
         for i in ids.tolist():
             self.truncation_offsets[i] = []
@@ -170,6 +171,11 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         self._z[:, -1], self._a[:, -1] = z, action
         self._t += 1
         return self._end_step(action)
+
+    def _short_start(self) -> int:
+        """Steps of the short phase every episode starts with (``short_start``; 0 without a short horizon)."""
+        s = self.settings
+        return 0 if s.short_horizon is None or s.monitor_only else int(s.short_start)
 
     def _short_phase(self, fired: np.ndarray, alarm: np.ndarray) -> None:
         """Event-triggered horizon (``short_horizon``): a trigger starts a row's short phase of ``short_dwell``

@@ -178,6 +178,23 @@ def test_short_horizon_after_a_trigger_then_back_to_whole_chunks():
     assert ex.short_steps.tolist() == [0] and ex.short_left.tolist() == [0]
 
 
+def test_short_start_runs_the_first_steps_of_every_episode_at_the_short_horizon():
+    ex = _short_executor(dwell=0, short_start=3)
+    executed = [ex.act(_obs([0], [t], [0.0]))[0].tolist() for t in range(12)]
+    # steps 0-2 one action per chunk (3 calls), step 3 plans a whole chunk (H = 8): the next call is at step 11
+    assert ex.policy.calls == [[0], [1], [2], [3], [11]]
+    assert [a[1] for a in executed] == list(range(12)) and ex.triggers.tolist() == [0]
+    ex.reset([0])  # a new episode starts with the short phase again
+    assert ex.short_left.tolist() == [3]
+    ex.act(_obs([1], [0], [0.0]))
+    ex.act(_obs([1], [1], [0.0]))
+    assert ex.policy.calls[-2:] == [[0], [1]]
+    with pytest.raises(ValueError, match="short_start: expected 0, or >= 1 with a short_horizon"):
+        CorrectiveConfig(short_start=4)
+    with pytest.raises(ValueError, match="short_start"):
+        CorrectiveConfig(short_horizon=1, short_start=-1)
+
+
 def test_alarms_inside_the_short_phase_keep_it_going():
     ex = _short_executor(dwell=2)
     for t in range(12):  # the latent keeps jumping from step 5 on: every scored step is an alarm
