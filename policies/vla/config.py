@@ -27,12 +27,15 @@ class LanguageConfig:
         max_tokens: ``L``, token slots per instruction (special tokens included); a longer instruction is an
             error naming ``task``. Instructions are padded to ``L`` with a pad flag channel.
         goal_ids: instruction -> goal index in ``[0, num_goals)`` for ``goal_id``.
+        film: condition each observation token (camera, state slice) on the instruction by a per-token scale and
+            shift from the instruction summary token (FiLM; ignored with ``encoder: none``).
     """
 
     encoder: str = "minilm"
     model_path: str = ""
     max_tokens: int = 16
     goal_ids: dict[str, int] = field(default_factory=dict)
+    film: bool = False
 
 
 @dataclass

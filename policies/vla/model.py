@@ -32,7 +32,10 @@ class ContextEncoder(nn.Module):
     linear) and one per state vector (linear), or one per configured slice of it (``cfg.state_tokens``); then
     the ``L`` language tokens (linear over the cached encoder features); last, one instruction summary token: a
     per-token MLP max-pooled over the instruction's tokens (a learned constant without language). Each slot adds a
-    learned position/type embedding.
+    learned position/type embedding. With ``cfg.language.film`` every observation token ``o_i`` becomes
+    ``o_i (1 + gamma_i) + beta_i``, ``(gamma_i, beta_i)`` a linear map of the summary token (FiLM, Perez et al.
+    2018; RT-1 conditions its image encoder on the instruction this way, Brohan et al. 2022), so the instruction
+    can gate which object token the action expert reads in one step instead of through two attention hops.
 
     Args:
         features: the policy's observation features (images ``(H, W, 3)`` and vectors ``(D,)``).
@@ -81,11 +84,16 @@ class ContextEncoder(nn.Module):
         num_state = sum(len(sizes) for sizes in self.state_slices.values())
         self.num_tokens = t * (len(self.image_keys) + num_state) + lang.num_tokens + 1
         self.position = nn.Parameter(torch.randn(self.num_tokens, d) * 0.02)
+        self.film = None
+        if cfg.language.film and lang.num_tokens:  # zero-initialised: starts as the identity
+            self.film = nn.Linear(d, 2 * (self.num_tokens - lang.num_tokens - 1) * d)
+            nn.init.zeros_(self.film.weight)
+            nn.init.zeros_(self.film.bias)
         self.dim = d
         self.out_dim = self.num_tokens * d
 
     def forward(self, obs: Mapping[str, object]) -> torch.Tensor:
-        parts = []
+        parts: list[torch.Tensor] = []
         for key in self.image_keys + self.vector_keys:
             if key not in obs:
                 reads = self.image_keys + self.vector_keys
@@ -97,6 +105,7 @@ class ContextEncoder(nn.Module):
                 parts.append(self.image_proj(cam(x.flatten(0, 1)).reshape(b, t, -1)))
             else:
                 parts.append(self._state_tokens(key, x))
+        n_obs = sum(p.shape[1] for p in parts)
         if self.language_proj is not None:
             lang = torch.from_numpy(self.language(obs.get(TASK_KEY))).to(self.position.device)
             parts.append(self.language_proj(lang))
@@ -107,6 +116,9 @@ class ContextEncoder(nn.Module):
         else:
             parts.append(self.no_language.expand(parts[0].shape[0], 1, -1))
         tokens = torch.cat(parts, dim=1) + self.position
+        if self.film is not None:  # per observation token: scale and shift from the instruction summary
+            gamma, beta = self.film(tokens[:, -1]).reshape(-1, n_obs, 2, self.dim).unbind(2)
+            tokens = torch.cat([tokens[:, :n_obs] * (1 + gamma) + beta, tokens[:, n_obs:]], dim=1)
         return tokens.flatten(1)
 
     def _state_tokens(self, key: str, x: torch.Tensor) -> torch.Tensor:

@@ -39,14 +39,14 @@ def test_goal_id_and_blind_encoders_give_known_tokens():
     assert NoLanguage(LanguageConfig(encoder="none"))(None).shape == (0, 0, 0)  # blind: reads no instruction
 
 
-def test_state_tokens_give_one_token_per_object_slice():
+def test_state_tokens_give_one_token_per_object_slice_and_film_gates_them():
     from policylink.adapters.schema import FeatureSpec
     from policylink.policies.vla.config import VLAPolicyConfig
     from policylink.policies.vla.model import ContextEncoder
 
-    def encoder(state_tokens):
+    def encoder(state_tokens, film=False):
         cfg = VLAPolicyConfig(observation_keys=[STATE], n_obs_steps=1, state_tokens=state_tokens)
-        cfg.language = LanguageConfig(encoder="goal_id", goal_ids={RED_LEFT: 0})
+        cfg.language = LanguageConfig(encoder="goal_id", goal_ids={RED_LEFT: 0}, film=film)
         cfg.expert.dim = 8
         return ContextEncoder({STATE: FeatureSpec("float32", (13,))}, cfg.validate())
 
@@ -60,6 +60,18 @@ def test_state_tokens_give_one_token_per_object_slice():
     tok_y = split({STATE: y, "task": [RED_LEFT] * 2}).reshape(2, 6, 8)
     torch.testing.assert_close(tok_x[:, :2], tok_y[:, :2])  # robot and red-cube tokens see only their slices
     assert (tok_x[:, 2:4] - tok_y[:, 2:4]).abs().amin() > 0  # green and blue tokens change
+    # FiLM: zero-initialised it is the identity; a gamma of -1 on one observation token gates that token out
+    film = encoder({STATE: [4, 3, 3, 3]}, film=True)
+    obs = {STATE: x, "task": [RED_LEFT] * 2}
+    with torch.no_grad():
+        plain = film.film
+        film.film = None
+        before = film(obs)
+        film.film = plain
+        torch.testing.assert_close(film(obs), before)
+        plain.bias.view(4, 2, 8)[2, 0] = -1.0  # gamma of token 2 (the green cube)
+        gated = film(obs).reshape(2, 6, 8)
+    assert gated[:, 2].abs().max() == 0 and gated[:, 1].abs().amin() > 0
     with pytest.raises(
         ValueError,
         match=r"state_tokens\['observation.state'\]: expected slice sizes adding up to .* 13, received \[4, 3\]",
