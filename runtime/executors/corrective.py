@@ -179,15 +179,16 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
 
     def _short_phase(self, fired: np.ndarray, alarm: np.ndarray) -> None:
         """Event-triggered horizon (``short_horizon``): a trigger starts a row's short phase of ``short_dwell``
-        steps, an alarm step inside it restarts the count, and a row in it never runs a chunk past ``offset +
-        short_horizon``; bool ``(B,)`` masks of rows that fired and rows whose smoothed score is over its
-        threshold."""
+        steps, an alarm step inside it restarts the count (never shortening a longer ``short_start`` phase), and a
+        row in it never runs a chunk past ``offset + short_horizon``; bool ``(B,)`` masks of rows that fired and
+        rows whose smoothed score is over its threshold."""
         n = self.settings.short_horizon
         if n is None or self.settings.monitor_only:
             return
         inside = self.short_left > 0
         self.short_steps += inside
-        self.short_left = np.where(fired | (inside & alarm), int(self.settings.short_dwell), self.short_left - inside)
+        left = self.short_left - inside
+        self.short_left = np.where(fired | (inside & alarm), np.maximum(left, int(self.settings.short_dwell)), left)
         cap = self.short_left > 0
         self.queue.limit[cap] = np.minimum(self.queue.limit[cap], self.queue.offset[cap] + int(n))
 

@@ -189,6 +189,10 @@ def test_short_start_runs_the_first_steps_of_every_episode_at_the_short_horizon(
     ex.act(_obs([1], [0], [0.0]))
     ex.act(_obs([1], [1], [0.0]))
     assert ex.policy.calls[-2:] == [[0], [1]]
+    long = _short_executor(dwell=2, short_start=30)  # alarms from step 5 on never cut the start phase short
+    for t in range(12):
+        long.act(_obs([0], [t], [0.0 if t < 5 else 40.0 * (t - 4)]))
+    assert long.policy.calls == [[t] for t in range(12)] and long.short_left.tolist() == [30 - 12]
     with pytest.raises(ValueError, match="short_start: expected 0, or >= 1 with a short_horizon"):
         CorrectiveConfig(short_start=4)
     with pytest.raises(ValueError, match="short_start"):
