@@ -1,9 +1,12 @@
 """Does a ``multitask`` policy follow the instruction even when the pick fails? Runs one episode per instruction
 (the env's 18, or an instruction file's phrasings told in place of the env's), all in one batch, and reports where
 the gripper ends: on the named pad's side (``x < 0`` = left), and whether it closed within 3 cm of the named cube
-(benchmarks/results/vla.md, diagnostic).
+(benchmarks/results/vla.md, diagnostic). With ``--store`` it also reports which cube the first chunk heads for
+from the first frame of each demo episode in the store (``choice``: fraction whose xy displacement over the first
+8 actions points most nearly at the named cube; chance 1/3), which separates choosing the cube from reaching it.
 
     python benchmarks/vla_side.py CHECKPOINT [--instructions FILE] [--seed 200000] [--repeats 1]
+        [--store outputs/vla/multitask_48.zarr --episodes 90]
 """
 
 from __future__ import annotations
@@ -47,6 +50,30 @@ def run(checkpoint: str, instructions: str | None, seed: int, repeats: int) -> d
     return {"side": float(np.mean(side)), "near_cube": float(near.mean()), "n": len(items)}
 
 
+def first_chunk_choice(checkpoint: str, store_path: str, episodes: int) -> dict[str, float]:
+    """``{"choice": fraction of demo first frames whose first 8 predicted actions head for the named cube (max
+    cosine of the xy displacement with the xy vectors from the gripper to each cube), "cos_named": mean cosine
+    with the named cube, "n"}``; state layout of ``multitask`` (ee x, y, z, opening, then red, green, blue xyz)."""
+    from policylink.data.buffer import EpisodeStore
+    from policylink.sim.mujoco.multitask import COLOURS
+
+    policy = load_policy(checkpoint, device="cpu", seed=0)
+    store = EpisodeStore(store_path)
+    meta = store.all_meta()[:episodes]
+    hits, cos_named = [], []
+    for i, m in enumerate(meta):
+        s0 = np.asarray(store.get_episode(i, ["observation.state"])["observation.state"])[0]
+        policy.reset()
+        policy.update_observation({"observation.state": s0[None], "task": [m.task]})
+        d = policy.predict_action_chunk()[0, :8, :2].sum(0)
+        to_cubes = s0[4:].reshape(3, 3)[:, :2] - s0[:2]
+        cos = to_cubes @ d / (np.linalg.norm(to_cubes, axis=1) * np.linalg.norm(d) + 1e-9)
+        named = COLOURS.index(GOALS[m.task][0])
+        hits.append(int(np.argmax(cos)) == named)
+        cos_named.append(float(cos[named]))
+    return {"choice": float(np.mean(hits)), "cos_named": float(np.mean(cos_named)), "n": len(meta)}
+
+
 def main() -> None:
     """Print the two fractions for one checkpoint."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -54,9 +81,15 @@ def main() -> None:
     ap.add_argument("--instructions", default=None)
     ap.add_argument("--seed", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--store", default=None, help="demo store for the first-chunk cube choice")
+    ap.add_argument("--episodes", type=int, default=90, help="demo episodes for the cube choice")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    print(json.dumps(run(args.checkpoint, args.instructions, args.seed, args.repeats)))
+    out = run(args.checkpoint, args.instructions, args.seed, args.repeats)
+    if args.store:
+        choice = first_chunk_choice(args.checkpoint, args.store, args.episodes)
+        out.update(choice=choice["choice"], cos_named=choice["cos_named"])
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
