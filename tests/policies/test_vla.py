@@ -77,6 +77,8 @@ def test_state_tokens_give_one_token_per_object_slice_and_film_gates_them():
         match=r"state_tokens\['observation.state'\]: expected slice sizes adding up to .* 13, received \[4, 3\]",
     ):
         encoder({STATE: [4, 3]})
+    with pytest.raises(ValueError, match=r"policy.language.film: expected false with policy.language.encoder 'none'"):
+        VLAPolicyConfig(language=LanguageConfig(encoder="none", film=True)).validate()
     with pytest.raises(ValueError, match=r"state_tokens: expected keys among .* received \['observation.other'\]"):
         encoder({"observation.other": [13]})
     with pytest.raises(ValueError, match=r"state_tokens\['observation.state'\]: expected a non-empty list"):

@@ -153,6 +153,21 @@ def test_train_help_lists_policy_types_once_with_the_default_types_fields():
     assert "policy.flow.num_steps" in cli.flag_paths(TrainConfig)  # ...but every type's fields are valid flags
 
 
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_train_help_lists_the_fields_of_the_type_a_flag_or_the_config_names(how, tmp_path, capsys):
+    from policylink.runtime.train import TrainConfig
+
+    (tmp_path / "vla.yaml").write_text("policy:\n  type: vla\nsteps: 3\n")
+    argv = ["--policy.type", "vla", "--help"] if how == "flag" else ["--config", str(tmp_path / "vla.yaml"), "--help"]
+    with pytest.raises(SystemExit):
+        cli.parse_config(TrainConfig, argv, prog="policylink train")
+    out = capsys.readouterr().out
+    assert "  --policy.type {" in out and "(default: vla)" in out
+    assert "  --policy.state_tokens dict[str, list[int]]  (default: {})\n      vector key -> sizes" in out
+    assert "  --policy.language.film {true,false}  (default: false)" in out
+    assert "--policy.unet." not in out and "--policy.diffusion." not in out  # not the default type's fields
+
+
 def test_wrong_flag_is_one_line_with_the_closest_valid_flag(monkeypatch, capsys):
     import types
 
