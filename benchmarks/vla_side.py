@@ -23,14 +23,14 @@ from policylink.policies import load_policy
 from policylink.sim.mujoco.multitask import GOALS
 
 
-def run(checkpoint: str, instructions: str | None, seed: int, repeats: int) -> dict[str, float]:
+def run(policy, instructions: str | None, seed: int, repeats: int) -> dict[str, float]:
     """``{"side": fraction ending on the named side, "near_cube": fraction closing near the named cube, "n"}``."""
     told = {t: t for t in GOALS}  # env instruction -> what the policy is told
     if instructions:
         table = json.loads(Path(instructions).read_text())
         told = {t: table["/".join(g)][i % len(table["/".join(g)])] for i, (t, g) in enumerate(GOALS.items())}
     items = [t for t in GOALS for _ in range(repeats)]
-    policy = load_policy(checkpoint, device="cpu", seed=seed)
+    policy.reseed(seed)
     envs = [make_env("multitask", obs_mode="state") for _ in items]
     obs = [env.reset(seed=seed + i, options={"task": t})[0] for i, (env, t) in enumerate(zip(envs, items))]
     near = np.zeros(len(items), bool)
@@ -50,14 +50,14 @@ def run(checkpoint: str, instructions: str | None, seed: int, repeats: int) -> d
     return {"side": float(np.mean(side)), "near_cube": float(near.mean()), "n": len(items)}
 
 
-def first_chunk_choice(checkpoint: str, store_path: str, episodes: int) -> dict[str, float]:
+def first_chunk_choice(policy, store_path: str, episodes: int) -> dict[str, float]:
     """``{"choice": fraction of demo first frames whose first 8 predicted actions head for the named cube (max
     cosine of the xy displacement with the xy vectors from the gripper to each cube), "cos_named": mean cosine
     with the named cube, "n"}``; state layout of ``multitask`` (ee x, y, z, opening, then red, green, blue xyz)."""
     from policylink.data.buffer import EpisodeStore
     from policylink.sim.mujoco.multitask import COLOURS
 
-    policy = load_policy(checkpoint, device="cpu", seed=0)
+    policy.reseed(0)
     store = EpisodeStore(store_path)
     meta = store.all_meta()[:episodes]
     hits, cos_named = [], []
@@ -85,9 +85,10 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=90, help="demo episodes for the cube choice")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    out = run(args.checkpoint, args.instructions, args.seed, args.repeats)
+    policy = load_policy(args.checkpoint, device="cpu", seed=args.seed)  # loaded once for both measurements
+    out = run(policy, args.instructions, args.seed, args.repeats)
     if args.store:
-        choice = first_chunk_choice(args.checkpoint, args.store, args.episodes)
+        choice = first_chunk_choice(policy, args.store, args.episodes)
         out.update(choice=choice["choice"], cos_named=choice["cos_named"])
     print(json.dumps(out))
 

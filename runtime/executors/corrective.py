@@ -9,8 +9,7 @@ Per step ``t`` and row: ``z_t = policy.embed()`` (reusing the latent of a chunk 
 episode exist, then the :class:`~policylink.policies.corrector.calibration.PersistenceDetector` at the chunk offset
 of the action about to run. With ``short_horizon`` the horizon is event-triggered: a trigger caps the row's chunks
 at ``short_horizon`` actions until ``short_dwell`` steps pass without an alarm (``short_start``: also for the first
-steps of every episode). Histories are per row and cleared
-by ``reset``, so nothing crosses an episode boundary.
+steps of every episode). Histories are per row and cleared by ``reset``, so nothing crosses an episode boundary.
 """
 
 from __future__ import annotations
