@@ -30,6 +30,12 @@ class LanguageConfig:
             e.g. ``put the red block on the left pad: 0``, see configs/train/vla_multitask_goal_id.yaml).
         film: condition each observation token (camera, state slice) on the instruction by a per-token scale and
             shift from the instruction summary token (FiLM); needs an encoder other than ``none``.
+        context_tokens: also put the ``L`` per-token language features in the expert's context (true), or let
+            the instruction in through its summary token alone (false: a max over per-token features, so it does
+            not depend on where a word sits in the phrasing; held-out paraphrases, benchmarks/results/vla.md).
+        word_dropout: in training only, drop each word of an instruction with this probability before encoding
+            (at least one word is kept; word dropout, Iyyer et al. 2015), so the policy does not lean on one exact
+            phrasing. ``0`` = off; in ``[0, 1)``.
     """
 
     encoder: str = "minilm"
@@ -37,6 +43,8 @@ class LanguageConfig:
     max_tokens: int = 16
     goal_ids: dict[str, int] = field(default_factory=dict)
     film: bool = False
+    context_tokens: bool = True
+    word_dropout: float = 0.0
 
 
 @dataclass
@@ -96,6 +104,10 @@ class VLAPolicyConfig(PolicyConfig):
             raise ValueError(
                 f"policy.language.goal_ids: expected instruction -> goal index >= 0 for encoder 'goal_id', "
                 f"received {lang.goal_ids}"
+            )
+        if not 0.0 <= lang.word_dropout < 1.0:
+            raise ValueError(
+                f"policy.language.word_dropout: expected a probability in [0, 1), received {lang.word_dropout}"
             )
         if lang.film and lang.encoder == "none":
             raise ValueError(

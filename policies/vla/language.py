@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from policylink.adapters.schema import TASK_KEY
 from policylink.policies.vla.config import LanguageConfig
@@ -51,6 +52,23 @@ def check_instruction(text: Any) -> str:
     if not text.strip():
         raise InstructionError(f"{TASK_KEY}: expected a non-empty instruction, received {text!r}")
     return text
+
+
+def drop_words(texts: Sequence[str], p: float, generator: torch.Generator | None = None) -> list[str]:
+    """Word dropout (Iyyer et al. 2015): each whitespace-separated word of each text is dropped with probability
+    ``p``; a text keeps at least one word (its first surviving draw, else one chosen uniformly). ``p = 0`` returns
+    the texts unchanged. Draws come from ``torch.rand`` (``generator`` or the global torch RNG), so a seeded
+    training run is reproducible."""
+    if p <= 0:
+        return list(texts)
+    out = []
+    for text in texts:
+        words = text.split()
+        keep = (torch.rand(len(words), generator=generator) >= p).tolist()
+        if not any(keep):
+            keep[int(torch.randint(len(words), (1,), generator=generator))] = True
+        out.append(" ".join(w for w, k in zip(words, keep) if k))
+    return out
 
 
 class LanguageEncoder:
@@ -243,6 +261,7 @@ __all__ = [
     "check_instruction",
     "clear_language_caches",
     "default_model_path",
+    "drop_words",
     "load_sentence_model",
     "make_language_encoder",
 ]

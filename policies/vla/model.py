@@ -22,7 +22,7 @@ from policylink.policies.common.samplers import FlowEulerSampler
 from policylink.policies.common.unet1d import SinusoidalTimeEmbedding
 from policylink.policies.flow.model import FlowModel
 from policylink.policies.vla.config import VLAPolicyConfig
-from policylink.policies.vla.language import make_language_encoder
+from policylink.policies.vla.language import check_instruction, drop_words, make_language_encoder
 
 
 class ContextEncoder(nn.Module):
@@ -30,12 +30,14 @@ class ContextEncoder(nn.Module):
 
     Tokens: per observation step, one per camera (shared :class:`ImageEncoder` -> spatial-softmax keypoints ->
     linear) and one per state vector (linear), or one per configured slice of it (``cfg.state_tokens``); then
-    the ``L`` language tokens (linear over the cached encoder features); last, one instruction summary token: a
-    per-token MLP max-pooled over the instruction's tokens (a learned constant without language). Each slot adds a
+    the ``L`` language tokens (linear over the cached encoder features; left out with
+    ``cfg.language.context_tokens`` false); last, one instruction summary token: a per-token MLP max-pooled over
+    the instruction's tokens (a learned constant without language). Each slot adds a
     learned position/type embedding. With ``cfg.language.film`` every observation token ``o_i`` becomes
     ``o_i (1 + gamma_i) + beta_i``, ``(gamma_i, beta_i)`` a linear map of the summary token (FiLM, Perez et al.
     2018; RT-1 conditions its image encoder on the instruction this way, Brohan et al. 2022), so the instruction
     can gate which object token the action expert reads in one step instead of through two attention hops.
+    In training mode, ``cfg.language.word_dropout`` drops words of each instruction before encoding.
 
     Args:
         features: the policy's observation features (images ``(H, W, 3)`` and vectors ``(D,)``).
@@ -74,7 +76,8 @@ class ContextEncoder(nn.Module):
         )
         self.language = make_language_encoder(cfg.language)
         lang = self.language
-        self.language_proj = nn.Linear(lang.feature_dim, d) if lang.num_tokens else None
+        num_lang = lang.num_tokens if cfg.language.context_tokens else 0  # language tokens in the context
+        self.language_proj = nn.Linear(lang.feature_dim, d) if num_lang else None
         # keyword detector: per-token MLP, max over the instruction's tokens (position-invariant, so a colour or
         # side word counts wherever the phrasing puts it); the last context token, added to every action token
         self.keywords = (
@@ -82,13 +85,14 @@ class ContextEncoder(nn.Module):
         )
         self.no_language = nn.Parameter(torch.zeros(1, 1, d)) if not lang.num_tokens else None
         num_state = sum(len(sizes) for sizes in self.state_slices.values())
-        self.num_tokens = t * (len(self.image_keys) + num_state) + lang.num_tokens + 1
+        self.num_tokens = t * (len(self.image_keys) + num_state) + num_lang + 1
         self.position = nn.Parameter(torch.randn(self.num_tokens, d) * 0.02)
         self.film = None
         if cfg.language.film and lang.num_tokens:  # zero-initialised: starts as the identity
-            self.film = nn.Linear(d, 2 * (self.num_tokens - lang.num_tokens - 1) * d)
+            self.film = nn.Linear(d, 2 * (self.num_tokens - num_lang - 1) * d)
             nn.init.zeros_(self.film.weight)
             nn.init.zeros_(self.film.bias)
+        self.word_dropout = float(cfg.language.word_dropout)
         self.dim = d
         self.out_dim = self.num_tokens * d
 
@@ -106,9 +110,13 @@ class ContextEncoder(nn.Module):
             else:
                 parts.append(self._state_tokens(key, x))
         n_obs = sum(p.shape[1] for p in parts)
-        if self.language_proj is not None:
-            lang = torch.from_numpy(self.language(obs.get(TASK_KEY))).to(self.position.device)
-            parts.append(self.language_proj(lang))
+        if self.keywords is not None:
+            texts = obs.get(TASK_KEY)
+            if self.training and self.word_dropout and texts is not None and not isinstance(texts, str):
+                texts = drop_words([check_instruction(t) for t in texts], self.word_dropout)
+            lang = torch.from_numpy(self.language(texts)).to(self.position.device)
+            if self.language_proj is not None:
+                parts.append(self.language_proj(lang))
             words = self.keywords(lang)
             if self.language.pad_flag:  # padding rows never win the max
                 words = words.masked_fill(lang[..., -1:] > 0.5, float("-inf"))

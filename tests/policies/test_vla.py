@@ -85,6 +85,50 @@ def test_state_tokens_give_one_token_per_object_slice_and_film_gates_them():
         encoder({STATE: [13, 0]})
 
 
+def test_word_dropout_draws_are_seeded_keep_a_word_and_apply_in_training_only():
+    from policylink.policies.vla.language import drop_words
+
+    text = "put the red block on the left pad"
+    assert drop_words([text], 0.0) == [text]
+    g = torch.Generator().manual_seed(0)
+    keep = (torch.rand(8, generator=g) >= 0.5).tolist()  # the same draws drop_words makes
+    expected = " ".join(w for w, k in zip(text.split(), keep) if k)
+    assert drop_words([text], 0.5, torch.Generator().manual_seed(0)) == [expected] and expected != text
+    for seed in range(20):  # p near 1: every word drawn out, one is put back
+        (out,) = drop_words([text], 0.999, torch.Generator().manual_seed(seed))
+        assert len(out.split()) == 1 and out in text.split()
+    from policylink.policies.vla.config import VLAPolicyConfig
+
+    with pytest.raises(ValueError, match=r"policy.language.word_dropout: expected a probability in \[0, 1\), received 1.0"):
+        VLAPolicyConfig(language=LanguageConfig(word_dropout=1.0)).validate()
+
+
+def test_summary_only_language_leaves_the_token_slots_out_and_dropout_acts_in_training_only():
+    _require_sentence_transformers()
+    from policylink.adapters.schema import FeatureSpec
+    from policylink.policies.vla.config import VLAPolicyConfig
+    from policylink.policies.vla.model import ContextEncoder
+
+    def encoder(**language):
+        cfg = VLAPolicyConfig(observation_keys=[STATE], n_obs_steps=2, state_tokens={STATE: [4, 3, 3, 3]})
+        cfg.language = LanguageConfig(max_tokens=16, film=True, **language)
+        cfg.expert.dim = 8
+        return ContextEncoder({STATE: FeatureSpec("float32", (13,))}, cfg.validate())
+
+    torch.manual_seed(0)
+    full, summary = encoder(), encoder(context_tokens=False)
+    assert (full.num_tokens, summary.num_tokens) == (2 * 4 + 16 + 1, 2 * 4 + 1)  # 16 language slots left out
+    assert summary.language_proj is None and summary.film.out_features == 2 * 8 * 8
+    obs = {STATE: torch.randn(3, 2, 13), "task": [RED_LEFT] * 3}
+    dropped = encoder(context_tokens=False, word_dropout=0.5)
+    dropped.load_state_dict(summary.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(dropped.eval()(obs), summary(obs))  # eval: the instruction as given
+        torch.manual_seed(1)
+        trained = dropped.train()(obs)
+    assert not torch.allclose(trained, summary(obs))  # training: words dropped, another summary token
+
+
 def test_minilm_tokens_are_cached_per_instruction_and_bad_instructions_are_named():
     _require_sentence_transformers()
     clear_language_caches()
