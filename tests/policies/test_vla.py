@@ -99,7 +99,8 @@ def test_word_dropout_draws_are_seeded_keep_a_word_and_apply_in_training_only():
         assert len(out.split()) == 1 and out in text.split()
     from policylink.policies.vla.config import VLAPolicyConfig
 
-    with pytest.raises(ValueError, match=r"policy.language.word_dropout: expected a probability in \[0, 1\), received 1.0"):
+    match = r"policy.language.word_dropout: expected a probability in \[0, 1\), received 1.0"
+    with pytest.raises(ValueError, match=match):
         VLAPolicyConfig(language=LanguageConfig(word_dropout=1.0)).validate()
 
 
