@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -85,6 +85,13 @@ class ExecutorConfig:
             raise ExecutorConfigError(f"executor.ensemble_m: expected a finite number, received {self.ensemble_m}")
         if not self.rtc_max_guidance > 0:
             raise ExecutorConfigError(f"executor.rtc_max_guidance: expected > 0, received {self.rtc_max_guidance}")
+        if self.kind != ExecutorKind.CORRECTIVE.value and self.corrective != CorrectiveConfig():
+            default = CorrectiveConfig()
+            names = [f.name for f in fields(default) if getattr(self.corrective, f.name) != getattr(default, f.name)]
+            raise ExecutorConfigError(
+                f"executor.corrective: options apply to executor.kind 'corrective' only; expected none with kind "
+                f"{self.kind!r}, received {', '.join(f'corrective.{n}' for n in names)}"
+            )
 
 
 class ChunkExecutor(ABC):
@@ -296,7 +303,8 @@ def executor_problems(spec: Any, config: ExecutorConfig) -> list[str]:
     """Every reason ``config`` cannot run a policy with PolicySpec ``spec`` (empty when it can), so callers can
     reject a (policy, executor) pair before loading envs or starting episodes.
 
-    Checks ``n_action_steps <= chunk_size`` (every kind) and, for ``async`` with simulated latency, RTC's
+    Checks ``n_action_steps <= chunk_size`` (every kind), ``corrective.short_horizon <= chunk_size``
+    (``corrective``) and, for ``async`` with simulated latency, RTC's
     ``d <= s`` and ``s + d <= H`` (``d`` the largest delay, ``s`` the inference period, ``H`` the chunk size).
 
     Args:
@@ -307,6 +315,9 @@ def executor_problems(spec: Any, config: ExecutorConfig) -> list[str]:
     s = int(config.n_action_steps or spec.n_action_steps)
     if s > h:
         return [f"executor.n_action_steps: expected <= the policy's chunk_size ({h}), received {s}"]
+    short = config.corrective.short_horizon
+    if config.kind == ExecutorKind.CORRECTIVE.value and short is not None and int(short) > h:
+        return [f"executor.corrective.short_horizon: expected <= the policy's chunk_size ({h}), received {short}"]
     lat = config.latency
     if config.kind != ExecutorKind.ASYNC.value or not lat.simulated:
         return []

@@ -99,9 +99,6 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
             elif abs(thresholds.ewma - cfg.detector.ewma) > 1e-12:
                 problems.append(f"executor.corrective.detector.ewma: expected {thresholds.ewma} (the calibration's), "
                                 f"received {cfg.detector.ewma}")  # fmt: skip
-        if cfg.short_horizon is not None and int(cfg.short_horizon) > self.chunk_size:
-            problems.append(f"executor.corrective.short_horizon: expected <= the policy's chunk_size "
-                            f"({self.chunk_size}), received {cfg.short_horizon}")  # fmt: skip
         if problems:
             raise ExecutorConfigError("; ".join(problems))
 

@@ -11,6 +11,7 @@ from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
 from policylink.policies.corrector.calibration import ConformalThresholds, DetectorConfig
 from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.runtime.executors import CorrectiveExecutor, ExecutorConfig, ExecutorConfigError, make_executor
+from policylink.runtime.executors.base import executor_problems
 
 STATE = "observation.state"
 H, K = 8, 2
@@ -133,6 +134,14 @@ def test_config_is_validated_before_any_episode():
         CorrectiveConfig(guidance_scale=-1.0)
     with pytest.raises(ExecutorConfigError, match="n_action_steps"):
         CorrectiveExecutor(EmbedClock(), ExecutorConfig(kind="corrective", n_action_steps=H + 1), ClockMonitor(), thr)
+    # spec-only problems are found by executor_problems (eval checks every cell with it before any env starts)
+    too_short = ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(short_horizon=H + 1))
+    assert executor_problems(EmbedClock().spec, too_short) == [
+        f"executor.corrective.short_horizon: expected <= the policy's chunk_size ({H}), received {H + 1}"
+    ]
+    # corrective options with another kind would be silently ignored: an error naming them
+    with pytest.raises(ExecutorConfigError, match=r"kind 'async', received corrective.short_horizon$"):
+        ExecutorConfig(kind="async", corrective=CorrectiveConfig(short_horizon=2))
 
 
 def test_non_embedder_policy_is_rejected():
