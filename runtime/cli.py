@@ -9,9 +9,11 @@ such as ``--policy.chunk_size 16`` or ``--envs push,reach`` win over it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import inspect
+import io
 import json
 import os
 import re
@@ -328,13 +330,21 @@ def _options(cls: type, prefix: str, instance: Any, all_choices: bool):
 
 
 def _help_instance(cls: type, args: Sequence[str], config_path: str | None) -> Any:
-    """A default instance of ``cls`` whose top-level choice fields (``policy``) hold the type named by
+    """The config a run with ``config_path`` and ``args`` would use, so ``--help`` shows its values; when that does
+    not parse, a default instance of ``cls`` whose top-level choice fields (``policy``) hold the type named by
     ``--FIELD.type NAME`` in ``args`` or by ``FIELD: {type: NAME}`` in the config file, so that ``--help`` lists
     that type's options (``policylink train --config vla.yaml --help``). Unreadable files and unknown names keep
     the default type (the run itself reports them)."""
     import draccus
     import yaml
 
+    rest = [a for a in args if a not in ("-h", "--help")]
+    if config_path:  # the values the run would use (file + flags), when they parse
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                return draccus.parse(cls, config_path=config_path, args=normalise_flags(cls, rest))
+        except (Exception, SystemExit):
+            pass
     instance = _default_instance(cls)
     if instance is None:
         return None
@@ -452,13 +462,17 @@ def _bracket(value: str, item: Any) -> str:
 
 
 def _field_type(cls: type, dotted: str) -> Any:
-    """The type of field ``dotted`` (``a.b``) of dataclass ``cls``, ``Optional`` unwrapped; None if unknown."""
+    """The type of field ``dotted`` (``a.b``) of dataclass ``cls``, ``Optional`` unwrapped; None if unknown.
+    A field of a choice type (``policy``) is also looked up in its registered subclasses (``policy.language``
+    exists on the VLA's config only), so their bare boolean flags work too."""
     current: Any = cls
     for part in dotted.split("."):
         if not dataclasses.is_dataclass(current):
             return None
-        hints = typing.get_type_hints(current)
-        if part not in hints:
+        choices = getattr(current, "get_known_choices", None)
+        candidates = [current, *(choices().values() if callable(choices) else ())]
+        hints = next((h for h in map(typing.get_type_hints, candidates) if part in h), None)
+        if hints is None:
             return None
         current = hints[part]
         args = [a for a in typing.get_args(current) if a is not type(None)]

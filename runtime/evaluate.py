@@ -34,6 +34,7 @@ from policylink.runtime.eval_refs import (  # noqa: F401 - ENV_PLACEHOLDER re-ex
 )
 from policylink.runtime.eval_resume import load_done, run_settings, shard_plan
 from policylink.runtime.executors import ExecutorConfig, make_executor
+from policylink.runtime.instructions import InstructionEnvFn, instruction_problems
 from policylink.runtime.rollout import (
     RegistryEnvFn,
     VideoSubscriber,
@@ -239,8 +240,6 @@ def _resolve(cfg: EvalConfig, policies: Sequence[Any], envs: Sequence[Any]) -> t
         for label, ref in env_items
     }
     if cfg.instructions:
-        from policylink.runtime.instructions import InstructionEnvFn
-
         env_fns = {label: InstructionEnvFn(fn, cfg.instructions) for label, fn in env_fns.items()}
     return pols, env_fns
 
@@ -387,11 +386,13 @@ def _check_cells(pols, env_fns, cfg: EvalConfig, isolate: bool) -> dict[str, Any
 
 def _probe_cells(pols, env_fns, cfg: EvalConfig) -> tuple[dict[str, Any], list[str]]:
     specs = {}
+    problems = []
     for label, fn in env_fns.items():
         env = fn()
         specs[label] = env_spec_of(env)
+        if isinstance(fn, InstructionEnvFn):
+            problems += [f"{label}: {p}" for p in instruction_problems(env, fn.table)]
         env.close()
-    problems = []
     for p_label, ref in pols:
         loaded: dict[Any, Any] = {}
         for e_label, espec in specs.items():

@@ -56,6 +56,22 @@ def goal_key(env: gym.Env) -> str:
     return "/".join(goal)
 
 
+def instruction_problems(env: gym.Env, table: Mapping[str, list[str]]) -> list[str]:
+    """Why ``table`` cannot serve every episode of ``env`` (empty when it can): keys that are not goals of the
+    env, and goals the env can draw that the table lacks. Envs that do not list ``goal_keys`` are not checked."""
+    goals = getattr(env.unwrapped, "goal_keys", None)
+    if goals is None:
+        return []
+    problems = []
+    unknown = sorted(set(table) - set(goals))
+    if unknown:
+        problems.append(f"instructions: expected goal keys among {list(goals)}, received unknown {unknown}")
+    missing = [g for g in goals if g not in table]
+    if missing:
+        problems.append(f"instructions: expected every goal the env can draw, missing {missing}")
+    return problems
+
+
 class InstructionOverride(gym.Wrapper):
     """Replaces ``obs["task"]`` with a phrasing from ``table[goal_key(env)]``, chosen by the reset seed (the same
     seed gives the same phrasing), for the whole episode. ``info["goal_key"]`` carries the episode's goal key.
@@ -103,4 +119,4 @@ class InstructionEnvFn:
         return getattr(self.env_fn, name)
 
 
-__all__ = ["InstructionEnvFn", "InstructionOverride", "goal_key", "load_instruction_file"]
+__all__ = ["InstructionEnvFn", "InstructionOverride", "goal_key", "instruction_problems", "load_instruction_file"]

