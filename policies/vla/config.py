@@ -37,6 +37,10 @@ class LanguageConfig:
         word_dropout: in training only, drop each word of an instruction with this probability before encoding
             (at least one word is kept; word dropout, Iyyer et al. 2015), so the policy does not lean on one exact
             phrasing. ``0`` = off; in ``[0, 1)``.
+        word_insertion: in training only, insert a word drawn from the text model's vocabulary before each word
+            and at the end with this probability (random insertion, Wei & Zou 2019; at most
+            ``max_tokens - words - 4`` per instruction), so extra words in a phrasing do not move the policy.
+            ``0`` = off; in ``[0, 1)``; ``minilm`` only.
     """
 
     encoder: str = "minilm"
@@ -46,6 +50,7 @@ class LanguageConfig:
     film: bool = False
     context_tokens: bool = True
     word_dropout: float = 0.0
+    word_insertion: float = 0.0
 
 
 @dataclass
@@ -106,15 +111,15 @@ class VLAPolicyConfig(PolicyConfig):
                 f"policy.language.goal_ids: expected instruction -> goal index >= 0 for encoder 'goal_id', "
                 f"received {lang.goal_ids}"
             )
-        if not 0.0 <= lang.word_dropout < 1.0:
-            raise ValueError(
-                f"policy.language.word_dropout: expected a probability in [0, 1), received {lang.word_dropout}"
-            )
-        if lang.word_dropout and lang.encoder != "minilm":
-            raise ValueError(
-                f"policy.language.word_dropout: expected 0 with policy.language.encoder {lang.encoder!r} (only "
-                f"'minilm' encodes an instruction with words left out), received {lang.word_dropout}"
-            )
+        for name in ("word_dropout", "word_insertion"):
+            value = getattr(lang, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"policy.language.{name}: expected a probability in [0, 1), received {value}")
+            if value and lang.encoder != "minilm":
+                raise ValueError(
+                    f"policy.language.{name}: expected 0 with policy.language.encoder {lang.encoder!r} (only "
+                    f"'minilm' encodes an instruction with words changed), received {value}"
+                )
         if not lang.context_tokens and lang.encoder == "none":
             raise ValueError(
                 "policy.language.context_tokens: expected true with policy.language.encoder 'none' (there are no "

@@ -30,11 +30,13 @@ class InstructionError(ValueError):
 
 @dataclass
 class _Cache:
-    """Per-encoder-identity store: instruction -> float32 ``(L, F)`` tokens, and how many were encoded."""
+    """Per-encoder-identity store: instruction -> float32 ``(L, F)`` tokens, how many were encoded, the text
+    model and its word list (word insertion)."""
 
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
     encoded: int = 0
     model: Any = None
+    vocabulary: list[str] | None = None
 
 
 _CACHES: dict[tuple, _Cache] = {}
@@ -54,20 +56,37 @@ def check_instruction(text: Any) -> str:
     return text
 
 
-def drop_words(texts: Sequence[str], p: float, generator: torch.Generator | None = None) -> list[str]:
-    """Word dropout (Iyyer et al. 2015): each whitespace-separated word of each text is dropped with probability
-    ``p``; a text keeps at least one word (its first surviving draw, else one chosen uniformly). ``p = 0`` returns
-    the texts unchanged. Draws come from ``torch.rand`` (``generator`` or the global torch RNG), so a seeded
-    training run is reproducible."""
-    if p <= 0:
+def augment_words(
+    texts: Sequence[str],
+    dropout: float,
+    insertion: float = 0.0,
+    vocabulary: Sequence[str] = (),
+    budget: int = 0,
+    generator: torch.Generator | None = None,
+) -> list[str]:
+    """Random word deletion and insertion (word dropout, Iyyer et al. 2015; EDA, Wei & Zou 2019) of each text.
+
+    Each whitespace-separated word is dropped with probability ``dropout`` (a text keeps at least one of its
+    words: if every draw drops, one chosen uniformly stays); before each kept word and at the end, a word drawn
+    uniformly from ``vocabulary`` is inserted with probability ``insertion``, at most ``budget`` per text. Draws
+    come from ``torch.rand`` / ``torch.randint`` (``generator`` or the global torch RNG), so a seeded training
+    run is reproducible. ``dropout = insertion = 0`` returns the texts unchanged.
+    """
+    if dropout <= 0 and (insertion <= 0 or not vocabulary or budget <= 0):
         return list(texts)
     out = []
     for text in texts:
         words = text.split()
-        keep = (torch.rand(len(words), generator=generator) >= p).tolist()
+        keep = (torch.rand(len(words), generator=generator) >= dropout).tolist()
         if not any(keep):
             keep[int(torch.randint(len(words), (1,), generator=generator))] = True
-        out.append(" ".join(w for w, k in zip(words, keep) if k))
+        kept = [w for w, k in zip(words, keep) if k]
+        if insertion > 0 and vocabulary and budget > 0:
+            slots = (torch.rand(len(kept) + 1, generator=generator) < insertion).nonzero().flatten().tolist()[:budget]
+            picks = torch.randint(len(vocabulary), (len(slots),), generator=generator).tolist()
+            for slot, pick in sorted(zip(slots, picks), reverse=True):
+                kept.insert(slot, vocabulary[pick])
+        out.append(" ".join(kept))
     return out
 
 
@@ -147,6 +166,16 @@ class MiniLMEncoder(LanguageEncoder):
         if self._cache.model is None:
             self._cache.model = load_sentence_model(self.cfg.model_path)
         return self._cache.model
+
+    def vocabulary(self) -> list[str]:
+        """The tokenizer's whole-word entries (lowercase letters only, >= 3 long, sorted): the words that word
+        insertion draws from (each is one token)."""
+        if self._cache.vocabulary is None:
+            vocab = self.model.tokenizer.get_vocab()
+            self._cache.vocabulary = sorted(
+                w for w in vocab if len(w) >= 3 and w.isascii() and w.isalpha() and w.islower()
+            )
+        return self._cache.vocabulary
 
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
         model = self.model
@@ -261,7 +290,7 @@ __all__ = [
     "check_instruction",
     "clear_language_caches",
     "default_model_path",
-    "drop_words",
+    "augment_words",
     "load_sentence_model",
     "make_language_encoder",
 ]

@@ -22,7 +22,7 @@ from policylink.policies.common.samplers import FlowEulerSampler
 from policylink.policies.common.unet1d import SinusoidalTimeEmbedding
 from policylink.policies.flow.model import FlowModel
 from policylink.policies.vla.config import VLAPolicyConfig
-from policylink.policies.vla.language import check_instruction, drop_words, make_language_encoder
+from policylink.policies.vla.language import augment_words, check_instruction, make_language_encoder
 
 
 class ContextEncoder(nn.Module):
@@ -37,7 +37,8 @@ class ContextEncoder(nn.Module):
     ``o_i (1 + gamma_i) + beta_i``, ``(gamma_i, beta_i)`` a linear map of the summary token (FiLM, Perez et al.
     2018; RT-1 conditions its image encoder on the instruction this way, Brohan et al. 2022), so the instruction
     can gate which object token the action expert reads in one step instead of through two attention hops.
-    In training mode, ``cfg.language.word_dropout`` drops words of each instruction before encoding.
+    In training mode, ``cfg.language.word_dropout`` / ``word_insertion`` drop words of each instruction and
+    insert vocabulary words into it before encoding.
 
     Args:
         features: the policy's observation features (images ``(H, W, 3)`` and vectors ``(D,)``).
@@ -93,6 +94,8 @@ class ContextEncoder(nn.Module):
             nn.init.zeros_(self.film.weight)
             nn.init.zeros_(self.film.bias)
         self.word_dropout = float(cfg.language.word_dropout)
+        self.word_insertion = float(cfg.language.word_insertion)
+        self.max_tokens = int(cfg.language.max_tokens)
         self.dim = d
         self.out_dim = self.num_tokens * d
 
@@ -112,8 +115,9 @@ class ContextEncoder(nn.Module):
         n_obs = sum(p.shape[1] for p in parts)
         if self.keywords is not None:
             texts = obs.get(TASK_KEY)
-            if self.training and self.word_dropout and texts is not None and not isinstance(texts, str):
-                texts = drop_words([check_instruction(t) for t in texts], self.word_dropout)
+            augment = self.training and (self.word_dropout or self.word_insertion)
+            if augment and texts is not None and not isinstance(texts, str):
+                texts = self._augment([check_instruction(t) for t in texts])
             lang = torch.from_numpy(self.language(texts)).to(self.position.device)
             if self.language_proj is not None:
                 parts.append(self.language_proj(lang))
@@ -128,6 +132,15 @@ class ContextEncoder(nn.Module):
             gamma, beta = self.film(tokens[:, -1]).reshape(-1, n_obs, 2, self.dim).unbind(2)
             tokens = torch.cat([tokens[:, :n_obs] * (1 + gamma) + beta, tokens[:, n_obs:]], dim=1)
         return tokens.flatten(1)
+
+    def _augment(self, texts: list[str]) -> list[str]:
+        """Training-time word dropout / insertion of each instruction (``cfg.language.word_*``)."""
+        vocabulary = self.language.vocabulary() if self.word_insertion else ()
+        out = []
+        for text in texts:  # leave 2 tokens of slack for words the tokenizer splits
+            budget = self.max_tokens - len(text.split()) - 4
+            out += augment_words([text], self.word_dropout, self.word_insertion, vocabulary, budget)
+        return out
 
     def _state_tokens(self, key: str, x: torch.Tensor) -> torch.Tensor:
         """``x (B, T, D)`` -> ``(B, T * G, d)``: one token per configured slice (``G`` slices) and step."""

@@ -86,17 +86,22 @@ def test_state_tokens_give_one_token_per_object_slice_and_film_gates_them():
 
 
 def test_word_dropout_draws_are_seeded_keep_a_word_and_apply_in_training_only():
-    from policylink.policies.vla.language import drop_words
+    from policylink.policies.vla.language import augment_words
 
     text = "put the red block on the left pad"
-    assert drop_words([text], 0.0) == [text]
+    assert augment_words([text], 0.0) == [text]
     g = torch.Generator().manual_seed(0)
-    keep = (torch.rand(8, generator=g) >= 0.5).tolist()  # the same draws drop_words makes
+    keep = (torch.rand(8, generator=g) >= 0.5).tolist()  # the same draws augment_words makes
     expected = " ".join(w for w, k in zip(text.split(), keep) if k)
-    assert drop_words([text], 0.5, torch.Generator().manual_seed(0)) == [expected] and expected != text
-    for seed in range(20):  # p near 1: every word drawn out, one is put back
-        (out,) = drop_words([text], 0.999, torch.Generator().manual_seed(seed))
+    assert augment_words([text], 0.5, generator=torch.Generator().manual_seed(0)) == [expected] and expected != text
+    for seed in range(20):  # dropout near 1: every word drawn out, one is put back
+        (out,) = augment_words([text], 0.999, generator=torch.Generator().manual_seed(seed))
         assert len(out.split()) == 1 and out in text.split()
+    # insertion near 1: a vocabulary word before each of the 8 words and at the end, capped by the budget
+    (out,) = augment_words([text], 0.0, 0.999, ["zz"], budget=3, generator=torch.Generator().manual_seed(0))
+    assert out == "zz put zz the zz red block on the left pad"
+    (out,) = augment_words([text], 0.0, 0.999, ["zz"], budget=20, generator=torch.Generator().manual_seed(0))
+    assert out.split()[1::2] == text.split() and out.split()[::2] == ["zz"] * 9
     from policylink.policies.vla.config import VLAPolicyConfig
 
     match = r"policy.language.word_dropout: expected a probability in \[0, 1\), received 1.0"
@@ -104,6 +109,8 @@ def test_word_dropout_draws_are_seeded_keep_a_word_and_apply_in_training_only():
         VLAPolicyConfig(language=LanguageConfig(word_dropout=1.0)).validate()
     with pytest.raises(ValueError, match=r"word_dropout: expected 0 with policy.language.encoder 'goal_id'"):
         VLAPolicyConfig(language=LanguageConfig(encoder="goal_id", goal_ids={"a": 0}, word_dropout=0.1)).validate()
+    with pytest.raises(ValueError, match=r"word_insertion: expected a probability in \[0, 1\), received -0.1"):
+        VLAPolicyConfig(language=LanguageConfig(word_insertion=-0.1)).validate()
     with pytest.raises(ValueError, match=r"context_tokens: expected true with policy.language.encoder 'none'"):
         VLAPolicyConfig(language=LanguageConfig(encoder="none", context_tokens=False)).validate()
     # a bare boolean flag of a VLA-only field (not on the base policy config) means true
@@ -138,7 +145,7 @@ def test_an_instruction_file_is_checked_against_the_env_goals():
     ]
 
 
-def test_summary_only_language_leaves_the_token_slots_out_and_dropout_acts_in_training_only():
+def test_summary_only_language_leaves_the_token_slots_out_and_augmentation_acts_in_training_only():
     _require_sentence_transformers()
     from policylink.adapters.schema import FeatureSpec
     from policylink.policies.vla.config import VLAPolicyConfig
@@ -155,13 +162,16 @@ def test_summary_only_language_leaves_the_token_slots_out_and_dropout_acts_in_tr
     assert (full.num_tokens, summary.num_tokens) == (2 * 4 + 16 + 1, 2 * 4 + 1)  # 16 language slots left out
     assert summary.language_proj is None and summary.film.out_features == 2 * 8 * 8
     obs = {STATE: torch.randn(3, 2, 13), "task": [RED_LEFT] * 3}
-    dropped = encoder(context_tokens=False, word_dropout=0.5)
+    dropped = encoder(context_tokens=False, word_dropout=0.5, word_insertion=0.3)
     dropped.load_state_dict(summary.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(dropped.eval()(obs), summary(obs))  # eval: the instruction as given
         torch.manual_seed(1)
         trained = dropped.train()(obs)
     assert not torch.allclose(trained, summary(obs))  # training: words dropped, another summary token
+    vocabulary = dropped.language.vocabulary()  # insertion draws whole words of MiniLM's tokenizer
+    assert len(vocabulary) > 10000 and {"red", "block", "left"} <= set(vocabulary)
+    assert all(w.isalpha() and w.islower() and len(w) >= 3 for w in vocabulary)
 
 
 def test_minilm_tokens_are_cached_per_instruction_and_bad_instructions_are_named():
