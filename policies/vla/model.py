@@ -117,8 +117,9 @@ class ContextEncoder(nn.Module):
             texts = obs.get(TASK_KEY)
             augment = self.training and (self.word_dropout or self.word_insertion)
             if augment and texts is not None and not isinstance(texts, str):
+                self.language(texts)  # the originals stay cached: an unchanged text is a lookup
                 texts = self._augment([check_instruction(t) for t in texts])
-            lang = torch.from_numpy(self.language(texts)).to(self.position.device)
+            lang = torch.from_numpy(self.language(texts, cache=not augment)).to(self.position.device)
             if self.language_proj is not None:
                 parts.append(self.language_proj(lang))
             words = self.keywords(lang)

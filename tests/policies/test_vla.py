@@ -151,6 +151,8 @@ def test_summary_only_language_leaves_the_token_slots_out_and_augmentation_acts_
     from policylink.policies.vla.config import VLAPolicyConfig
     from policylink.policies.vla.model import ContextEncoder
 
+    clear_language_caches()
+
     def encoder(**language):
         cfg = VLAPolicyConfig(observation_keys=[STATE], n_obs_steps=2, state_tokens={STATE: [4, 3, 3, 3]})
         cfg.language = LanguageConfig(max_tokens=16, film=True, **language)
@@ -169,6 +171,8 @@ def test_summary_only_language_leaves_the_token_slots_out_and_augmentation_acts_
         torch.manual_seed(1)
         trained = dropped.train()(obs)
     assert not torch.allclose(trained, summary(obs))  # training: words dropped, another summary token
+    # the original is cached, its augmented variants are not (they rarely repeat)
+    assert set(dropped.language._cache.tokens) == {RED_LEFT}
     vocabulary = dropped.language.vocabulary()  # insertion draws whole words of MiniLM's tokenizer
     assert len(vocabulary) > 10000 and {"red", "block", "left"} <= set(vocabulary)
     assert all(w.isalpha() and w.islower() and len(w) >= 3 for w in vocabulary)
