@@ -41,6 +41,8 @@ class LanguageConfig:
             and at the end with this probability (random insertion, Wei & Zou 2019; at most
             ``max_tokens - words - 4`` per instruction), so extra words in a phrasing do not move the policy.
             ``0`` = off; in ``[0, 1)``; ``minilm`` only.
+        augment_variants: with word dropout / insertion, each instruction has this many fixed augmented variants
+            (one drawn per sample), so each is encoded once and cached (>= 1).
     """
 
     encoder: str = "minilm"
@@ -51,6 +53,7 @@ class LanguageConfig:
     context_tokens: bool = True
     word_dropout: float = 0.0
     word_insertion: float = 0.0
+    augment_variants: int = 256
 
 
 @dataclass
@@ -111,6 +114,8 @@ class VLAPolicyConfig(PolicyConfig):
                 f"policy.language.goal_ids: expected instruction -> goal index >= 0 for encoder 'goal_id', "
                 f"received {lang.goal_ids}"
             )
+        if lang.augment_variants < 1:
+            raise ValueError(f"policy.language.augment_variants: expected >= 1, received {lang.augment_variants}")
         for name in ("word_dropout", "word_insertion"):
             value = getattr(lang, name)
             if not 0.0 <= value < 1.0:

@@ -110,10 +110,8 @@ class LanguageEncoder:
         """How many distinct instructions this encoder identity has run through its text model."""
         return self._cache.encoded
 
-    def __call__(self, instructions: Sequence[Any] | None, cache: bool = True) -> np.ndarray:
-        """float32 ``(B, L, F)`` for ``B`` instructions (cache hits cost a dict lookup). ``cache=False``: encode
-        the instructions missing from the cache without keeping them (augmented training text, which rarely
-        repeats; ``encoded_count`` counts only cached ones).
+    def __call__(self, instructions: Sequence[Any] | None) -> np.ndarray:
+        """float32 ``(B, L, F)`` for ``B`` instructions (cache hits cost a dict lookup).
 
         Raises:
             InstructionError: ``instructions`` is None or a bare str, or one is not encodable (named).
@@ -125,13 +123,11 @@ class LanguageEncoder:
             raise InstructionError(f"{TASK_KEY}: expected a list of instructions (one per episode), received {got}")
         texts = [check_instruction(t) for t in instructions]
         missing = list(dict.fromkeys(t for t in texts if t not in self._cache.tokens))
-        found = dict(zip(missing, self._encode(missing))) if missing else {}
-        if cache:
-            self._cache.tokens.update(found)
-            self._cache.encoded += len(found)
-        if not texts:
-            return self._empty()
-        return np.stack([found[t] if t in found else self._cache.tokens[t] for t in texts])
+        if missing:
+            for text, tokens in zip(missing, self._encode(missing)):
+                self._cache.tokens[text] = tokens
+            self._cache.encoded += len(missing)
+        return np.stack([self._cache.tokens[t] for t in texts]) if texts else self._empty()
 
     def _empty(self) -> np.ndarray:
         return np.zeros((0, self.num_tokens, self.feature_dim), np.float32)

@@ -10,6 +10,7 @@ The observation latent ``(B, N * d)`` is the ``N`` context tokens flattened (wha
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 
 import torch
@@ -96,6 +97,7 @@ class ContextEncoder(nn.Module):
         self.word_dropout = float(cfg.language.word_dropout)
         self.word_insertion = float(cfg.language.word_insertion)
         self.max_tokens = int(cfg.language.max_tokens)
+        self.augment_variants = int(cfg.language.augment_variants)
         self.dim = d
         self.out_dim = self.num_tokens * d
 
@@ -117,9 +119,8 @@ class ContextEncoder(nn.Module):
             texts = obs.get(TASK_KEY)
             augment = self.training and (self.word_dropout or self.word_insertion)
             if augment and texts is not None and not isinstance(texts, str):
-                self.language(texts)  # the originals stay cached: an unchanged text is a lookup
                 texts = self._augment([check_instruction(t) for t in texts])
-            lang = torch.from_numpy(self.language(texts, cache=not augment)).to(self.position.device)
+            lang = torch.from_numpy(self.language(texts)).to(self.position.device)
             if self.language_proj is not None:
                 parts.append(self.language_proj(lang))
             words = self.keywords(lang)
@@ -135,12 +136,16 @@ class ContextEncoder(nn.Module):
         return tokens.flatten(1)
 
     def _augment(self, texts: list[str]) -> list[str]:
-        """Training-time word dropout / insertion of each instruction (``cfg.language.word_*``)."""
+        """Training-time word dropout / insertion (``cfg.language.word_*``): each instruction becomes one of its
+        ``augment_variants`` variants, drawn uniformly; variant ``v`` of a text is the same string every time
+        (its own seeded draws), so the language cache stays bounded (``augment_variants`` entries per text)."""
         vocabulary = self.language.vocabulary() if self.word_insertion else ()
+        picks = torch.randint(self.augment_variants, (len(texts),)).tolist()
         out = []
-        for text in texts:  # leave 2 tokens of slack for words the tokenizer splits
+        for text, v in zip(texts, picks):  # leave 2 tokens of slack for words the tokenizer splits
             budget = self.max_tokens - len(text.split()) - 4
-            out += augment_words([text], self.word_dropout, self.word_insertion, vocabulary, budget)
+            g = torch.Generator().manual_seed(zlib.crc32(text.encode()) * self.augment_variants + v)
+            out += augment_words([text], self.word_dropout, self.word_insertion, vocabulary, budget, g)
         return out
 
     def _state_tokens(self, key: str, x: torch.Tensor) -> torch.Tensor:
