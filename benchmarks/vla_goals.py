@@ -11,9 +11,9 @@ import argparse
 import json
 from pathlib import Path
 
-from policylink.sim.mujoco.multitask import COLOURS, GOALS, SIDES
+from policylink.sim.mujoco.multitask import GOALS, MultitaskEnv
 
-GOAL_KEYS = [f"{c}/{s}" for c in COLOURS for s in SIDES]
+GOAL_KEYS = list(MultitaskEnv.goal_keys)
 
 
 def goal_table(files: list[str]) -> dict[str, str]:
