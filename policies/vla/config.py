@@ -39,7 +39,7 @@ class LanguageConfig:
             phrasing. ``0`` = off; in ``[0, 1)``.
         word_insertion: in training only, insert a word drawn from the text model's vocabulary before each word
             and at the end with this probability (random insertion, Wei & Zou 2019; at most
-            ``max_tokens - words - 4`` per instruction), so extra words in a phrasing do not move the policy.
+            ``max_tokens`` minus the instruction's tokens), so extra words in a phrasing do not move the policy.
             ``0`` = off; in ``[0, 1)``; ``minilm`` only.
         augment_variants: with word dropout / insertion, each instruction has this many fixed augmented variants
             (one drawn per sample), so each is encoded once and cached (>= 1).

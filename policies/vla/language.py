@@ -177,10 +177,14 @@ class MiniLMEncoder(LanguageEncoder):
             )
         return self._cache.vocabulary
 
+    def token_count(self, text: str) -> int:
+        """Tokens of ``text`` with the special ones (what ``max_tokens`` bounds)."""
+        return len(self.model.tokenizer(text)["input_ids"])
+
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
         model = self.model
         for text in texts:
-            n = len(model.tokenizer(text)["input_ids"])
+            n = self.token_count(text)
             if n > self.num_tokens:
                 raise InstructionError(
                     f"{TASK_KEY}: instruction {text!r} has {n} tokens; policy.language.max_tokens is {self.num_tokens}"

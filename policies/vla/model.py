@@ -142,8 +142,8 @@ class ContextEncoder(nn.Module):
         vocabulary = self.language.vocabulary() if self.word_insertion else ()
         picks = torch.randint(self.augment_variants, (len(texts),)).tolist()
         out = []
-        for text, v in zip(texts, picks):  # leave 2 tokens of slack for words the tokenizer splits
-            budget = self.max_tokens - len(text.split()) - 4
+        for text, v in zip(texts, picks):  # a vocabulary word is one token: the text stays within max_tokens
+            budget = self.max_tokens - self.language.token_count(text) if self.word_insertion else 0
             g = torch.Generator().manual_seed(zlib.crc32(text.encode()) * self.augment_variants + v)
             out += augment_words([text], self.word_dropout, self.word_insertion, vocabulary, budget, g)
         return out

@@ -175,6 +175,9 @@ def test_summary_only_language_leaves_the_token_slots_out_and_augmentation_acts_
     for _ in range(20):
         dropped(obs)
     assert 2 < len(dropped.language._cache.tokens) <= 1 + 256
+    # insertion near 1 fills the instruction up to max_tokens (16), never past it
+    crowded = encoder(word_insertion=0.99)._augment([RED_LEFT] * 8)
+    assert {dropped.language.token_count(t) for t in crowded} == {16}
     vocabulary = dropped.language.vocabulary()  # insertion draws whole words of MiniLM's tokenizer
     assert len(vocabulary) > 10000 and {"red", "block", "left"} <= set(vocabulary)
     assert all(w.isalpha() and w.islower() and len(w) >= 3 for w in vocabulary)
