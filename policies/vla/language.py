@@ -31,12 +31,13 @@ class InstructionError(ValueError):
 @dataclass
 class _Cache:
     """Per-encoder-identity store: instruction -> float32 ``(L, F)`` tokens, how many were encoded, the text
-    model and its word list (word insertion)."""
+    model, its word list (word insertion) and instruction -> token count."""
 
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
     encoded: int = 0
     model: Any = None
     vocabulary: list[str] | None = None
+    token_counts: dict[str, int] = field(default_factory=dict)
 
 
 _CACHES: dict[tuple, _Cache] = {}
@@ -57,37 +58,35 @@ def check_instruction(text: Any) -> str:
 
 
 def augment_words(
-    texts: Sequence[str],
+    text: str,
     dropout: float,
     insertion: float = 0.0,
     vocabulary: Sequence[str] = (),
     budget: int = 0,
     generator: torch.Generator | None = None,
-) -> list[str]:
-    """Random word deletion and insertion (word dropout, Iyyer et al. 2015; EDA, Wei & Zou 2019) of each text.
+) -> str:
+    """Random word deletion and insertion (word dropout, Iyyer et al. 2015; EDA, Wei & Zou 2019) of ``text``.
 
-    Each whitespace-separated word is dropped with probability ``dropout`` (a text keeps at least one of its
+    Each whitespace-separated word is dropped with probability ``dropout`` (the text keeps at least one of its
     words: if every draw drops, one chosen uniformly stays); before each kept word and at the end, a word drawn
-    uniformly from ``vocabulary`` is inserted with probability ``insertion``, at most ``budget`` per text. Draws
+    uniformly from ``vocabulary`` is inserted with probability ``insertion``, at most ``budget`` in all. Draws
     come from ``torch.rand`` / ``torch.randint`` (``generator`` or the global torch RNG), so a seeded training
-    run is reproducible. ``dropout = insertion = 0`` returns the texts unchanged.
+    run is reproducible. ``dropout = insertion = 0`` returns the text unchanged.
     """
-    if dropout <= 0 and (insertion <= 0 or not vocabulary or budget <= 0):
-        return list(texts)
-    out = []
-    for text in texts:
-        words = text.split()
-        keep = (torch.rand(len(words), generator=generator) >= dropout).tolist()
-        if not any(keep):
-            keep[int(torch.randint(len(words), (1,), generator=generator))] = True
-        kept = [w for w, k in zip(words, keep) if k]
-        if insertion > 0 and vocabulary and budget > 0:
-            slots = (torch.rand(len(kept) + 1, generator=generator) < insertion).nonzero().flatten().tolist()[:budget]
-            picks = torch.randint(len(vocabulary), (len(slots),), generator=generator).tolist()
-            for slot, pick in sorted(zip(slots, picks), reverse=True):
-                kept.insert(slot, vocabulary[pick])
-        out.append(" ".join(kept))
-    return out
+    insert = insertion > 0 and bool(vocabulary) and budget > 0
+    if dropout <= 0 and not insert:
+        return text
+    words = text.split()
+    keep = (torch.rand(len(words), generator=generator) >= dropout).tolist()
+    if not any(keep):
+        keep[int(torch.randint(len(words), (1,), generator=generator))] = True
+    kept = [w for w, k in zip(words, keep) if k]
+    if insert:
+        slots = (torch.rand(len(kept) + 1, generator=generator) < insertion).nonzero().flatten().tolist()[:budget]
+        picks = torch.randint(len(vocabulary), (len(slots),), generator=generator).tolist()
+        for slot, pick in sorted(zip(slots, picks), reverse=True):
+            kept.insert(slot, vocabulary[pick])
+    return " ".join(kept)
 
 
 class LanguageEncoder:
@@ -178,8 +177,11 @@ class MiniLMEncoder(LanguageEncoder):
         return self._cache.vocabulary
 
     def token_count(self, text: str) -> int:
-        """Tokens of ``text`` with the special ones (what ``max_tokens`` bounds)."""
-        return len(self.model.tokenizer(text)["input_ids"])
+        """Tokens of ``text`` with the special ones (what ``max_tokens`` bounds); cached per text."""
+        counts = self._cache.token_counts
+        if text not in counts:
+            counts[text] = len(self.model.tokenizer(text)["input_ids"])
+        return counts[text]
 
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
         model = self.model
@@ -291,10 +293,10 @@ __all__ = [
     "LanguageEncoder",
     "MiniLMEncoder",
     "NoLanguage",
+    "augment_words",
     "check_instruction",
     "clear_language_caches",
     "default_model_path",
-    "augment_words",
     "load_sentence_model",
     "make_language_encoder",
 ]

@@ -145,7 +145,7 @@ class ContextEncoder(nn.Module):
         for text, v in zip(texts, picks):  # a vocabulary word is one token: the text stays within max_tokens
             budget = self.max_tokens - self.language.token_count(text) if self.word_insertion else 0
             g = torch.Generator().manual_seed(zlib.crc32(text.encode()) * self.augment_variants + v)
-            out += augment_words([text], self.word_dropout, self.word_insertion, vocabulary, budget, g)
+            out.append(augment_words(text, self.word_dropout, self.word_insertion, vocabulary, budget, g))
         return out
 
     def _state_tokens(self, key: str, x: torch.Tensor) -> torch.Tensor:

@@ -85,8 +85,8 @@ class ExecutorConfig:
             raise ExecutorConfigError(f"executor.ensemble_m: expected a finite number, received {self.ensemble_m}")
         if not self.rtc_max_guidance > 0:
             raise ExecutorConfigError(f"executor.rtc_max_guidance: expected > 0, received {self.rtc_max_guidance}")
-        if self.kind != ExecutorKind.CORRECTIVE.value and self.corrective != CorrectiveConfig():
-            default = CorrectiveConfig()
+        default = CorrectiveConfig()
+        if self.kind != ExecutorKind.CORRECTIVE.value and self.corrective != default:
             names = [f.name for f in fields(default) if getattr(self.corrective, f.name) != getattr(default, f.name)]
             raise ExecutorConfigError(
                 f"executor.corrective: options apply to executor.kind 'corrective' only; expected none with kind "

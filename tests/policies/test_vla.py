@@ -89,18 +89,18 @@ def test_word_dropout_draws_are_seeded_keep_a_word_and_apply_in_training_only():
     from policylink.policies.vla.language import augment_words
 
     text = "put the red block on the left pad"
-    assert augment_words([text], 0.0) == [text]
+    assert augment_words(text, 0.0) == text
     g = torch.Generator().manual_seed(0)
     keep = (torch.rand(8, generator=g) >= 0.5).tolist()  # the same draws augment_words makes
     expected = " ".join(w for w, k in zip(text.split(), keep) if k)
-    assert augment_words([text], 0.5, generator=torch.Generator().manual_seed(0)) == [expected] and expected != text
+    assert augment_words(text, 0.5, generator=torch.Generator().manual_seed(0)) == expected and expected != text
     for seed in range(20):  # dropout near 1: every word drawn out, one is put back
-        (out,) = augment_words([text], 0.999, generator=torch.Generator().manual_seed(seed))
+        out = augment_words(text, 0.999, generator=torch.Generator().manual_seed(seed))
         assert len(out.split()) == 1 and out in text.split()
     # insertion near 1: a vocabulary word before each of the 8 words and at the end, capped by the budget
-    (out,) = augment_words([text], 0.0, 0.999, ["zz"], budget=3, generator=torch.Generator().manual_seed(0))
+    out = augment_words(text, 0.0, 0.999, ["zz"], budget=3, generator=torch.Generator().manual_seed(0))
     assert out == "zz put zz the zz red block on the left pad"
-    (out,) = augment_words([text], 0.0, 0.999, ["zz"], budget=20, generator=torch.Generator().manual_seed(0))
+    out = augment_words(text, 0.0, 0.999, ["zz"], budget=20, generator=torch.Generator().manual_seed(0))
     assert out.split()[1::2] == text.split() and out.split()[::2] == ["zz"] * 9
     from policylink.policies.vla.config import VLAPolicyConfig
 
