@@ -159,9 +159,15 @@ class ChunkCritic(nn.Module):
         heads = self.q_targets if target else self.q_heads
         return torch.stack([head(s, flat) for head in heads])
 
-    def actor_q(self, s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """The actor's objective ``(B,)``: mean over the online heads (Q-VGM)."""
-        return self.q(s, a).mean(0)
+    def actor_q(self, s: torch.Tensor, a: torch.Tensor, pessimism: float = 0.0) -> torch.Tensor:
+        """The actor's objective ``(B,)``: mean over the online heads (Q-VGM) minus ``pessimism`` times their
+        standard deviation (population; with 2 heads ``pessimism = 1`` gives the min of the two), the lower
+        confidence bound of ensemble methods (e.g. SUNRISE, Lee et al. 2021) that keeps an actor off actions the
+        heads disagree on."""
+        q = self.q(s, a)
+        if not pessimism:
+            return q.mean(0)
+        return q.mean(0) - pessimism * q.std(0, unbiased=False)
 
     def value(self, s: torch.Tensor) -> torch.Tensor:
         """``V(s)`` ``(B,)``."""

@@ -82,12 +82,16 @@ class QVGMCmdConfig:
         method: ``qvgm`` (velocity matching toward critic-improved chunks + lambda_bc x flow matching) or
             ``bc`` (flow matching only: with only_success, the filtered-BC baseline).
         only_success: train on the buffer's successful episodes only.
+        bc_only_success: method qvgm: the flow-matching term uses the successful episodes only while the
+            velocity-matching term uses every episode (flow matching on a mostly failed buffer pulls the policy
+            toward its failures).
         last_steps: intermediate times among the last M of the sampler's K Euler steps (paper: 5 of 10).
         ascent_steps: normalised Q-gradient steps from the clean estimate (keep-best, start included).
         step_size: length of one ascent step, RMS per normalised action entry.
         trust_radius: max RMS distance of an ascent iterate from the clean estimate.
         alpha: fraction of (a* - a_hat) the clean estimate is moved by.
         bc_weight: lambda_bc, weight of flow matching on the buffer's actions.
+        pessimism: k of the ascent objective mean - k std over the critic's heads (0: the mean, as the paper).
         steps: optimizer steps.
         batch_size: windows per step.
         lr: AdamW learning rate (constant).
@@ -104,12 +108,14 @@ class QVGMCmdConfig:
     out: str = "outputs/finetune/policy"
     method: str = "qvgm"
     only_success: bool = False
+    bc_only_success: bool = False
     last_steps: int = 5
     ascent_steps: int = 10
     step_size: float = 0.05
     trust_radius: float = 0.25
     alpha: float = 1.0
     bc_weight: float = 1.0
+    pessimism: float = 0.0
     steps: int = 500
     batch_size: int = 64
     lr: float = 1e-4
@@ -218,11 +224,9 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     """
     import copy
 
-    from policylink.data.sampler import SequenceDataset
     from policylink.policies.checkpoint import save_checkpoint
     from policylink.policies.critics import ChunkCritic
     from policylink.policies.finetune.qvgm import QVGMConfig, QVGMLoss
-    from policylink.policies.processing import window_horizon
     from policylink.runtime.losses import BatchFields, ImitationLoss, training_batch
 
     if cfg.method not in METHODS:
@@ -230,25 +234,18 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     _threads(cfg.torch_threads)
     pcfg, spec, model, normalizer, train_doc = load_base(cfg.policy, require_flow=cfg.method == "qvgm")
     store = open_buffer(cfg.buffer, model, train_doc)
-    episodes = None
-    if cfg.only_success:
-        episodes = [i for i, m in enumerate(store.all_meta()) if m.success]
-        if not episodes:
-            raise ValueError(f"only_success: the buffer {cfg.buffer!r} holds no successful episode")
-    ds = SequenceDataset(
-        store,
-        n_obs_steps=pcfg.n_obs_steps,
-        horizon=window_horizon(pcfg.n_obs_steps, pcfg.chunk_size),
-        obs_keys=list(model.features),
-        episodes=episodes,
-        normalizer=normalizer,
-    )
+    ds = _windows(store, pcfg, model, normalizer, cfg.only_success, cfg.buffer)
+    bc_ds = None
+    if cfg.method == "qvgm" and cfg.bc_only_success and not cfg.only_success:
+        bc_ds = _windows(store, pcfg, model, normalizer, True, cfg.buffer)
     if cfg.method == "qvgm":
         if not cfg.critic:
             raise ValueError(
                 "critic: expected the folder of policylink finetune critic (--critic DIR) for method qvgm, received ''"
             )
-        qc = QVGMConfig(cfg.last_steps, cfg.ascent_steps, cfg.step_size, cfg.trust_radius, cfg.alpha, cfg.bc_weight)
+        qc = QVGMConfig(
+            cfg.last_steps, cfg.ascent_steps, cfg.step_size, cfg.trust_radius, cfg.alpha, cfg.bc_weight, cfg.pessimism
+        )
         loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
     else:
         loss_fn = ImitationLoss(types.SimpleNamespace(policy=pcfg))
@@ -259,6 +256,8 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
         model.train()
         rng = np.random.default_rng([cfg.seed, step])
         batch = training_batch(ds, rng.integers(0, len(ds), cfg.batch_size), BatchFields(), "cpu")
+        if bc_ds is not None:
+            batch["bc"] = training_batch(bc_ds, rng.integers(0, len(bc_ds), cfg.batch_size), BatchFields(), "cpu")
         batch["noise"] = loss_fn.draw(model, cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 100003 + step))
         loss, m = loss_fn(model, batch, step)
         opt.zero_grad(set_to_none=True)
@@ -288,6 +287,31 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     (out / LINEAGE_FILE).write_text(json.dumps(lineage, indent=1))
     _write_csv(out / "finetune_metrics.csv", rows)
     return out
+
+
+def _windows(store, pcfg, model, normalizer, only_success: bool, path: str):
+    """The training windows (:class:`~policylink.data.sampler.SequenceDataset`) of ``store`` for the policy
+    config ``pcfg``: every episode, or the successful ones only.
+
+    Raises:
+        ValueError: ``only_success`` and the buffer holds no successful episode.
+    """
+    from policylink.data.sampler import SequenceDataset
+    from policylink.policies.processing import window_horizon
+
+    episodes = None
+    if only_success:
+        episodes = [i for i, m in enumerate(store.all_meta()) if m.success]
+        if not episodes:
+            raise ValueError(f"only_success: the buffer {path!r} holds no successful episode")
+    return SequenceDataset(
+        store,
+        n_obs_steps=pcfg.n_obs_steps,
+        horizon=window_horizon(pcfg.n_obs_steps, pcfg.chunk_size),
+        obs_keys=list(model.features),
+        episodes=episodes,
+        normalizer=normalizer,
+    )
 
 
 def _threads(n: int) -> None:

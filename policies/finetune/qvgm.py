@@ -34,6 +34,8 @@ class QVGMConfig:
         trust_radius: max RMS distance of an iterate from ``a_hat``.
         alpha: fraction of ``a* - a_hat`` the clean estimate is moved by.
         bc_weight: ``lambda_bc``, weight of the flow-matching loss on the buffer's actions.
+        pessimism: ``k`` of the ascent objective ``mean_e Q_e - k std_e Q_e`` over the critic's heads (0: the
+            paper's mean; see :meth:`~policylink.policies.critics.ChunkCritic.actor_q`).
     """
 
     last_steps: int = 5
@@ -42,6 +44,7 @@ class QVGMConfig:
     trust_radius: float = 0.25
     alpha: float = 1.0
     bc_weight: float = 1.0
+    pessimism: float = 0.0
 
     def validate(self, num_steps: int | None = None) -> QVGMConfig:
         """Return self if consistent (``last_steps <= num_steps`` when given). Raises ValueError naming the field."""
@@ -52,8 +55,9 @@ class QVGMConfig:
         for name in ("step_size", "trust_radius", "alpha"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"qvgm.{name}: expected > 0, received {getattr(self, name)}")
-        if self.bc_weight < 0:
-            raise ValueError(f"qvgm.bc_weight: expected >= 0, received {self.bc_weight}")
+        for name in ("bc_weight", "pessimism"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"qvgm.{name}: expected >= 0, received {getattr(self, name)}")
         return self
 
 
@@ -116,7 +120,9 @@ class QVGMLoss:
             trained with); never updated.
 
     The batch is the trainer's (``obs``, ``action``, ``valid``; :func:`policylink.runtime.losses.training_batch`
-    with the default ``BatchFields()``) plus ``noise`` from :meth:`draw`.
+    with the default ``BatchFields()``) plus ``noise`` from :meth:`draw`, and optionally ``bc``: a second batch
+    of the same form and size whose windows the flow-matching term uses instead (e.g. successful episodes only,
+    while the velocity-matching term covers every state of the buffer).
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("vgm_loss", "bc_loss", "keep_best_margin", "start_won", "q_start", "q_best")
@@ -147,7 +153,9 @@ class QVGMLoss:
             v = model.sampler.denoise(x_t, t, cond)
             a_hat = model.sampler.clean_estimate(x_t, t, v)
             s = critic_state(self.reference.embed(obs), obs)
-        res = keep_best_ascent(lambda a: self.critic.actor_q(s, a), a_hat, c.ascent_steps, c.step_size, c.trust_radius)
+        res = keep_best_ascent(
+            lambda a: self.critic.actor_q(s, a, c.pessimism), a_hat, c.ascent_steps, c.step_size, c.trust_radius
+        )
         v_tgt = v + c.alpha * (res.a_star - a_hat) / (1.0 - t)[:, None, None]
         return x_t, t, v_tgt, res
 
@@ -158,7 +166,9 @@ class QVGMLoss:
         cond = model.condition(model.embed(obs))
         x_t, t, v_tgt, res = self.targets(model, obs, cond.detach(), noise)
         vgm = (model.sampler.denoise(x_t, t, cond) - v_tgt).square().mean()
-        bc = model.loss(cond, batch["action"], noise, batch.get("valid"))
+        data = batch.get("bc") or batch
+        bc_cond = cond if data is batch else model.condition(model.embed(data["obs"]))
+        bc = model.loss(bc_cond, data["action"], noise, data.get("valid"))
         metrics = {
             "vgm_loss": vgm.item(),
             "bc_loss": bc.item(),

@@ -180,6 +180,11 @@ def test_action_enters_every_hidden_layer_and_heads_are_an_ensemble():
     q = critic.q(b["state"], b["action"])
     assert q.shape == (3, 5)
     torch.testing.assert_close(critic.actor_q(b["state"], b["action"]), q.mean(0))
+    # the pessimistic objective: mean - k std (population) over the heads
+    torch.testing.assert_close(critic.actor_q(b["state"], b["action"], 0.5), q.mean(0) - 0.5 * q.std(0, False))
+    two = _critic(n_heads=2)
+    q2 = two.q(b["state"], b["action"])
+    torch.testing.assert_close(two.actor_q(b["state"], b["action"], 1.0), q2.min(0).values)  # k = 1: the min
     with pytest.raises(ValueError, match=r"critic action: expected \(B, >= 3, 2\), received \(5, 2, 2\)"):
         critic.q(b["state"], b["action"][:, :2])
     with pytest.raises(ValueError, match="critic.expectile: expected a value in \\(0, 1\\), received 1.0"):

@@ -56,7 +56,7 @@ class _QuadraticCritic(torch.nn.Module):
         super().__init__()
         self.target, self.horizon = target, horizon
 
-    def actor_q(self, s, a):
+    def actor_q(self, s, a, pessimism=0.0):
         return -((a[:, : self.horizon] - self.target) ** 2).flatten(1).sum(1)
 
 
@@ -100,3 +100,26 @@ def test_qvgm_config_names_the_bad_field(kit):
         QVGMConfig(last_steps=11).validate(10)
     with pytest.raises(ValueError, match="qvgm.trust_radius: expected > 0, received 0"):
         QVGMConfig(trust_radius=0).validate()
+    with pytest.raises(ValueError, match="qvgm.pessimism: expected >= 0, received -1"):
+        QVGMConfig(pessimism=-1).validate()
+
+
+def test_the_bc_term_uses_the_bc_batch_when_one_is_given(kit):
+    torch.manual_seed(0)
+    cfg = kit.tiny_config("flow", keys=(kit.STATE,), n_obs_steps=1, chunk_size=4, n_action_steps=2)
+    model = build_model(cfg, kit.FEATURES, 2)
+    loss_fn = QVGMLoss(QVGMConfig(ascent_steps=0), _QuadraticCritic(torch.zeros(2, 2), 2), copy.deepcopy(model))
+    gen = np.random.default_rng(1)
+    obs = {kit.STATE: torch.tensor(gen.uniform(-1, 1, (8, 1, 3)), dtype=torch.float32)}
+    bc_obs = {kit.STATE: torch.tensor(gen.uniform(-1, 1, (8, 1, 3)), dtype=torch.float32)}
+    action, bc_action = torch.zeros(8, 4, 2), torch.ones(8, 4, 2)
+    noise = loss_fn.draw(model, 8, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        own = model.loss(model.condition(model.embed(obs)), action, noise, None)
+        other = model.loss(model.condition(model.embed(bc_obs)), bc_action, noise, None)
+        _, plain = loss_fn(model, {"obs": obs, "action": action, "noise": noise}, 0)
+        bc = {"obs": bc_obs, "action": bc_action, "valid": None}
+        _, split = loss_fn(model, {"obs": obs, "action": action, "noise": noise, "bc": bc}, 0)
+    assert plain["bc_loss"] == pytest.approx(float(own)) and split["bc_loss"] == pytest.approx(float(other))
+    assert abs(float(own) - float(other)) > 0.1  # the two batches are told apart
+    assert split["vgm_loss"] == pytest.approx(plain["vgm_loss"])  # velocity matching still on the main batch

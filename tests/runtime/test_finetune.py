@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
 from policylink.data.buffer import EpisodeStore
