@@ -114,6 +114,11 @@ def test_critic_then_qvgm_gives_an_ordinary_checkpoint_with_lineage(tmp_path):
     assert policy.predict_action_chunk().shape == (2, 4, 2)
     rows = (out / "finetune_metrics.csv").read_text().splitlines()
     assert rows[0].split(",")[:3] == ["step", "loss", "vgm_loss"] and "keep_best_margin" in rows[0]
+    pess = finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic), pessimism=1.0,
+                                         bc_only_success=True, out=str(tmp_path / "ft2"), steps=2,
+                                         batch_size=8))  # fmt: skip
+    saved = yaml.safe_load((pess / "config.yaml").read_text())["train"]["finetune"]
+    assert saved["pessimism"] == 1.0 and saved["bc_only_success"] is True
 
 
 def test_filtered_bc_trains_on_successful_episodes_only(tmp_path):
