@@ -92,6 +92,8 @@ class QVGMCmdConfig:
         alpha: fraction of (a* - a_hat) the clean estimate is moved by.
         bc_weight: lambda_bc, weight of flow matching on the buffer's actions.
         pessimism: k of the ascent objective mean - k std over the critic's heads (0: the mean, as the paper).
+        candidates: N chunks sampled from the current policy per state that also enter keep-best (0: ascent only,
+            as the paper); a better candidate becomes the target, which distils best-of-N reranking.
         steps: optimizer steps.
         batch_size: windows per step.
         lr: AdamW learning rate (constant).
@@ -116,6 +118,7 @@ class QVGMCmdConfig:
     alpha: float = 1.0
     bc_weight: float = 1.0
     pessimism: float = 0.0
+    candidates: int = 0
     steps: int = 500
     batch_size: int = 64
     lr: float = 1e-4
@@ -243,9 +246,8 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
             raise ValueError(
                 "critic: expected the folder of policylink finetune critic (--critic DIR) for method qvgm, received ''"
             )
-        qc = QVGMConfig(
-            cfg.last_steps, cfg.ascent_steps, cfg.step_size, cfg.trust_radius, cfg.alpha, cfg.bc_weight, cfg.pessimism
-        )
+        fields = ("last_steps", "ascent_steps", "step_size", "trust_radius", "alpha", "bc_weight", "pessimism")
+        qc = QVGMConfig(**{f: getattr(cfg, f) for f in (*fields, "candidates")})
         loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
     else:
         loss_fn = ImitationLoss(types.SimpleNamespace(policy=pcfg))

@@ -34,6 +34,10 @@ class QVGMConfig:
         trust_radius: max RMS distance of an iterate from ``a_hat``.
         alpha: fraction of ``a* - a_hat`` the clean estimate is moved by.
         bc_weight: ``lambda_bc``, weight of the flow-matching loss on the buffer's actions.
+        candidates: ``N`` extra chunks sampled from the current policy (no grad) per state that also enter the
+            keep-best comparison (0: the paper's ascent only). A candidate that beats every ascent iterate under the
+            critic becomes ``a*``, so the target stays on the policy's own support: Q-VGM then distils best-of-N
+            reranking into the velocity field (our extension, for a critic whose off-data gradient is unreliable).
         pessimism: ``k`` of the ascent objective ``mean_e Q_e - k std_e Q_e`` over the critic's heads (0: the
             paper's mean; see :meth:`~policylink.policies.critics.ChunkCritic.actor_q`).
     """
@@ -45,13 +49,15 @@ class QVGMConfig:
     alpha: float = 1.0
     bc_weight: float = 1.0
     pessimism: float = 0.0
+    candidates: int = 0
 
     def validate(self, num_steps: int | None = None) -> QVGMConfig:
         """Return self if consistent (``last_steps <= num_steps`` when given). Raises ValueError naming the field."""
         if self.last_steps < 1 or (num_steps is not None and self.last_steps > num_steps):
             raise ValueError(f"qvgm.last_steps: expected in [1, {num_steps}], received {self.last_steps}")
-        if self.ascent_steps < 0:
-            raise ValueError(f"qvgm.ascent_steps: expected >= 0, received {self.ascent_steps}")
+        for name in ("ascent_steps", "candidates"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"qvgm.{name}: expected >= 0, received {getattr(self, name)}")
         for name in ("step_size", "trust_radius", "alpha"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"qvgm.{name}: expected > 0, received {getattr(self, name)}")
@@ -64,12 +70,25 @@ class QVGMConfig:
 @dataclass
 class AscentResult:
     """Keep-best ascent output: ``a_star`` like the start ``(B, ...)``; ``q_start``, ``q_best`` ``(B,)``;
-    ``start_won`` bool ``(B,)`` (no iterate beat the start)."""
+    ``start_won`` bool ``(B,)`` (no iterate beat the start); ``candidate_won`` bool ``(B,)`` (a policy sample
+    beat every iterate, :meth:`with_candidates`)."""
 
     a_star: torch.Tensor
     q_start: torch.Tensor
     q_best: torch.Tensor
     start_won: torch.Tensor
+    candidate_won: torch.Tensor | None = None
+
+    def with_candidates(self, chunks: torch.Tensor, q: torch.Tensor) -> AscentResult:
+        """Keep-best over this result and ``N`` candidate chunks ``(B, N, ...)`` with critic values ``(B, N)``:
+        per row the candidate with the highest value replaces ``a_star`` when it is strictly better."""
+        q_c, idx = q.max(1)
+        best_c = chunks[torch.arange(chunks.shape[0], device=chunks.device), idx]
+        won = q_c > self.q_best
+        view = (-1,) + (1,) * (self.a_star.dim() - 1)
+        a_star = torch.where(won.view(view), best_c.to(self.a_star.dtype), self.a_star)
+        q_best = torch.where(won, q_c, self.q_best)
+        return AscentResult(a_star, self.q_start, q_best, ~(q_best > self.q_start), won)
 
 
 def keep_best_ascent(
@@ -125,7 +144,15 @@ class QVGMLoss:
     while the velocity-matching term covers every state of the buffer).
     """
 
-    metrics: ClassVar[tuple[str, ...]] = ("vgm_loss", "bc_loss", "keep_best_margin", "start_won", "q_start", "q_best")
+    metrics: ClassVar[tuple[str, ...]] = (
+        "vgm_loss",
+        "bc_loss",
+        "keep_best_margin",
+        "start_won",
+        "q_start",
+        "q_best",
+        "candidate_won",
+    )
 
     def __init__(self, cfg: QVGMConfig, critic: ChunkCritic, reference: ChunkModel):
         self.cfg = cfg.validate(reference.sampler.num_steps)
@@ -136,11 +163,15 @@ class QVGMLoss:
         self, model: ChunkModel, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
     ) -> dict[str, torch.Tensor]:
         """BC noise ``{"noise", "t"}`` (``model.draw_noise``), ``rollout`` ``(B, H, A)`` initial noise and
-        ``index`` int64 ``(B,)`` of the intermediate Euler step, uniform in ``[K - M, K)``."""
+        ``index`` int64 ``(B,)`` of the intermediate Euler step, uniform in ``[K - M, K)``, and with
+        ``candidates = N`` the candidates' initial noise ``(B * N, H, A)``."""
         out = model.draw_noise(batch_size, generator, device)
         k = model.sampler.num_steps
         out["rollout"] = torch.randn(batch_size, model.horizon, model.action_dim, generator=generator).to(device)
         out["index"] = torch.randint(k - self.cfg.last_steps, k, (batch_size,), generator=generator).to(device)
+        if self.cfg.candidates:
+            shape = (batch_size * self.cfg.candidates, model.horizon, model.action_dim)
+            out["candidates"] = torch.randn(shape, generator=generator).to(device)
         return out
 
     def targets(self, model: ChunkModel, obs: Mapping[str, torch.Tensor], cond: torch.Tensor, noise: Mapping):
@@ -156,6 +187,12 @@ class QVGMLoss:
         res = keep_best_ascent(
             lambda a: self.critic.actor_q(s, a, c.pessimism), a_hat, c.ascent_steps, c.step_size, c.trust_radius
         )
+        if c.candidates:
+            with torch.no_grad():
+                n = c.candidates
+                chunks = model.generate(cond.repeat_interleave(n, 0), noise["candidates"])
+                q = self.critic.actor_q(s.repeat_interleave(n, 0), chunks, c.pessimism).view(-1, n)
+            res = res.with_candidates(chunks.view(-1, n, *chunks.shape[1:]), q)
         v_tgt = v + c.alpha * (res.a_star - a_hat) / (1.0 - t)[:, None, None]
         return x_t, t, v_tgt, res
 
@@ -176,6 +213,7 @@ class QVGMLoss:
             "start_won": float(res.start_won.float().mean()),
             "q_start": float(res.q_start.mean()),
             "q_best": float(res.q_best.mean()),
+            "candidate_won": float(res.candidate_won.float().mean()) if res.candidate_won is not None else 0.0,
         }
         return vgm + self.cfg.bc_weight * bc, metrics
 

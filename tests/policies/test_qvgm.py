@@ -123,3 +123,30 @@ def test_the_bc_term_uses_the_bc_batch_when_one_is_given(kit):
     assert plain["bc_loss"] == pytest.approx(float(own)) and split["bc_loss"] == pytest.approx(float(other))
     assert abs(float(own) - float(other)) > 0.1  # the two batches are told apart
     assert split["vgm_loss"] == pytest.approx(plain["vgm_loss"])  # velocity matching still on the main batch
+
+
+def test_a_better_policy_sample_replaces_the_ascent_result():
+    q = lambda a: -((a[:, 0] - 1.0) ** 2)  # noqa: E731
+    res = keep_best_ascent(q, torch.zeros(2, 1), steps=3, step_size=0.1, trust_radius=0.2)  # lands at 0.2
+    chunks = torch.tensor([[[0.9], [-1.0]], [[0.1], [-0.5]]])  # (B=2, N=2, 1)
+    out = res.with_candidates(chunks, torch.stack([q(chunks[0]), q(chunks[1])]))
+    # row 0: the sample 0.9 (Q = -0.01) beats the iterate 0.2 (Q = -0.64); row 1: no sample does
+    torch.testing.assert_close(out.a_star, torch.tensor([[0.9], [0.2]]))
+    torch.testing.assert_close(out.q_best, torch.tensor([-0.01, -0.64]))
+    assert out.candidate_won.tolist() == [True, False] and not out.start_won.any()
+    assert res.candidate_won is None
+
+
+def test_qvgm_with_candidates_reports_how_often_a_sample_won(kit):
+    torch.manual_seed(0)
+    cfg = kit.tiny_config("flow", keys=(kit.STATE,), n_obs_steps=1, chunk_size=4, n_action_steps=2)
+    model = build_model(cfg, kit.FEATURES, 2)
+    loss_fn = QVGMLoss(QVGMConfig(ascent_steps=0, candidates=8), _QuadraticCritic(torch.zeros(2, 2), 2), model)
+    obs = {kit.STATE: torch.tensor(np.random.default_rng(0).uniform(-1, 1, (16, 1, 3)), dtype=torch.float32)}
+    noise = loss_fn.draw(model, 16, torch.Generator().manual_seed(0))
+    assert noise["candidates"].shape == (16 * 8, 4, 2)
+    _, metrics = loss_fn(model, {"obs": obs, "action": torch.zeros(16, 4, 2), "noise": noise}, 0)
+    # with no ascent the start wins unless a sample is better: 8 fresh samples beat one clean estimate usually
+    assert 0.5 < metrics["candidate_won"] <= 1.0 and metrics["start_won"] == pytest.approx(1 - metrics["candidate_won"])
+    with pytest.raises(ValueError, match="qvgm.candidates: expected >= 0, received -1"):
+        QVGMConfig(candidates=-1).validate()
