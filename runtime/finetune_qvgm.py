@@ -92,8 +92,8 @@ class QVGMCmdConfig:
         alpha: fraction of (a* - a_hat) the clean estimate is moved by.
         bc_weight: lambda_bc, weight of flow matching on the buffer's actions.
         pessimism: k of the ascent objective mean - k std over the critic's heads (0: the mean, as the paper).
-        candidates: N chunks sampled from the current policy per state that also enter keep-best (0: ascent only,
-            as the paper); a better candidate becomes the target, which distils best-of-N reranking.
+        candidates: N chunks sampled from the frozen base policy per state that also enter keep-best (0: ascent
+            only, as the paper); a better candidate becomes the target, which distils best-of-N reranking.
         steps: optimizer steps.
         batch_size: windows per step.
         lr: AdamW learning rate (constant).

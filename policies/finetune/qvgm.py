@@ -34,10 +34,13 @@ class QVGMConfig:
         trust_radius: max RMS distance of an iterate from ``a_hat``.
         alpha: fraction of ``a* - a_hat`` the clean estimate is moved by.
         bc_weight: ``lambda_bc``, weight of the flow-matching loss on the buffer's actions.
-        candidates: ``N`` extra chunks sampled from the current policy (no grad) per state that also enter the
-            keep-best comparison (0: the paper's ascent only). A candidate that beats every ascent iterate under the
-            critic becomes ``a*``, so the target stays on the policy's own support: Q-VGM then distils best-of-N
-            reranking into the velocity field (our extension, for a critic whose off-data gradient is unreliable).
+        candidates: ``N`` extra chunks sampled from the frozen reference policy (no grad) per state that also
+            enter the keep-best comparison (0: the paper's ascent only). A candidate that beats every ascent iterate
+            under the critic becomes ``a*``, so the target stays on the reference's support and is stationary:
+            Q-VGM then distils best-of-N reranking of the reference into the velocity field (our extension, for a
+            critic whose off-data gradient is unreliable; sampling them from the current policy instead compounds
+            the critic's selection error step after step: on push its Q at the policy's own chunks rose from 0.16 to
+            0.83 in 200 steps, above every value in the data, and success fell to 0%).
         pessimism: ``k`` of the ascent objective ``mean_e Q_e - k std_e Q_e`` over the critic's heads (0: the
             paper's mean; see :meth:`~policylink.policies.critics.ChunkCritic.actor_q`).
     """
@@ -183,14 +186,16 @@ class QVGMLoss:
             x_t, t = xs[noise["index"], rows], times[noise["index"]]
             v = model.sampler.denoise(x_t, t, cond)
             a_hat = model.sampler.clean_estimate(x_t, t, v)
-            s = critic_state(self.reference.embed(obs), obs)
+            latent = self.reference.embed(obs)
+            s = critic_state(latent, obs)
         res = keep_best_ascent(
             lambda a: self.critic.actor_q(s, a, c.pessimism), a_hat, c.ascent_steps, c.step_size, c.trust_radius
         )
         if c.candidates:
             with torch.no_grad():
                 n = c.candidates
-                chunks = model.generate(cond.repeat_interleave(n, 0), noise["candidates"])
+                ref_cond = self.reference.condition(latent).repeat_interleave(n, 0)
+                chunks = self.reference.generate(ref_cond, noise["candidates"])
                 q = self.critic.actor_q(s.repeat_interleave(n, 0), chunks, c.pessimism).view(-1, n)
             res = res.with_candidates(chunks.view(-1, n, *chunks.shape[1:]), q)
         v_tgt = v + c.alpha * (res.a_star - a_hat) / (1.0 - t)[:, None, None]
