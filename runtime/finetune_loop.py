@@ -38,6 +38,8 @@ class LoopConfig:
         episodes: rollouts recorded per round (the buffer grows by this many).
         out: run folder (buffer.zarr, round_NN/{critic,policy,...}, rounds.csv/md/png).
         record_seed: reset seed of the first recorded rollout (round r uses record_seed + (r - 1) * episodes).
+        demos: episode store (with rewards) the buffer starts from, e.g. the base policy's own training demos
+            (no new demos: the data the few-shot policy was trained on); empty = the policy's rollouts only.
         eval_episodes: held-out evaluation rollouts after each round.
         eval_seed: reset seed of the first held-out rollout.
         num_envs: parallel envs for recording and evaluation (0 = one per episode).
@@ -54,6 +56,7 @@ class LoopConfig:
     episodes: int = 50
     out: str = "outputs/finetune/loop"
     record_seed: int = 10_000
+    demos: str = ""
     eval_episodes: int = 50
     eval_seed: int = 100_000
     num_envs: int = 0
@@ -95,6 +98,10 @@ def run_loop(cfg: LoopConfig) -> list[dict[str, Any]]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     buffer = str(out / "buffer.zarr")
+    if cfg.demos and not Path(buffer).exists():
+        from policylink.runtime.dataset import MergeConfig, merge
+
+        merge(MergeConfig(inputs=[cfg.demos], out=buffer))
     state_file = out / "rounds.json"
     rows: list[dict[str, Any]] = json.loads(state_file.read_text()) if state_file.exists() else []
     if not rows:

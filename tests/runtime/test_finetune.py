@@ -179,3 +179,24 @@ def test_missing_checkpoint_and_dataset_are_named(capsys):
     assert "policy: expected a checkpoint folder (--policy CKPT), received ''" in capsys.readouterr().err
     assert main(["finetune", "monitor"]) == 2
     assert "(--policy CKPT --buffer X.zarr)" in capsys.readouterr().err
+
+
+def test_the_loop_buffer_starts_from_the_demos_when_given(tmp_path, monkeypatch):
+    from policylink.runtime import finetune_loop as fl
+
+    demos = _buffer(tmp_path / "demos.zarr")
+    base = _checkpoint(tmp_path / "base", demos)
+    seen = {}
+
+    def record(cfg, path, buffer, seed, env_kwargs):  # the buffer as the first round finds it
+        with EpisodeStore(buffer, "r") as s:
+            seen["episodes"], seen["success"] = s.n_episodes, [m.success for m in s.all_meta()]
+        return 0.5
+
+    monkeypatch.setattr(fl, "_record", record)
+    monkeypatch.setattr(fl, "_evaluate", lambda cfg, path, kw, critic=None: {"success": 0.25, "policy": path})
+    monkeypatch.setattr(fl, "train_critic", lambda c: tmp_path / "critic")
+    monkeypatch.setattr(fl, "finetune_policy", lambda q: tmp_path / "policy")
+    rows = fl.run_loop(fl.LoopConfig(policy=str(base), env="push", rounds=1, demos=str(demos), out=str(tmp_path / "l")))
+    assert seen == {"episodes": 4, "success": [False, True, False, True]}  # the demos' four episodes, in order
+    assert [r["method"] for r in rows] == ["base", "qvgm"] and rows[1]["buffer_success"] == 0.5
