@@ -27,7 +27,7 @@ import yaml
 
 from policylink.adapters.capabilities import Prediction
 
-METHODS = ("qvgm", "bc")
+METHODS = ("qvgm", "bc", "awr")
 LINEAGE_FILE = "lineage.json"
 
 
@@ -79,8 +79,10 @@ class QVGMCmdConfig:
         buffer: episode store (rollouts with rewards) of the policy's env.
         critic: folder written by ``policylink finetune critic`` (needed by method qvgm).
         out: checkpoint folder of the fine-tuned policy (an ordinary flow checkpoint + lineage.json).
-        method: ``qvgm`` (velocity matching toward critic-improved chunks + lambda_bc x flow matching) or
-            ``bc`` (flow matching only: with only_success, the filtered-BC baseline).
+        method: ``qvgm`` (velocity matching toward critic-improved chunks + lambda_bc x flow matching),
+            ``bc`` (flow matching only: with only_success, the filtered-BC baseline) or ``awr`` (flow matching
+            weighted by min(exp(A / awr_beta), awr_max_weight) with the critic's chunk advantage: the
+            advantage-weighted baseline).
         only_success: train on the buffer's successful episodes only.
         bc_only_success: method qvgm: the flow-matching term uses the successful episodes only while the
             velocity-matching term uses every episode (flow matching on a mostly failed buffer pulls the policy
@@ -94,6 +96,8 @@ class QVGMCmdConfig:
         pessimism: k of the ascent objective mean - k std over the critic's heads (0: the mean, as the paper).
         candidates: N chunks sampled from the frozen base policy per state that also enter keep-best (0: ascent
             only, as the paper); a better candidate becomes the target, which distils best-of-N reranking.
+        awr_beta: method awr: temperature on the batch-standardised advantage.
+        awr_max_weight: method awr: weight cap w_max.
         steps: optimizer steps.
         batch_size: windows per step.
         lr: AdamW learning rate (constant).
@@ -119,6 +123,8 @@ class QVGMCmdConfig:
     bc_weight: float = 1.0
     pessimism: float = 0.0
     candidates: int = 0
+    awr_beta: float = 1.0
+    awr_max_weight: float = 20.0
     steps: int = 500
     batch_size: int = 64
     lr: float = 1e-4
@@ -225,12 +231,8 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
         ValueError: unknown method, a diffusion checkpoint with qvgm, a bad buffer, no successful episode with
             ``only_success``, a missing critic.
     """
-    import copy
-
     from policylink.policies.checkpoint import save_checkpoint
-    from policylink.policies.critics import ChunkCritic
-    from policylink.policies.finetune.qvgm import QVGMConfig, QVGMLoss
-    from policylink.runtime.losses import BatchFields, ImitationLoss, training_batch
+    from policylink.runtime.losses import BatchFields, training_batch
 
     if cfg.method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, received {cfg.method!r}")
@@ -241,16 +243,7 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     bc_ds = None
     if cfg.method == "qvgm" and cfg.bc_only_success and not cfg.only_success:
         bc_ds = _windows(store, pcfg, model, normalizer, True, cfg.buffer)
-    if cfg.method == "qvgm":
-        if not cfg.critic:
-            raise ValueError(
-                "critic: expected the folder of policylink finetune critic (--critic DIR) for method qvgm, received ''"
-            )
-        fields = ("last_steps", "ascent_steps", "step_size", "trust_radius", "alpha", "bc_weight", "pessimism")
-        qc = QVGMConfig(**{f: getattr(cfg, f) for f in (*fields, "candidates")})
-        loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
-    else:
-        loss_fn = ImitationLoss(types.SimpleNamespace(policy=pcfg))
+    loss_fn = _loss(cfg, pcfg, model)
     metrics_names = tuple(getattr(loss_fn, "metrics", ()))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-6)
     rows, t0, acc = [], time.perf_counter(), {}
@@ -278,7 +271,7 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
         "parent": cfg.policy,
         "buffer": cfg.buffer,
         "method": cfg.method,
-        "critic": cfg.critic if cfg.method == "qvgm" else "",
+        "critic": cfg.critic if cfg.method in ("qvgm", "awr") else "",
         "round": cfg.round,
         "steps": cfg.steps,
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -289,6 +282,36 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     (out / LINEAGE_FILE).write_text(json.dumps(lineage, indent=1))
     _write_csv(out / "finetune_metrics.csv", rows)
     return out
+
+
+def _loss(cfg: QVGMCmdConfig, pcfg: Any, model: Any):
+    """The training loss of ``cfg.method`` (draws + ``(model, batch, step)``); the critic methods get a frozen
+    copy of ``model`` as their reference encoder.
+
+    Raises:
+        ValueError: method qvgm or awr without ``cfg.critic``.
+    """
+    import copy
+
+    from policylink.policies.critics import ChunkCritic
+    from policylink.policies.finetune.critic_awr import CriticAWRLoss
+    from policylink.policies.finetune.qvgm import QVGMConfig, QVGMLoss
+    from policylink.runtime.losses import ImitationLoss
+
+    if cfg.method in ("qvgm", "awr") and not cfg.critic:
+        raise ValueError(
+            f"critic: expected the folder of policylink finetune critic (--critic DIR) for method {cfg.method}, "
+            "received ''"
+        )
+    if cfg.method == "qvgm":
+        fields = ("last_steps", "ascent_steps", "step_size", "trust_radius", "alpha", "bc_weight", "pessimism")
+        qc = QVGMConfig(**{f: getattr(cfg, f) for f in (*fields, "candidates")})
+        loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
+    elif cfg.method == "awr":
+        loss_fn = CriticAWRLoss(ChunkCritic.load(cfg.critic), copy.deepcopy(model), cfg.awr_beta, cfg.awr_max_weight)
+    else:
+        loss_fn = ImitationLoss(types.SimpleNamespace(policy=pcfg))
+    return loss_fn
 
 
 def _windows(store, pcfg, model, normalizer, only_success: bool, path: str):

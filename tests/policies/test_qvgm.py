@@ -150,3 +150,32 @@ def test_qvgm_with_candidates_reports_how_often_a_sample_won(kit):
     assert 0.5 < metrics["candidate_won"] <= 1.0 and metrics["start_won"] == pytest.approx(1 - metrics["candidate_won"])
     with pytest.raises(ValueError, match="qvgm.candidates: expected >= 0, received -1"):
         QVGMConfig(candidates=-1).validate()
+
+
+class _TableCritic(torch.nn.Module):
+    """Q = the chunk's first action entry, V = 0: the advantage is known."""
+
+    def actor_q(self, s, a, pessimism=0.0):
+        return a[:, 0, 0]
+
+    def value(self, s):
+        return torch.zeros(s.shape[0])
+
+
+def test_critic_awr_weights_are_capped_exponentials_of_standardised_advantages(kit):
+    from policylink.policies.finetune.critic_awr import CriticAWRLoss
+
+    cfg = kit.tiny_config("flow", keys=(kit.STATE,), n_obs_steps=1, chunk_size=4, n_action_steps=2)
+    model = build_model(cfg, kit.FEATURES, 2)
+    loss_fn = CriticAWRLoss(_TableCritic(), copy.deepcopy(model), beta=0.5, max_weight=3.0)
+    action = torch.zeros(4, 4, 2)
+    action[:, 0, 0] = torch.tensor([-1.0, 0.0, 1.0, 2.0])  # A; std (unbiased) = 1.2910
+    obs = {kit.STATE: torch.zeros(4, 1, 3)}
+    a = torch.tensor([-1.0, 0.0, 1.0, 2.0]) / 1.2909944
+    torch.testing.assert_close(loss_fn.weights(obs, action), torch.exp(a / 0.5).clamp(max=3.0))
+    assert float(loss_fn.weights(obs, action)[3]) == pytest.approx(3.0)  # exp(3.10) capped
+    batch = {"obs": obs, "action": action, "valid": None, "noise": loss_fn.draw(model, 4, torch.Generator())}
+    loss, metrics = loss_fn(model, batch, 0)
+    assert metrics["max_weight"] == pytest.approx(3.0) and loss.requires_grad
+    with pytest.raises(ValueError, match="awr beta / max_weight: expected > 0"):
+        CriticAWRLoss(_TableCritic(), model, beta=0.0)

@@ -119,6 +119,12 @@ def test_critic_then_qvgm_gives_an_ordinary_checkpoint_with_lineage(tmp_path):
                                          batch_size=8))  # fmt: skip
     saved = yaml.safe_load((pess / "config.yaml").read_text())["train"]["finetune"]
     assert saved["pessimism"] == 1.0 and saved["bc_only_success"] is True
+    awr = finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic), method="awr",
+                                        out=str(tmp_path / "awr"), steps=2, batch_size=8))  # fmt: skip
+    assert json.loads((awr / "lineage.json").read_text())["critic"] == str(critic)
+    assert "mean_weight" in (awr / "finetune_metrics.csv").read_text().splitlines()[0]
+    with pytest.raises(ValueError, match="critic: expected the folder of policylink finetune critic .* method awr"):
+        finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), method="awr"))
 
 
 def test_filtered_bc_trains_on_successful_episodes_only(tmp_path):
@@ -128,7 +134,7 @@ def test_filtered_bc_trains_on_successful_episodes_only(tmp_path):
                                         out=str(tmp_path / "bc"), steps=2, batch_size=4))  # fmt: skip
     assert json.loads((out / "lineage.json").read_text())["method"] == "bc"
     with pytest.raises(ValueError, match="method: expected one of"):
-        finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), method="awr"))
+        finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), method="ppo"))
 
 
 def test_best_of_n_picks_the_chunk_the_critic_prefers(tmp_path):
