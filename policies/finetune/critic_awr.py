@@ -64,7 +64,7 @@ class CriticAWRLoss:
             err = err * batch["valid"][..., None].to(err.dtype)
         per = err.mean(dim=(1, 2))
         w = self.weights(batch["obs"], batch["action"]).to(per.device)
-        metrics = {"bc_loss": float(per.mean()), "mean_weight": float(w.mean()), "max_weight": float(w.max())}
+        metrics = {"bc_loss": float(per.detach().mean()), "mean_weight": float(w.mean()), "max_weight": float(w.max())}
         return (w * per).mean(), metrics
 
 
