@@ -1,9 +1,9 @@
 """``policylink finetune loop``: learn from experience, no new demos. Per round: (a) record the current policy's
 rollouts (rewards, success, true terminations) into the replay buffer through the one rollout loop, (b) train
 the chunk critic on the whole buffer, (c) Q-VGM from the current policy, (d) evaluate on held-out seeds; with
-``--baselines`` also best-of-N reranking of the base policy with the round's critic and filtered BC of the base
-on the buffer's successes. Writes ``rounds.csv``, ``rounds.md`` and ``rounds.png``; a re-run resumes after the
-last finished stage.
+``--baselines`` also best-of-N reranking of the base policy with the round's critic, filtered BC of the base
+on the buffer's successes and advantage-weighted flow matching of the base with the round's critic. Writes
+``rounds.csv``, ``rounds.md`` and ``rounds.png``; a re-run resumes after the last finished stage.
 
 Example::
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from policylink.runtime.finetune_qvgm import CriticCmdConfig, QVGMCmdConfig, finetune_policy, train_critic
 
-BASELINES = ("rerank", "bc")
+BASELINES = ("rerank", "bc", "awr")
 
 
 @dataclass
@@ -43,8 +43,9 @@ class LoopConfig:
         eval_episodes: held-out evaluation rollouts after each round.
         eval_seed: reset seed of the first held-out rollout.
         num_envs: parallel envs for recording and evaluation (0 = one per episode).
-        baselines: also evaluate ``rerank`` (best-of-N of the base with the round's critic) and/or ``bc``
-            (filtered BC: the base fine-tuned on the buffer's successful episodes).
+        baselines: also evaluate ``rerank`` (best-of-N of the base with the round's critic), ``bc`` (filtered
+            BC: the base fine-tuned on the buffer's successful episodes) and/or ``awr`` (the base fine-tuned by
+            flow matching weighted with the round's critic's advantage, ``finetune qvgm --method awr``).
         rerank_n: samples per chunk of the reranking baseline.
         critic: ``policylink finetune critic`` options (policy, buffer and out are set per round).
         qvgm: ``policylink finetune qvgm`` options (policy, buffer, critic, out and method are set per round).
@@ -120,6 +121,9 @@ def run_loop(cfg: LoopConfig) -> list[dict[str, Any]]:
         if "bc" in cfg.baselines:
             bc = replace(q, policy=cfg.policy, method="bc", only_success=True, out=str(rdir / "filtered_bc"))
             new.append({"round": r, "method": "filtered_bc", **_evaluate(cfg, str(finetune_policy(bc)), env_kwargs)})
+        if "awr" in cfg.baselines:
+            awr = replace(q, policy=cfg.policy, method="awr", out=str(rdir / "awr"))
+            new.append({"round": r, "method": "awr", **_evaluate(cfg, str(finetune_policy(awr)), env_kwargs)})
         if "rerank" in cfg.baselines:
             new.append({"round": r, "method": "rerank", **_evaluate(cfg, cfg.policy, env_kwargs, critic_dir)})
         rows.extend(new)

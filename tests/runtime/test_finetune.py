@@ -4,6 +4,7 @@ checkpoint with its lineage, best-of-N reranking, and the recorder's true-termin
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -202,7 +203,11 @@ def test_the_loop_buffer_starts_from_the_demos_when_given(tmp_path, monkeypatch)
     monkeypatch.setattr(fl, "_record", record)
     monkeypatch.setattr(fl, "_evaluate", lambda cfg, path, kw, critic=None: {"success": 0.25, "policy": path})
     monkeypatch.setattr(fl, "train_critic", lambda c: tmp_path / "critic")
-    monkeypatch.setattr(fl, "finetune_policy", lambda q: tmp_path / "policy")
-    rows = fl.run_loop(fl.LoopConfig(policy=str(base), env="push", rounds=1, demos=str(demos), out=str(tmp_path / "l")))
+    monkeypatch.setattr(fl, "finetune_policy", lambda q: tmp_path / q.method)
+    cfg = fl.LoopConfig(policy=str(base), env="push", rounds=1, demos=str(demos), out=str(tmp_path / "l"))
+    rows = fl.run_loop(replace(cfg, baselines=["awr", "bc"]))
     assert seen == {"episodes": 4, "success": [False, True, False, True]}  # the demos' four episodes, in order
-    assert [r["method"] for r in rows] == ["base", "qvgm"] and rows[1]["buffer_success"] == 0.5
+    assert [r["method"] for r in rows] == ["base", "qvgm", "filtered_bc", "awr"] and rows[1]["buffer_success"] == 0.5
+    assert rows[3]["policy"] == str(tmp_path / "awr")
+    with pytest.raises(ValueError, match=r"baselines: expected a subset of \('rerank', 'bc', 'awr'\)"):
+        fl.run_loop(replace(cfg, baselines=["ppo"]))
