@@ -87,6 +87,8 @@ class QVGMCmdConfig:
         bc_only_success: method qvgm: the flow-matching term uses the successful episodes only while the
             velocity-matching term uses every episode (flow matching on a mostly failed buffer pulls the policy
             toward its failures).
+        bc_buffer: method qvgm: an episode store for the flow-matching term instead of the buffer (e.g. the
+            base policy's own training demos; with bc_only_success, its successful episodes).
         last_steps: intermediate times among the last M of the sampler's K Euler steps (paper: 5 of 10).
         ascent_steps: normalised Q-gradient steps from the clean estimate (keep-best, start included).
         step_size: length of one ascent step, RMS per normalised action entry.
@@ -115,6 +117,7 @@ class QVGMCmdConfig:
     method: str = "qvgm"
     only_success: bool = False
     bc_only_success: bool = False
+    bc_buffer: str = ""
     last_steps: int = 5
     ascent_steps: int = 10
     step_size: float = 0.05
@@ -171,16 +174,18 @@ def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[s
     return cfg, spec, model, normalizer, dict(doc.get("train") or {})
 
 
-def open_buffer(path: str, model: Any, train_doc: dict[str, Any]):
-    """The buffer's store, checked against the policy (:func:`~policylink.policies.finetune.transitions.check_buffer`:
-    rewards present, same env as the policy's training data, its features)."""
+def open_buffer(path: str, model: Any, train_doc: dict[str, Any], field: str = "buffer", rewards: bool = True):
+    """The store at ``path`` (option ``field``), checked against the policy
+    (:func:`~policylink.policies.finetune.transitions.check_buffer`: rewards present when ``rewards``, same env as
+    the policy's training data, its features)."""
     from policylink.data.buffer import EpisodeStore
     from policylink.policies.finetune.transitions import check_buffer
 
     if not path or not Path(path).exists():
-        raise FileNotFoundError(f"buffer: expected an episode store with rewards, {path!r} not found")
+        what = "an episode store with rewards" if rewards else "an episode store"
+        raise FileNotFoundError(f"{field}: expected {what}, {path!r} not found")
     store = EpisodeStore(path, "r")
-    check_buffer(store, (train_doc.get("dataset") or {}).get("env") or None, list(model.features))
+    check_buffer(store, (train_doc.get("dataset") or {}).get("env") or None, list(model.features), rewards)
     return store
 
 
@@ -241,7 +246,10 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     store = open_buffer(cfg.buffer, model, train_doc)
     ds = _windows(store, pcfg, model, normalizer, cfg.only_success, cfg.buffer)
     bc_ds = None
-    if cfg.method == "qvgm" and cfg.bc_only_success and not cfg.only_success:
+    if cfg.method == "qvgm" and cfg.bc_buffer:
+        bc_store = open_buffer(cfg.bc_buffer, model, train_doc, "bc_buffer", rewards=False)
+        bc_ds = _windows(bc_store, pcfg, model, normalizer, cfg.bc_only_success, cfg.bc_buffer)
+    elif cfg.method == "qvgm" and cfg.bc_only_success and not cfg.only_success:
         bc_ds = _windows(store, pcfg, model, normalizer, True, cfg.buffer)
     loss_fn = _loss(cfg, pcfg, model)
     metrics_names = tuple(getattr(loss_fn, "metrics", ()))

@@ -120,6 +120,12 @@ def test_critic_then_qvgm_gives_an_ordinary_checkpoint_with_lineage(tmp_path):
                                          batch_size=8))  # fmt: skip
     saved = yaml.safe_load((pess / "config.yaml").read_text())["train"]["finetune"]
     assert saved["pessimism"] == 1.0 and saved["bc_only_success"] is True
+    demos = _buffer(tmp_path / "demos.zarr", rewards=False)  # the BC store needs no rewards
+    q = QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic), bc_buffer=str(demos), steps=2,
+                      batch_size=8, out=str(tmp_path / "ft3"))  # fmt: skip
+    assert "bc_loss" in (finetune_policy(q) / "finetune_metrics.csv").read_text().splitlines()[0]
+    with pytest.raises(FileNotFoundError, match="bc_buffer: expected an episode store, 'nowhere.zarr' not found"):
+        finetune_policy(replace(q, bc_buffer="nowhere.zarr"))
     awr = finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic), method="awr",
                                         out=str(tmp_path / "awr"), steps=2, batch_size=8))  # fmt: skip
     assert json.loads((awr / "lineage.json").read_text())["critic"] == str(critic)
