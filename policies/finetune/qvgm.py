@@ -40,7 +40,8 @@ class QVGMConfig:
             Q-VGM then distils best-of-N reranking of the reference into the velocity field (our extension, for a
             critic whose off-data gradient is unreliable; sampling them from the current policy instead compounds
             the critic's selection error step after step: on push its Q at the policy's own chunks rose from 0.16 to
-            0.83 in 200 steps, above every value in the data, and success fell to 0%).
+            0.83 in 200 steps, above every value in the data, and success fell to 0%). Measured on push it lost
+            from the reference too (benchmarks/results/qvgm.md, round 2): off by default.
         pessimism: ``k`` of the ascent objective ``mean_e Q_e - k std_e Q_e`` over the critic's heads (0: the
             paper's mean; see :meth:`~policylink.policies.critics.ChunkCritic.actor_q`).
     """
