@@ -96,6 +96,8 @@ class QVGMCmdConfig:
         alpha: fraction of (a* - a_hat) the clean estimate is moved by.
         bc_weight: lambda_bc, weight of flow matching on the buffer's actions.
         pessimism: k of the ascent objective mean - k std over the critic's heads (0: the mean, as the paper).
+        anchor: centre of the ascent's trust region: current (the current policy's clean estimate, as the paper)
+            or reference (the base policy's, so the total drift from the base stays within trust_radius).
         candidates: N chunks sampled from the frozen base policy per state that also enter keep-best (0: ascent
             only, as the paper); a better candidate becomes the target, which distils best-of-N reranking.
         awr_beta: method awr: temperature on the batch-standardised advantage.
@@ -126,6 +128,7 @@ class QVGMCmdConfig:
     bc_weight: float = 1.0
     pessimism: float = 0.0
     candidates: int = 0
+    anchor: str = "current"
     awr_beta: float = 1.0
     awr_max_weight: float = 20.0
     steps: int = 500
@@ -313,7 +316,7 @@ def _loss(cfg: QVGMCmdConfig, pcfg: Any, model: Any):
         )
     if cfg.method == "qvgm":
         fields = ("last_steps", "ascent_steps", "step_size", "trust_radius", "alpha", "bc_weight", "pessimism")
-        qc = QVGMConfig(**{f: getattr(cfg, f) for f in (*fields, "candidates")})
+        qc = QVGMConfig(**{f: getattr(cfg, f) for f in (*fields, "candidates", "anchor")})
         loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
     elif cfg.method == "awr":
         loss_fn = CriticAWRLoss(ChunkCritic.load(cfg.critic), copy.deepcopy(model), cfg.awr_beta, cfg.awr_max_weight)

@@ -179,3 +179,43 @@ def test_critic_awr_weights_are_capped_exponentials_of_standardised_advantages(k
     assert metrics["max_weight"] == pytest.approx(3.0) and loss.requires_grad
     with pytest.raises(ValueError, match="awr beta / max_weight: expected > 0"):
         CriticAWRLoss(_TableCritic(), model, beta=0.0)
+
+
+def test_a_reference_anchored_trust_region_bounds_the_drift_from_the_anchor():
+    q = lambda a: -((a[:, 0] - 1.0) ** 2)  # noqa: E731
+    # centred on 0.5 (not the start 0): the ascent stops at 0.5 + 0.2
+    res = keep_best_ascent(
+        q, torch.zeros(1, 1), steps=10, step_size=0.1, trust_radius=0.2, center=torch.full((1, 1), 0.5)
+    )
+    assert float(res.a_star) == pytest.approx(0.7, abs=1e-6)
+    # a start already outside the region, better than anything inside it, is kept (never below the start)
+    far = lambda a: -((a[:, 0] - 3.0) ** 2)  # noqa: E731
+    res = keep_best_ascent(
+        far, torch.full((1, 1), 2.0), steps=5, step_size=0.1, trust_radius=0.5, center=torch.zeros(1, 1)
+    )
+    assert float(res.a_star) == 2.0 and bool(res.start_won[0])
+    with pytest.raises(ValueError, match=r"qvgm.anchor: expected one of \('current', 'reference'\), received 'base'"):
+        QVGMConfig(anchor="base").validate()
+
+
+def test_the_reference_anchor_centres_the_region_on_the_reference_clean_estimate(kit):
+    torch.manual_seed(0)
+    cfg = kit.tiny_config("flow", keys=(kit.STATE,), n_obs_steps=1, chunk_size=4, n_action_steps=2)
+    model, reference = build_model(cfg, kit.FEATURES, 2), build_model(cfg, kit.FEATURES, 2)  # different weights
+    far = torch.full((4, 2), 5.0)  # the maximiser lies far outside any region: iterates end on its boundary
+    qc = QVGMConfig(ascent_steps=40, step_size=0.05, trust_radius=0.1, anchor="reference")
+    loss_fn = QVGMLoss(qc, _QuadraticCritic(far, 4), reference)
+    obs = {kit.STATE: torch.tensor(np.random.default_rng(0).uniform(-1, 1, (8, 1, 3)), dtype=torch.float32)}
+    noise = loss_fn.draw(model, 8, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cond = model.condition(model.embed(obs))
+    x_t, t, _, res = loss_fn.targets(model, obs, cond, noise)
+    with torch.no_grad():
+        s = reference.sampler
+        a_ref = s.clean_estimate(x_t, t, s.denoise(x_t, t, reference.condition(reference.embed(obs))))
+    rms = (res.a_star - a_ref).flatten(1).norm(dim=1) / 8**0.5  # 8 entries per chunk
+    moved = ~res.start_won  # rows whose own clean estimate (outside the region) was not better
+    assert moved.sum() >= 4
+    torch.testing.assert_close(rms[moved], torch.full((int(moved.sum()),), 0.1), atol=1e-5, rtol=0)
+    a_hat_rms = (res.a_star[~moved] - a_ref[~moved]).flatten(1).norm(dim=1) / 8**0.5
+    assert (a_hat_rms > 0.1).all()  # a kept start lies outside the reference's region

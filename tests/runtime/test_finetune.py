@@ -116,10 +116,10 @@ def test_critic_then_qvgm_gives_an_ordinary_checkpoint_with_lineage(tmp_path):
     rows = (out / "finetune_metrics.csv").read_text().splitlines()
     assert rows[0].split(",")[:3] == ["step", "loss", "vgm_loss"] and "keep_best_margin" in rows[0]
     pess = finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic), pessimism=1.0,
-                                         bc_only_success=True, out=str(tmp_path / "ft2"), steps=2,
+                                         bc_only_success=True, anchor="reference", out=str(tmp_path / "ft2"), steps=2,
                                          batch_size=8))  # fmt: skip
     saved = yaml.safe_load((pess / "config.yaml").read_text())["train"]["finetune"]
-    assert saved["pessimism"] == 1.0 and saved["bc_only_success"] is True
+    assert saved["pessimism"] == 1.0 and saved["bc_only_success"] is True and saved["anchor"] == "reference"
     demos = _buffer(tmp_path / "demos.zarr", rewards=False)  # the BC store needs no rewards
     q = QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic), bc_buffer=str(demos), steps=2,
                       batch_size=8, out=str(tmp_path / "ft3"))  # fmt: skip
