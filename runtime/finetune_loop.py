@@ -81,6 +81,7 @@ def run_loop(cfg: LoopConfig) -> list[dict[str, Any]]:
     """Run (or resume) the rounds; returns the per-round rows (also written to ``out/rounds.csv``).
 
     Raises:
+        FileNotFoundError: ``demos`` given but not found.
         ValueError: a bad option (unregistered env, rounds/episodes < 1, unknown baseline), or the checks of
             :func:`~policylink.runtime.finetune_qvgm.load_base` (a diffusion checkpoint).
     """
@@ -91,6 +92,8 @@ def run_loop(cfg: LoopConfig) -> list[dict[str, Any]]:
         raise ValueError(f"env: expected a registered env ({', '.join(available_envs())}), received {cfg.env!r}")
     if cfg.rounds < 1 or cfg.episodes < 1:
         raise ValueError(f"rounds, episodes: expected >= 1, received {cfg.rounds}, {cfg.episodes}")
+    if cfg.demos and not Path(cfg.demos).exists():
+        raise FileNotFoundError(f"demos: expected an episode store (the base's demos), {cfg.demos!r} not found")
     unknown = [b for b in cfg.baselines if b not in BASELINES]
     if unknown:
         raise ValueError(f"baselines: expected a subset of {BASELINES}, received unknown {unknown}")

@@ -217,3 +217,6 @@ def test_the_loop_buffer_starts_from_the_demos_when_given(tmp_path, monkeypatch)
     assert rows[3]["policy"] == str(tmp_path / "awr")
     with pytest.raises(ValueError, match=r"baselines: expected a subset of \('rerank', 'bc', 'awr'\)"):
         fl.run_loop(replace(cfg, baselines=["ppo"]))
+    with pytest.raises(FileNotFoundError, match="demos: expected an episode store .*'nowhere.zarr' not found"):
+        fl.run_loop(replace(cfg, demos="nowhere.zarr", out=str(tmp_path / "l2")))
+    assert not (tmp_path / "l2").exists()  # found before anything is written
