@@ -100,6 +100,9 @@ class QVGMCmdConfig:
             or reference (the base policy's, so the total drift from the base stays within trust_radius).
         candidates: N chunks sampled from the frozen base policy per state that also enter keep-best (0: ascent
             only, as the paper); a better candidate becomes the target, which distils best-of-N reranking.
+        target: how the improved chunk a* trains the policy: residual (the paper's velocity target at the
+            rollout's own intermediate step) or flow (flow matching from fresh noise onto a*; with candidates, a
+            distillation of best-of-N reranking that can change the chunk's mode).
         awr_beta: method awr: temperature on the batch-standardised advantage.
         awr_max_weight: method awr: weight cap w_max.
         steps: optimizer steps.
@@ -129,6 +132,7 @@ class QVGMCmdConfig:
     pessimism: float = 0.0
     candidates: int = 0
     anchor: str = "current"
+    target: str = "residual"
     awr_beta: float = 1.0
     awr_max_weight: float = 20.0
     steps: int = 500
@@ -316,7 +320,7 @@ def _loss(cfg: QVGMCmdConfig, pcfg: Any, model: Any):
         )
     if cfg.method == "qvgm":
         fields = ("last_steps", "ascent_steps", "step_size", "trust_radius", "alpha", "bc_weight", "pessimism")
-        qc = QVGMConfig(**{f: getattr(cfg, f) for f in (*fields, "candidates", "anchor")})
+        qc = QVGMConfig(**{f: getattr(cfg, f) for f in (*fields, "candidates", "anchor", "target")})
         loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
     elif cfg.method == "awr":
         loss_fn = CriticAWRLoss(ChunkCritic.load(cfg.critic), copy.deepcopy(model), cfg.awr_beta, cfg.awr_max_weight)

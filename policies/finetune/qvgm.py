@@ -22,6 +22,7 @@ from policylink.policies.critics import ChunkCritic, critic_state
 from policylink.policies.model import ChunkModel
 
 ANCHORS = ("current", "reference")
+TARGETS = ("residual", "flow")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class QVGMConfig:
             success fell from 43% at 200 steps to 17% at 600).
         pessimism: ``k`` of the ascent objective ``mean_e Q_e - k std_e Q_e`` over the critic's heads (0: the
             paper's mean; see :meth:`~policylink.policies.critics.ChunkCritic.actor_q`).
+        target: how ``a*`` trains the velocity field: ``residual`` (the paper: ``v_tgt = sg(v) + alpha (a* -
+            a_hat) / (1 - t)`` at the rollout's own ``(x_t, t)``) or ``flow`` (plain flow matching from fresh noise
+            at a uniform ``t`` onto ``a*``: with ``candidates`` this distils best-of-N reranking into the whole
+            velocity field, so the policy can move to another mode, which a late residual cannot; our extension).
     """
 
     last_steps: int = 5
@@ -62,6 +67,7 @@ class QVGMConfig:
     pessimism: float = 0.0
     candidates: int = 0
     anchor: str = "current"
+    target: str = "residual"
 
     def validate(self, num_steps: int | None = None) -> QVGMConfig:
         """Return self if consistent (``last_steps <= num_steps`` when given). Raises ValueError naming the field."""
@@ -75,6 +81,8 @@ class QVGMConfig:
                 raise ValueError(f"qvgm.{name}: expected > 0, received {getattr(self, name)}")
         if self.anchor not in ANCHORS:
             raise ValueError(f"qvgm.anchor: expected one of {ANCHORS}, received {self.anchor!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"qvgm.target: expected one of {TARGETS}, received {self.target!r}")
         for name in ("bc_weight", "pessimism"):
             if getattr(self, name) < 0:
                 raise ValueError(f"qvgm.{name}: expected >= 0, received {getattr(self, name)}")
@@ -180,8 +188,9 @@ class QVGMLoss:
         self, model: ChunkModel, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
     ) -> dict[str, torch.Tensor]:
         """BC noise ``{"noise", "t"}`` (``model.draw_noise``), ``rollout`` ``(B, H, A)`` initial noise and
-        ``index`` int64 ``(B,)`` of the intermediate Euler step, uniform in ``[K - M, K)``, and with
-        ``candidates = N`` the candidates' initial noise ``(B * N, H, A)``."""
+        ``index`` int64 ``(B,)`` of the intermediate Euler step, uniform in ``[K - M, K)``, with
+        ``candidates = N`` the candidates' initial noise ``(B * N, H, A)``, and with ``target = "flow"`` a second
+        flow-matching draw ``target_noise`` ``(B, H, A)``, ``target_t`` ``(B,)`` for the ``a*`` term."""
         out = model.draw_noise(batch_size, generator, device)
         k = model.sampler.num_steps
         out["rollout"] = torch.randn(batch_size, model.horizon, model.action_dim, generator=generator).to(device)
@@ -189,6 +198,9 @@ class QVGMLoss:
         if self.cfg.candidates:
             shape = (batch_size * self.cfg.candidates, model.horizon, model.action_dim)
             out["candidates"] = torch.randn(shape, generator=generator).to(device)
+        if self.cfg.target == "flow":
+            fm = model.draw_noise(batch_size, generator, device)
+            out["target_noise"], out["target_t"] = fm["noise"], fm["t"]
         return out
 
     def targets(self, model: ChunkModel, obs: Mapping[str, torch.Tensor], cond: torch.Tensor, noise: Mapping):
@@ -220,12 +232,16 @@ class QVGMLoss:
         return x_t, t, v_tgt, res
 
     def __call__(self, model: ChunkModel, batch: Mapping[str, Any], step: int) -> tuple[torch.Tensor, dict]:
-        """``||v_theta(x_t, t) - v_tgt||^2 + lambda_bc * flow matching``; metrics: both terms, the mean keep-best
-        margin ``Q(a*) - Q(a_hat)``, the fraction where the start won, the mean ``Q(a_hat)`` and ``Q(a*)``."""
+        """``||v_theta(x_t, t) - v_tgt||^2 + lambda_bc * flow matching`` (with ``target = "flow"`` the first term
+        is flow matching onto ``a*``); metrics: both terms, the mean keep-best margin ``Q(a*) - Q(a_hat)``, the
+        fraction where the start won, the mean ``Q(a_hat)`` and ``Q(a*)``."""
         obs, noise = batch["obs"], batch["noise"]
         cond = model.condition(model.embed(obs))
         x_t, t, v_tgt, res = self.targets(model, obs, cond.detach(), noise)
-        vgm = (model.sampler.denoise(x_t, t, cond) - v_tgt).square().mean()
+        if self.cfg.target == "flow":
+            vgm = model.loss(cond, res.a_star, {"noise": noise["target_noise"], "t": noise["target_t"]})
+        else:
+            vgm = (model.sampler.denoise(x_t, t, cond) - v_tgt).square().mean()
         data = batch.get("bc") or batch
         bc_cond = cond if data is batch else model.condition(model.embed(data["obs"]))
         bc = model.loss(bc_cond, data["action"], noise, data.get("valid"))
@@ -241,4 +257,4 @@ class QVGMLoss:
         return vgm + self.cfg.bc_weight * bc, metrics
 
 
-__all__ = ["ANCHORS", "AscentResult", "QVGMConfig", "QVGMLoss", "keep_best_ascent"]
+__all__ = ["ANCHORS", "TARGETS", "AscentResult", "QVGMConfig", "QVGMLoss", "keep_best_ascent"]

@@ -60,14 +60,15 @@ class _QuadraticCritic(torch.nn.Module):
         return -((a[:, : self.horizon] - self.target) ** 2).flatten(1).sum(1)
 
 
-def test_a_qvgm_step_moves_the_sampled_chunk_mean_toward_the_maximiser(kit):
+@pytest.mark.parametrize("target_kind", ["residual", "flow"])
+def test_a_qvgm_step_moves_the_sampled_chunk_mean_toward_the_maximiser(kit, target_kind):
     torch.manual_seed(0)
     cfg = kit.tiny_config("flow", keys=(kit.STATE,), n_obs_steps=1, chunk_size=4, n_action_steps=2)
     model = build_model(cfg, kit.FEATURES, 2)
     reference = copy.deepcopy(model)
     target = torch.tensor([0.5, -0.5]).expand(2, 2)
     loss_fn = QVGMLoss(
-        QVGMConfig(last_steps=5, ascent_steps=10, step_size=0.1, trust_radius=0.5, bc_weight=0.0),
+        QVGMConfig(last_steps=5, ascent_steps=10, step_size=0.1, trust_radius=0.5, bc_weight=0.0, target=target_kind),
         _QuadraticCritic(target, horizon=2),
         reference,
     )
@@ -93,6 +94,26 @@ def test_a_qvgm_step_moves_the_sampled_chunk_mean_toward_the_maximiser(kit):
     assert metrics["keep_best_margin"] > 0 and metrics["q_best"] >= metrics["q_start"]
     assert all(p.grad is None for p in reference.parameters())
     assert set(metrics) == set(QVGMLoss.metrics)
+
+
+def test_the_flow_target_is_flow_matching_onto_the_kept_chunk(kit):
+    torch.manual_seed(0)
+    cfg = kit.tiny_config("flow", keys=(kit.STATE,), n_obs_steps=1, chunk_size=4, n_action_steps=2)
+    model = build_model(cfg, kit.FEATURES, 2)
+    qc = QVGMConfig(ascent_steps=3, step_size=0.1, trust_radius=0.2, bc_weight=0.0, target="flow")
+    loss_fn = QVGMLoss(qc, _QuadraticCritic(torch.ones(2, 2), 2), copy.deepcopy(model))
+    obs = {kit.STATE: torch.tensor(np.random.default_rng(2).uniform(-1, 1, (8, 1, 3)), dtype=torch.float32)}
+    noise = loss_fn.draw(model, 8, torch.Generator().manual_seed(0))
+    assert noise["target_noise"].shape == (8, 4, 2) and noise["target_t"].shape == (8,)
+    with torch.no_grad():
+        cond = model.condition(model.embed(obs))
+        _, _, _, res = loss_fn.targets(model, obs, cond, noise)
+        expected = model.loss(cond, res.a_star, {"noise": noise["target_noise"], "t": noise["target_t"]})
+        _, metrics = loss_fn(model, {"obs": obs, "action": torch.zeros(8, 4, 2), "noise": noise}, 0)
+    assert metrics["vgm_loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert metrics["start_won"] == 0.0  # the ascent toward 1 always improves on the start here
+    with pytest.raises(ValueError, match="qvgm.target: expected one of .*received 'fm'"):
+        QVGMConfig(target="fm").validate()
 
 
 def test_qvgm_config_names_the_bad_field(kit):
