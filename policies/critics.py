@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -95,6 +96,12 @@ def critic_state(latent: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> torch
     instruction strings under ``task`` too), in sorted key order."""
     vectors = [v[:, -1] for k, v in sorted(obs.items()) if isinstance(v, torch.Tensor) and v.dim() == 3]
     return torch.cat([latent, *vectors], dim=-1)
+
+
+def critic_state_dim(model: Any) -> int:
+    """``S`` of :func:`critic_state` for a policy model: its latent width plus the width of every vector
+    observation feature (shape ``(d,)``) it reads."""
+    return int(model.latent_dim) + sum(f.shape[0] for f in model.features.values() if len(f.shape) == 1)
 
 
 class ActionInjectedMLP(nn.Module):
@@ -242,6 +249,7 @@ __all__ = [
     "IQLTrainer",
     "chunk_td_target",
     "critic_state",
+    "critic_state_dim",
     "expectile_loss",
     "polyak_update",
 ]

@@ -14,6 +14,7 @@ Examples::
 from __future__ import annotations
 
 import json
+import sys
 import time
 import types
 from collections.abc import Sequence
@@ -29,6 +30,10 @@ from policylink.adapters.capabilities import Prediction
 
 METHODS = ("qvgm", "bc", "awr")
 LINEAGE_FILE = "lineage.json"
+SOURCE_FILE = "critic_source.json"
+CRITIC_FIELDS = ("hidden_dim", "n_layers", "n_heads", "expectile", "gamma", "polyak", "lr")
+QVGM_FIELDS = ("last_steps", "ascent_steps", "step_size", "trust_radius", "alpha", "bc_weight", "pessimism",
+               "candidates", "anchor", "target")  # fmt: skip
 
 
 @dataclass
@@ -68,6 +73,22 @@ class CriticCmdConfig:
     batch_size: int = 256
     seed: int = 0
     torch_threads: int = 1
+
+    def critic_config(self, state_dim: int = 1, action_dim: int = 1, horizon: int = 1) -> Any:
+        """The :class:`~policylink.policies.critics.CriticConfig` of these options for the given shape."""
+        from policylink.policies.critics import CriticConfig
+
+        return CriticConfig(state_dim, action_dim, horizon, **{f: getattr(self, f) for f in CRITIC_FIELDS})
+
+    def validate(self, prefix: str = "") -> CriticCmdConfig:
+        """Return self if every value is usable (no file is read). Raises ValueError naming the field (``prefix``
+        before it: ``critic.`` in the loop), the expected and the received value."""
+        from policylink.runtime.run import require_counts
+
+        require_counts(self, prefix, steps=1, batch_size=1, horizon=0, torch_threads=0)
+        _require_positive(self, prefix, "lr")
+        self.critic_config().validate()
+        return self
 
 
 @dataclass
@@ -144,6 +165,31 @@ class QVGMCmdConfig:
     base: str = ""
     round: int = 0
 
+    def qvgm_config(self) -> Any:
+        """The :class:`~policylink.policies.finetune.qvgm.QVGMConfig` of these options."""
+        from policylink.policies.finetune.qvgm import QVGMConfig
+
+        return QVGMConfig(**{f: getattr(self, f) for f in QVGM_FIELDS})
+
+    def validate(self, prefix: str = "") -> QVGMCmdConfig:
+        """Return self if every value is usable (no file is read; ``last_steps`` against the sampler's steps is
+        checked once the policy is loaded). Raises ValueError naming the field (``prefix`` before it: ``qvgm.`` in
+        the loop; the Q-VGM settings are always named ``qvgm.*``), the expected and the received value."""
+        from policylink.runtime.run import require_counts
+
+        if self.method not in METHODS:
+            raise ValueError(f"{prefix}method: expected one of {METHODS}, received {self.method!r}")
+        require_counts(self, prefix, steps=1, batch_size=1, torch_threads=0)
+        for name in ("lr", "grad_clip", "awr_beta", "awr_max_weight"):
+            _require_positive(self, prefix, name)
+        self.qvgm_config().validate()
+        return self
+
+
+def _require_positive(cfg: Any, prefix: str, name: str) -> None:
+    if not getattr(cfg, name) > 0:
+        raise ValueError(f"{prefix}{name}: expected > 0, received {getattr(cfg, name)}")
+
 
 def main(argv: Sequence[str]) -> int:
     """``policylink finetune critic|qvgm [--option value ...]`` (argv starts with the subcommand name)."""
@@ -198,29 +244,20 @@ def open_buffer(path: str, model: Any, train_doc: dict[str, Any], field: str = "
 
 def train_critic(cfg: CriticCmdConfig) -> Path:
     """Train and save a :class:`~policylink.policies.critics.ChunkCritic`; returns ``cfg.out``."""
-    from policylink.policies.critics import ChunkCritic, CriticConfig, IQLTrainer
+    from policylink.policies.critics import ChunkCritic, IQLTrainer
     from policylink.policies.finetune.transitions import build_transitions
+    from policylink.runtime.run import require_output_folder
 
-    _threads(cfg.torch_threads)
+    require_output_folder(cfg.out, policy=cfg.policy, buffer=cfg.buffer)
+    _threads(cfg.validate().torch_threads)
     _, spec, model, normalizer, train_doc = load_base(cfg.policy, require_flow=False)
+    if cfg.horizon > spec.chunk_size:
+        raise ValueError(f"horizon: expected <= {spec.chunk_size} (the policy's chunk_size), received {cfg.horizon}")
     store = open_buffer(cfg.buffer, model, train_doc)
     horizon = cfg.horizon or spec.n_action_steps
     cache = build_transitions(store, model, normalizer, horizon, cfg.gamma)
     torch.manual_seed(cfg.seed)
-    critic = ChunkCritic(
-        CriticConfig(
-            state_dim=int(cache.state.shape[1]),
-            action_dim=spec.action.dim,
-            horizon=horizon,
-            hidden_dim=cfg.hidden_dim,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            expectile=cfg.expectile,
-            gamma=cfg.gamma,
-            polyak=cfg.polyak,
-            lr=cfg.lr,
-        )
-    )
+    critic = ChunkCritic(cfg.critic_config(int(cache.state.shape[1]), spec.action.dim, horizon))
     trainer = IQLTrainer(critic)
     rng = np.random.default_rng(cfg.seed)
     out = Path(cfg.out)
@@ -232,7 +269,7 @@ def train_critic(cfg: CriticCmdConfig) -> Path:
             rows.append({"step": step + 1, **m})
     critic.save(out)
     _write_csv(out / "critic_metrics.csv", rows)
-    (out / "critic_source.json").write_text(json.dumps({"policy": cfg.policy, "buffer": cfg.buffer}, indent=1))
+    (out / SOURCE_FILE).write_text(json.dumps({"policy": cfg.policy, "buffer": cfg.buffer}, indent=1))
     return out
 
 
@@ -240,17 +277,23 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     """Fine-tune ``cfg.policy`` on ``cfg.buffer`` with ``cfg.method``; returns the checkpoint folder.
 
     Raises:
-        ValueError: unknown method, a diffusion checkpoint with qvgm, a bad buffer, no successful episode with
-            ``only_success``, a missing critic.
+        ValueError: a bad option (:meth:`QVGMCmdConfig.validate`), an ``out`` that would replace an input or is a
+            file, a diffusion checkpoint with qvgm, a bad buffer, no successful episode with ``only_success``, a
+            missing critic or one that does not fit the policy (:func:`check_critic`).
     """
     from policylink.policies.checkpoint import save_checkpoint
     from policylink.runtime.losses import BatchFields, training_batch
+    from policylink.runtime.run import require_output_folder
 
-    if cfg.method not in METHODS:
-        raise ValueError(f"method: expected one of {METHODS}, received {cfg.method!r}")
-    _threads(cfg.torch_threads)
+    _threads(cfg.validate().torch_threads)
+    require_output_folder(cfg.out, policy=cfg.policy, buffer=cfg.buffer, critic=cfg.critic, bc_buffer=cfg.bc_buffer)
     pcfg, spec, model, normalizer, train_doc = load_base(cfg.policy, require_flow=cfg.method == "qvgm")
     store = open_buffer(cfg.buffer, model, train_doc)
+    if cfg.method in ("qvgm", "awr"):
+        if not cfg.critic:
+            raise ValueError(f"critic: expected the folder of policylink finetune critic (--critic DIR) for method "
+                             f"{cfg.method}, received ''")  # fmt: skip
+        check_critic(cfg.critic, model, spec, (cfg.policy, cfg.base))
     ds = _windows(store, pcfg, model, normalizer, cfg.only_success, cfg.buffer)
     bc_ds = None
     if cfg.method == "qvgm" and cfg.bc_buffer:
@@ -299,29 +342,48 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     return out
 
 
-def _loss(cfg: QVGMCmdConfig, pcfg: Any, model: Any):
-    """The training loss of ``cfg.method`` (draws + ``(model, batch, step)``); the critic methods get a frozen
-    copy of ``model`` as their reference encoder.
+def check_critic(path: str, model: Any, spec: Any, policies: Sequence[str] = ()) -> None:
+    """Refuse a critic folder (``critic.json`` of ``policylink finetune critic``) whose state or action width, or
+    horizon, does not fit the policy ``model`` / ``spec``: a critic trained for another env or policy. A critic
+    trained with a policy path outside ``policies`` gets a one-line warning only (checkpoints get copied).
 
     Raises:
-        ValueError: method qvgm or awr without ``cfg.critic``.
+        FileNotFoundError: no ``critic.json`` in ``path``.
+        ValueError: naming ``critic``, the policy's value and the critic's.
     """
+    from policylink.policies.critics import CRITIC_CONFIG, critic_state_dim
+
+    file = Path(path) / CRITIC_CONFIG
+    if not file.is_file():
+        raise FileNotFoundError(f"critic: expected {file} (policylink finetune critic --out)")
+    saved = json.loads(file.read_text())
+    for name, want in (("state_dim", critic_state_dim(model)), ("action_dim", spec.action.dim)):
+        if saved.get(name) != want:
+            raise ValueError(f"critic: expected {name} {want} (the policy's), received {saved.get(name)} in "
+                             f"{str(path)!r} (a critic of another env or policy?)")  # fmt: skip
+    if not 1 <= int(saved.get("horizon", 0)) <= spec.chunk_size:
+        raise ValueError(f"critic: expected horizon <= {spec.chunk_size} (the policy's chunk_size), received "
+                         f"{saved.get('horizon')} in {str(path)!r}")  # fmt: skip
+    source = Path(path) / SOURCE_FILE
+    trained_with = json.loads(source.read_text()).get("policy") if source.is_file() else None
+    known = {Path(p).resolve() for p in policies if p}
+    if trained_with and known and Path(trained_with).resolve() not in known:
+        print(f"warning: critic {str(path)!r} was trained with policy {trained_with!r}, not "
+              f"{' / '.join(repr(p) for p in policies if p)}", file=sys.stderr)  # fmt: skip
+
+
+def _loss(cfg: QVGMCmdConfig, pcfg: Any, model: Any):
+    """The training loss of ``cfg.method`` (draws + ``(model, batch, step)``); the critic methods get a frozen
+    copy of ``model`` as their reference encoder."""
     import copy
 
     from policylink.policies.critics import ChunkCritic
     from policylink.policies.finetune.critic_awr import CriticAWRLoss
-    from policylink.policies.finetune.qvgm import QVGMConfig, QVGMLoss
+    from policylink.policies.finetune.qvgm import QVGMLoss
     from policylink.runtime.losses import ImitationLoss
 
-    if cfg.method in ("qvgm", "awr") and not cfg.critic:
-        raise ValueError(
-            f"critic: expected the folder of policylink finetune critic (--critic DIR) for method {cfg.method}, "
-            "received ''"
-        )
     if cfg.method == "qvgm":
-        fields = ("last_steps", "ascent_steps", "step_size", "trust_radius", "alpha", "bc_weight", "pessimism")
-        qc = QVGMConfig(**{f: getattr(cfg, f) for f in (*fields, "candidates", "anchor", "target")})
-        loss_fn = QVGMLoss(qc, ChunkCritic.load(cfg.critic), copy.deepcopy(model))
+        loss_fn = QVGMLoss(cfg.qvgm_config(), ChunkCritic.load(cfg.critic), copy.deepcopy(model))
     elif cfg.method == "awr":
         loss_fn = CriticAWRLoss(ChunkCritic.load(cfg.critic), copy.deepcopy(model), cfg.awr_beta, cfg.awr_max_weight)
     else:
@@ -370,4 +432,12 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w.writerows(rows)
 
 
-__all__ = ["CriticCmdConfig", "QVGMCmdConfig", "finetune_policy", "load_base", "open_buffer", "train_critic"]
+__all__ = [
+    "CriticCmdConfig",
+    "QVGMCmdConfig",
+    "check_critic",
+    "finetune_policy",
+    "load_base",
+    "open_buffer",
+    "train_critic",
+]

@@ -70,8 +70,9 @@ class RunConfig:
         require_counts(self, episodes=1, num_envs=1, threads=0)
 
 
-def require_counts(config: Any, **minimums: int) -> None:
-    """Check integer fields of a config: ``require_counts(cfg, episodes=1)`` requires ``cfg.episodes >= 1``.
+def require_counts(config: Any, prefix: str = "", **minimums: int) -> None:
+    """Check integer fields of a config: ``require_counts(cfg, episodes=1)`` requires ``cfg.episodes >= 1``;
+    ``prefix`` (``"critic."``) is put before the field's name in the message.
 
     Raises:
         ValueError: the first field below its minimum (naming the field, the minimum and the value).
@@ -79,7 +80,26 @@ def require_counts(config: Any, **minimums: int) -> None:
     for name, low in minimums.items():
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}: expected an integer >= {low}, received {value!r}")
+            raise ValueError(f"{prefix}{name}: expected an integer >= {low}, received {value!r}")
+
+
+def require_output_folder(out: str | Path, field: str = "out", **inputs: str | Path | None) -> None:
+    """Refuse an output folder that would replace or rename what a command reads: an existing file, or a path
+    that is, lies inside or contains one of ``inputs`` (option name -> path; empty ones are skipped). Call it
+    before anything is written.
+
+    Raises:
+        ValueError: naming ``field``, the expected and the received path.
+    """
+    path = Path(out)
+    if path.is_file():
+        raise ValueError(f"{field}: expected a folder (or a new path), received an existing file {str(out)!r}")
+    here = path.resolve()
+    for name, given in inputs.items():
+        other = Path(given).resolve() if given else None
+        if other is not None and (here == other or here.is_relative_to(other) or other.is_relative_to(here)):
+            raise ValueError(f"{field}: expected a folder other than {name} {str(given)!r} (neither inside it nor "
+                             f"containing it), received {str(out)!r}")  # fmt: skip
 
 
 def limit_threads(n: int = 1) -> None:

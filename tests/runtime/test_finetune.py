@@ -4,6 +4,7 @@ checkpoint with its lineage, best-of-N reranking, and the recorder's true-termin
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -220,3 +221,77 @@ def test_the_loop_buffer_starts_from_the_demos_when_given(tmp_path, monkeypatch)
     with pytest.raises(FileNotFoundError, match="demos: expected an episode store .*'nowhere.zarr' not found"):
         fl.run_loop(replace(cfg, demos="nowhere.zarr", out=str(tmp_path / "l2")))
     assert not (tmp_path / "l2").exists()  # found before anything is written
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_out_never_replaces_an_input_nor_an_existing_file(tmp_path, capsys):
+    buf = _buffer(tmp_path / "buf.zarr")
+    base = _checkpoint(tmp_path / "base", buf)
+    before, store_before, names = _files(base), _files(buf), {p.name for p in tmp_path.iterdir()}
+    q = QVGMCmdConfig(policy=str(base), buffer=str(buf), method="bc", steps=1, batch_size=4)
+    for out in (base, base / "sub", tmp_path):  # the policy itself, inside it, containing it
+        with pytest.raises(ValueError, match=rf"^out: expected a folder other than policy '{base}' \(neither inside "
+                                             rf"it nor containing it\), received '{out}'$"):  # fmt: skip
+            finetune_policy(replace(q, out=str(out)))
+    c = CriticCmdConfig(policy=str(base), buffer=str(buf), steps=1, batch_size=4)
+    with pytest.raises(ValueError, match=rf"^out: expected a folder other than buffer '{buf}'"):
+        train_critic(replace(c, out=str(buf)))
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(ValueError, match=rf"^out: expected a folder \(or a new path\), received an existing file "
+                                         rf"'{afile}'$"):  # fmt: skip
+        finetune_policy(replace(q, out=str(afile)))
+    assert cli.main(["finetune", "critic", "--policy", str(base), "--buffer", str(buf), "--out", str(afile)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"policylink finetune: error: ValueError: out: expected a folder (or a new path), received an " \
+                     f"existing file '{afile}'"  # fmt: skip
+    assert afile.read_text() == "mine" and not (tmp_path / "afile.old").exists()
+    assert _files(base) == before and _files(buf) == store_before  # the inputs are untouched
+    assert {p.name for p in tmp_path.iterdir()} == names | {"afile"}  # nothing half-written
+
+
+def test_counts_horizon_and_critic_pairing_are_checked_before_training(tmp_path, capsys):
+    buf = _buffer(tmp_path / "buf.zarr")
+    base = _checkpoint(tmp_path / "base", buf)  # chunk_size 4, action_dim 2
+    names = {p.name for p in tmp_path.iterdir()}
+    c = CriticCmdConfig(policy=str(base), buffer=str(buf), out=str(tmp_path / "critic"), steps=2, batch_size=4,
+                        hidden_dim=8)  # fmt: skip
+    for change, message in [
+        ({"steps": 0}, "steps: expected an integer >= 1, received 0"),
+        ({"steps": -5}, "steps: expected an integer >= 1, received -5"),
+        ({"batch_size": 0}, "batch_size: expected an integer >= 1, received 0"),
+        ({"horizon": 5}, r"horizon: expected <= 4 \(the policy's chunk_size\), received 5"),
+        ({"expectile": 1.5}, r"critic.expectile: expected a value in \(0, 1\), received 1.5"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            train_critic(replace(c, **change))
+    q = QVGMCmdConfig(policy=str(base), buffer=str(buf), out=str(tmp_path / "ft"), steps=1, batch_size=4)
+    for change, message in [
+        ({"steps": -1}, "steps: expected an integer >= 1, received -1"),
+        ({"batch_size": 0}, "batch_size: expected an integer >= 1, received 0"),
+        ({"anchor": "base"}, r"qvgm.anchor: expected one of \('current', 'reference'\), received 'base'"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            finetune_policy(replace(q, **change))
+    assert {p.name for p in tmp_path.iterdir()} == names  # nothing written
+    critic = train_critic(c)
+    doc = json.loads((critic / "critic.json").read_text())
+    assert (doc["state_dim"], doc["action_dim"], doc["horizon"]) == (6 + 3, 2, 2)  # latent + state; n_action_steps
+    (critic / "critic.json").write_text(json.dumps({**doc, "action_dim": 3}))
+    with pytest.raises(ValueError, match=rf"^critic: expected action_dim 2 \(the policy's\), received 3 in "
+                                         rf"'{critic}' \(a critic of another env or policy\?\)$"):  # fmt: skip
+        finetune_policy(replace(q, critic=str(critic)))
+    (critic / "critic.json").write_text(json.dumps({**doc, "state_dim": 5}))
+    with pytest.raises(ValueError, match=r"^critic: expected state_dim 9 \(the policy's\), received 5 in"):
+        finetune_policy(replace(q, critic=str(critic)))
+    (critic / "critic.json").write_text(json.dumps(doc))
+    copy = tmp_path / "copy"
+    shutil.copytree(base, copy)
+    capsys.readouterr()
+    assert finetune_policy(replace(q, policy=str(copy), critic=str(critic))).is_dir()  # a copy: a warning only
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: critic '{critic}' was trained with policy '{base}', not '{copy}'"
+    ]
