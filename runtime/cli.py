@@ -286,7 +286,8 @@ def format_help(cls: type, prog: str, instance: Any = None) -> str:
     lines = [f"usage: {prog} [--config FILE.yaml] [--OPTION VALUE ...]", "", doc, "", "options:"]
     lines += ["  --config FILE.yaml", "      a YAML file of these options; the flags after it override its values"]
     instance = instance if instance is not None else _default_instance(cls)
-    for path, kind, default, text in _options(cls, "", instance, all_choices=False):
+    hidden = set(getattr(cls, "hidden_options", ()))  # options a command sets itself (and refuses)
+    for path, kind, default, text in (o for o in _options(cls, "", instance, all_choices=False) if o[0] not in hidden):
         lines.append(f"  --{path} {kind}  (default: {default})")
         if text:
             lines += textwrap.wrap(text, 110, initial_indent=" " * 6, subsequent_indent=" " * 6)

@@ -18,18 +18,23 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from policylink.runtime.finetune_qvgm import CriticCmdConfig, QVGMCmdConfig, finetune_policy, train_critic
 
 BASELINES = ("rerank", "bc", "awr")
+SET_BY_LOOP = {"critic": ("policy", "buffer", "out"), "qvgm": ("policy", "buffer", "critic", "out", "method", "base",
+                                                              "round")}  # fmt: skip
 
 
 @dataclass
 class LoopConfig:
-    """``policylink finetune loop`` options.
+    """Learn from experience without new demos: each round records the current policy's rollouts into one replay
+    buffer, trains a chunk critic on it, fine-tunes the policy with Q-VGM and evaluates it on held-out seeds (a
+    re-run resumes). The --critic.* and --qvgm.* options tune those steps; their policy, buffer, critic, out,
+    method, base and round are set by the loop per round and are refused when given.
 
     Attributes:
         policy: base flow checkpoint (the few-shot policy).
@@ -66,6 +71,8 @@ class LoopConfig:
     critic: CriticCmdConfig = field(default_factory=CriticCmdConfig)
     qvgm: QVGMCmdConfig = field(default_factory=QVGMCmdConfig)
 
+    hidden_options: ClassVar[tuple[str, ...]] = tuple(f"{k}.{n}" for k, names in SET_BY_LOOP.items() for n in names)
+
 
 def main(argv: Sequence[str]) -> int:
     """``policylink finetune loop --policy CKPT --env ENV --rounds R --episodes N [...]``."""
@@ -82,22 +89,9 @@ def run_loop(cfg: LoopConfig) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: ``demos`` given but not found.
-        ValueError: a bad option (unregistered env, rounds/episodes < 1, unknown baseline), or the checks of
-            :func:`~policylink.runtime.finetune_qvgm.load_base` (a diffusion checkpoint).
+        ValueError: a bad option (:func:`check_loop`), all found before anything is recorded or written.
     """
-    from policylink.adapters.registry import available_envs
-    from policylink.runtime.finetune_qvgm import load_base
-
-    if cfg.env not in available_envs():
-        raise ValueError(f"env: expected a registered env ({', '.join(available_envs())}), received {cfg.env!r}")
-    if cfg.rounds < 1 or cfg.episodes < 1:
-        raise ValueError(f"rounds, episodes: expected >= 1, received {cfg.rounds}, {cfg.episodes}")
-    if cfg.demos and not Path(cfg.demos).exists():
-        raise FileNotFoundError(f"demos: expected an episode store (the base's demos), {cfg.demos!r} not found")
-    unknown = [b for b in cfg.baselines if b not in BASELINES]
-    if unknown:
-        raise ValueError(f"baselines: expected a subset of {BASELINES}, received unknown {unknown}")
-    _, _, _, _, train_doc = load_base(cfg.policy, require_flow=True)
+    train_doc = check_loop(cfg)
     env_kwargs = _env_kwargs(train_doc)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,6 +127,49 @@ def run_loop(cfg: LoopConfig) -> list[dict[str, Any]]:
         state_file.write_text(json.dumps(rows, indent=1))
     _report(out, rows)
     return rows
+
+
+def check_loop(cfg: LoopConfig) -> dict[str, Any]:
+    """Check every option of the loop, its ``critic`` and ``qvgm`` sections included, against the base policy and
+    the demos store; reads, writes nothing. Returns the train section of the policy's config.yaml.
+
+    Raises:
+        FileNotFoundError: ``demos`` given but not found.
+        ValueError: an unregistered env or another env than the policy's, rounds/episodes < 1, an unknown
+            baseline, a section option the loop sets, a bad ``critic.*``/``qvgm.*`` value, an ``out`` that is,
+            lies in or contains the policy or the demos, a diffusion policy
+            (:func:`~policylink.runtime.finetune_qvgm.load_base`), demos of another env or without rewards
+            (:func:`~policylink.runtime.finetune_qvgm.open_buffer`).
+    """
+    from policylink.adapters.registry import available_envs
+    from policylink.runtime.finetune_qvgm import load_base, open_buffer
+    from policylink.runtime.run import require_output_folder
+
+    if cfg.env not in available_envs():
+        raise ValueError(f"env: expected a registered env ({', '.join(available_envs())}), received {cfg.env!r}")
+    if cfg.rounds < 1 or cfg.episodes < 1:
+        raise ValueError(f"rounds, episodes: expected >= 1, received {cfg.rounds}, {cfg.episodes}")
+    unknown = [b for b in cfg.baselines if b not in BASELINES]
+    if unknown:
+        raise ValueError(f"baselines: expected a subset of {BASELINES}, received unknown {unknown}")
+    for section, names in SET_BY_LOOP.items():
+        sub, default = getattr(cfg, section), type(getattr(cfg, section))()
+        for name in (n for n in names if getattr(sub, n) != getattr(default, n)):
+            raise ValueError(f"{section}.{name}: expected no value (the loop sets it per round), received "
+                             f"{getattr(sub, name)!r}")  # fmt: skip
+        sub.validate(f"{section}.")
+    require_output_folder(cfg.out, policy=cfg.policy, demos=cfg.demos)
+    _, spec, model, _, train_doc = load_base(cfg.policy, require_flow=True)
+    cfg.qvgm.qvgm_config().validate(model.sampler.num_steps)
+    if cfg.critic.horizon > spec.chunk_size:
+        raise ValueError(f"critic.horizon: expected <= {spec.chunk_size} (the policy's chunk_size), received "
+                         f"{cfg.critic.horizon}")  # fmt: skip
+    trained_on = (train_doc.get("dataset") or {}).get("env")
+    if trained_on and trained_on != cfg.env:
+        raise ValueError(f"env: expected the policy's env {trained_on!r}, received {cfg.env!r}")
+    if cfg.demos:
+        open_buffer(cfg.demos, model, train_doc, field="demos").close()
+    return train_doc
 
 
 def _env_kwargs(train_doc: dict[str, Any]) -> dict[str, Any]:
@@ -222,4 +259,4 @@ def _report(out: Path, rows: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
-__all__ = ["LoopConfig", "load_eval_policy", "run_loop"]
+__all__ = ["LoopConfig", "check_loop", "load_eval_policy", "run_loop"]

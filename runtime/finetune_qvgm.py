@@ -238,7 +238,7 @@ def open_buffer(path: str, model: Any, train_doc: dict[str, Any], field: str = "
         what = "an episode store with rewards" if rewards else "an episode store"
         raise FileNotFoundError(f"{field}: expected {what}, {path!r} not found")
     store = EpisodeStore(path, "r")
-    check_buffer(store, (train_doc.get("dataset") or {}).get("env") or None, list(model.features), rewards)
+    check_buffer(store, (train_doc.get("dataset") or {}).get("env") or None, list(model.features), rewards, field)
     return store
 
 

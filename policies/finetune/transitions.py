@@ -61,11 +61,13 @@ class TransitionCache:
         }
 
 
-def check_buffer(store: EpisodeStore, env: str | None, features: Sequence[str], rewards: bool = True) -> None:
-    """Raise :class:`BufferError` (one line) when ``store`` cannot train a critic for a policy trained on ``env``
-    that reads ``features``: no ``reward`` array or never a non-zero reward (checked when ``rewards``), recorded
-    on another env, or a feature missing."""
-    where = f"buffer {str(store.path)!r}"
+def check_buffer(
+    store: EpisodeStore, env: str | None, features: Sequence[str], rewards: bool = True, field: str = "buffer"
+) -> None:
+    """Raise :class:`BufferError` (one line, naming option ``field``) when ``store`` cannot train a critic for a
+    policy trained on ``env`` that reads ``features``: no ``reward`` array or never a non-zero reward (checked when
+    ``rewards``), recorded on another env, or a feature missing."""
+    where = f"{field} {str(store.path)!r}"
     if rewards and REWARD_KEY not in store.keys:
         raise BufferError(f"{where}: expected a per-step 'reward' array, found keys {store.keys}")
     if rewards and (store.n_steps == 0 or not np.any(store.array(REWARD_KEY)[:] != 0)):

@@ -295,3 +295,50 @@ def test_counts_horizon_and_critic_pairing_are_checked_before_training(tmp_path,
     assert capsys.readouterr().err.splitlines() == [
         f"warning: critic '{critic}' was trained with policy '{base}', not '{copy}'"
     ]
+
+
+def test_the_loop_checks_every_option_and_the_demos_before_anything_runs(tmp_path):
+    from policylink.policies.finetune.transitions import BufferError
+    from policylink.runtime import finetune_loop as fl
+
+    demos = _buffer(tmp_path / "demos.zarr")
+    base = _checkpoint(tmp_path / "base", demos)
+    reach, plain = _buffer(tmp_path / "reach.zarr", env="reach"), _buffer(tmp_path / "plain.zarr", rewards=False)
+    out = tmp_path / "loop"
+    cfg = fl.LoopConfig(policy=str(base), env="push", rounds=1, demos=str(demos), out=str(out))
+    cases = [
+        ({"qvgm": replace(cfg.qvgm, anchor="base")}, r"qvgm.anchor: expected one of .*, received 'base'"),
+        ({"qvgm": replace(cfg.qvgm, steps=0)}, "qvgm.steps: expected an integer >= 1, received 0"),
+        ({"critic": replace(cfg.critic, batch_size=0)}, "critic.batch_size: expected an integer >= 1, received 0"),
+        (
+            {"critic": replace(cfg.critic, horizon=9)},
+            r"critic.horizon: expected <= 4 \(the policy's chunk_size\), received 9",
+        ),
+        (
+            {"critic": replace(cfg.critic, out="mine")},
+            r"critic.out: expected no value \(the loop sets it per round\), received 'mine'",
+        ),
+        ({"qvgm": replace(cfg.qvgm, method="bc")}, r"qvgm.method: expected no value .*received 'bc'"),
+        ({"env": "reach"}, "env: expected the policy's env 'push', received 'reach'"),
+        ({"out": str(base / "loop")}, rf"out: expected a folder other than policy '{base}' .*received '{base}/loop'"),
+        (
+            {"demos": str(reach)},
+            rf"demos '{reach}': expected episodes of env 'push' \(the policy's\), found env 'reach'",
+        ),
+        ({"demos": str(plain)}, rf"demos '{plain}': expected rewards, found none non-zero in 48 steps \(no signal\)"),
+    ]
+    for change, message in cases:
+        with pytest.raises((ValueError, BufferError), match=f"^{message}$"):
+            fl.run_loop(replace(cfg, **change))
+        assert not out.exists() and not (base / "loop").exists()  # refused before anything is recorded or written
+
+
+def test_loop_help_describes_the_loop_and_hides_what_it_sets(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["finetune", "loop", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("Learn from experience without new demos: each round records the current policy's")
+    options = {line.split()[0] for line in lines if line.startswith("  --")}
+    assert {"--critic.steps", "--critic.horizon", "--qvgm.anchor", "--qvgm.steps", "--demos"} <= options
+    hidden = {"--critic.policy", "--critic.buffer", "--critic.out", "--qvgm.policy", "--qvgm.critic", "--qvgm.out"}
+    assert not hidden & options
