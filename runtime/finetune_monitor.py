@@ -23,28 +23,36 @@ import numpy as np
 
 @dataclass
 class MonitorCmdConfig:
-    """Options of ``policylink finetune monitor``.
+    """Train the latent monitor of corrective execution on the successful rollouts of a frozen policy, calibrate
+    its per-offset conformal alarm thresholds and report the alarm rate on held-out episodes.
 
     Attributes:
         policy: the frozen policy's checkpoint folder (an Embedder policy).
         buffer: episode store (``.zarr``) with the policy's rollouts (success flags in the episode metadata).
-        out: monitor folder (default ``<policy>.monitor``, beside the checkpoint).
-        horizon: ``k`` steps of the monitor.
-        score: ``cosine`` (the paper's) or ``residual`` (standardised residual; :mod:`~policylink.policies.corrector.
-            monitor`).
-        hidden_dim: MLP width.
-        steps, batch_size, lr: monitor training (Adam, cosine loss).
-        calibration_fraction, test_fraction: shares of the successful episodes held out (by episode).
+        out: monitor folder; empty = ``<policy>.monitor``, beside the checkpoint. Never the policy's folder or the
+            buffer (nor inside or around them), never an existing file.
+        horizon: ``k``, control steps between the latent and the change the monitor predicts (>= 1).
+        score: deviation score and training loss: ``cosine`` (one minus the cosine of the predicted and the
+            observed latent change, the paper's; cosine loss) or ``residual`` (the mean squared residual per latent
+            dimension, standardised by its spread on the training pairs; squared-error loss).
+        hidden_dim: width of the monitor's MLP layers.
+        steps: Adam steps of monitor training (>= 1).
+        batch_size: training pairs per Adam step (>= 1).
+        lr: Adam learning rate (> 0).
+        calibration_fraction: share of the successful episodes held out (by episode) to fit the per-offset
+            conformal thresholds (> 0).
+        test_fraction: share of the successful episodes held out (by episode) to report the alarm rate on fresh
+            episodes (>= 0; calibration_fraction + test_fraction < 1, the rest trains the monitor).
         alpha: nominal per-step false-alarm rate of the thresholds.
-        ewma: smoothing weight (must match ``executor.corrective.detector.ewma``).
-        chunk_period: offsets ``t mod chunk_period`` (default: the policy's chunk_size).
+        ewma: smoothing weight in (0, 1] of the scores (must match ``executor.corrective.detector.ewma``).
+        chunk_period: offsets ``t mod chunk_period`` of the thresholds; 0 = the policy's chunk_size.
         seed: split and training seed.
-        torch_threads: torch intra-op threads.
+        torch_threads: torch intra-op threads (0 = torch's default).
     """
 
     policy: str = ""
     buffer: str = ""
-    out: str | None = None
+    out: str = ""
     horizon: int = 4
     score: str = "cosine"
     hidden_dim: int = 128
@@ -55,11 +63,18 @@ class MonitorCmdConfig:
     test_fraction: float = 0.25
     alpha: float = 0.05
     ewma: float = 0.35
-    chunk_period: int | None = None
+    chunk_period: int = 0
     seed: int = 0
     torch_threads: int = 1
 
     def __post_init__(self) -> None:
+        from policylink.runtime.run import require_counts
+
+        require_counts(self, horizon=1, hidden_dim=1, steps=1, batch_size=1, chunk_period=0, torch_threads=0)
+        if not 0 < self.ewma <= 1:
+            raise ValueError(f"ewma: expected a smoothing weight in (0, 1], received {self.ewma}")
+        if not self.lr > 0:
+            raise ValueError(f"lr: expected > 0, received {self.lr}")
         if not (0 < self.calibration_fraction and 0 <= self.test_fraction and
                 self.calibration_fraction + self.test_fraction < 1):  # fmt: skip
             raise ValueError(f"calibration_fraction + test_fraction: expected in (0, 1) with a positive calibration "
@@ -86,7 +101,8 @@ def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
     """Train, calibrate, test and save; returns the summary written to ``<out>/summary.json``.
 
     Raises:
-        ValueError: no policy/buffer, a policy without latents, or too few successful episodes.
+        ValueError: no policy/buffer, an ``out`` that is a file or would replace the policy or the buffer, a policy
+            without latents, or too few successful episodes.
     """
     import torch
 
@@ -102,11 +118,14 @@ def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
         save_monitor,
         train_monitor,
     )
+    from policylink.runtime.run import require_output_folder
 
     if not cfg.policy or not cfg.buffer:
         raise ValueError(
             f"policy, buffer: expected paths (--policy CKPT --buffer X.zarr), received {cfg.policy!r}, {cfg.buffer!r}"
         )
+    out = Path(cfg.out) if cfg.out else monitor_dir(cfg.policy)
+    require_output_folder(out, policy=cfg.policy, buffer=cfg.buffer)
     torch.set_num_threads(int(cfg.torch_threads))
     policy = load_policy(cfg.policy, device="cpu")
     if not isinstance(policy, Embedder):
@@ -148,7 +167,6 @@ def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
         "test_alarm_rate": alarm_rate(test, thr) if test else None,
         "calibration_alarm_rate": alarm_rate(scored(split["calibration"]), thr),
     }
-    out = Path(cfg.out) if cfg.out else monitor_dir(cfg.policy)
     save_monitor(out, mon, thr, meta=summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return {**summary, "out": str(out)}

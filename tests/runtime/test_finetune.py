@@ -4,6 +4,7 @@ checkpoint with its lineage, best-of-N reranking, and the recorder's true-termin
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 
@@ -342,3 +343,40 @@ def test_loop_help_describes_the_loop_and_hides_what_it_sets(capsys):
     assert {"--critic.steps", "--critic.horizon", "--qvgm.anchor", "--qvgm.steps", "--demos"} <= options
     hidden = {"--critic.policy", "--critic.buffer", "--critic.out", "--qvgm.policy", "--qvgm.critic", "--qvgm.out"}
     assert not hidden & options
+
+
+def test_monitor_options_and_out_are_checked_before_training(tmp_path, capsys):
+    from policylink.runtime.finetune_monitor import MonitorCmdConfig, train_and_calibrate
+
+    for change, message in [
+        ({"steps": -3}, "steps: expected an integer >= 1, received -3"),
+        ({"batch_size": 0}, "batch_size: expected an integer >= 1, received 0"),
+        ({"ewma": 0.0}, r"ewma: expected a smoothing weight in \(0, 1\], received 0.0"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            MonitorCmdConfig(**change)
+    assert cli.main(["finetune", "monitor", "--ewma", "0"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "policylink finetune: error: ewma: expected a smoothing weight in (0, 1], received 0.0"
+    ]
+    buf = _buffer(tmp_path / "buf.zarr")
+    base = _checkpoint(tmp_path / "base", buf)
+    before, afile = _files(base), tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(ValueError, match=rf"^out: expected a folder other than policy '{base}' .*received '{base}'$"):
+        train_and_calibrate(MonitorCmdConfig(policy=str(base), buffer=str(buf), out=str(base)))
+    file_message = rf"^out: expected a folder \(or a new path\), received an existing file '{afile}'$"
+    with pytest.raises(ValueError, match=file_message):
+        train_and_calibrate(MonitorCmdConfig(policy=str(base), buffer=str(buf), out=str(afile)))
+    assert _files(base) == before and afile.read_text() == "mine"
+
+
+def test_monitor_help_has_one_description_per_option(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["finetune", "monitor", "--help"])
+    out = capsys.readouterr().out
+    helps = dict(re.findall(r"\n  (--\w+) [^\n]*\n      ([^\n]*)", out))
+    assert helps["--score"].startswith("deviation score and training loss: cosine (one minus the cosine of")
+    assert len({helps[o] for o in ("--steps", "--batch_size", "--lr")}) == 3
+    assert helps["--calibration_fraction"] != helps["--test_fraction"]
+    assert "default: None" not in out and "--out str  (default: '')" in out
