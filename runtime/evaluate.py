@@ -33,7 +33,7 @@ from policylink.runtime.eval_refs import (  # noqa: F401 - ENV_PLACEHOLDER re-ex
     warn_recorded_seed_overlap,
 )
 from policylink.runtime.eval_resume import load_done, run_settings, shard_plan
-from policylink.runtime.executors import ExecutorConfig, make_executor
+from policylink.runtime.executors import ExecutorConfig, ExecutorConfigError, make_executor
 from policylink.runtime.instructions import InstructionEnvFn, instruction_problems
 from policylink.runtime.rollout import (
     RegistryEnvFn,
@@ -404,7 +404,7 @@ def _probe_cells(pols, env_fns, cfg: EvalConfig) -> tuple[dict[str, Any], list[s
                 except (KeyError, OSError, ValueError) as e:
                     loaded[key] = f"cannot load policy {cell_ref!r}: {e}"
                 else:
-                    loaded[key] = policy.spec
+                    loaded[key] = _executor_problem(policy, cfg.executor) or policy.spec
                     close = getattr(policy, "close", None)
                     if callable(close):
                         close()
@@ -413,6 +413,18 @@ def _probe_cells(pols, env_fns, cfg: EvalConfig) -> tuple[dict[str, Any], list[s
                 continue
             problems += cell_problems(p_label, loaded[key], e_label, espec, cfg.executor)
     return specs, problems
+
+
+def _executor_problem(policy: Any, executor: ExecutorConfig) -> str | None:
+    """Why ``executor`` cannot be built for the loaded ``policy`` (the corrective executor loads and checks its
+    monitor against the policy), so a bad executor config is reported before any progress bar starts."""
+    if executor.kind != "corrective":
+        return None  # the other kinds depend on the spec only (executor_problems)
+    try:
+        make_executor(policy, executor).close()
+    except ExecutorConfigError as e:
+        return str(e)
+    return None
 
 
 def _run_tasks(tasks: list[ShardTask], cfg: EvalConfig):

@@ -83,12 +83,13 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         self.monitor_steps = self.policy_calls = 0
 
     def _check(self, policy: Any, monitor: Any, thresholds: Any, cfg: Any) -> None:
-        problems = []
-        if monitor.latent_dim != policy.latent_dim:
-            problems.append(f"monitor latent_dim: expected the policy's {policy.latent_dim}, received "
-                            f"{monitor.latent_dim}")  # fmt: skip
-        if monitor.action_dim != policy.spec.action.dim:
-            problems.append(f"monitor action_dim: expected {policy.spec.action.dim}, received {monitor.action_dim}")
+        problems = [
+            f"executor.corrective.monitor: expected {name} {want} (the policy's), received {got} (a monitor of "
+            f"another policy?)"
+            for name, want, got in (("latent_dim", policy.latent_dim, monitor.latent_dim),
+                                    ("action_dim", policy.spec.action.dim, monitor.action_dim))
+            if got != want
+        ]  # fmt: skip
         if cfg.detector.rule == "conformal":
             if thresholds is None:
                 problems.append("executor.corrective.detector.rule: 'conformal' needs a calibrated monitor "

@@ -123,8 +123,13 @@ def test_config_is_validated_before_any_episode():
     with pytest.raises(ExecutorConfigError, match="monitor folder"):
         make_executor(EmbedClock(), ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor="/nope")))
     thr = ConformalThresholds(np.full(H, 0.5), 0.05, np.full(H, 100), 0.35)
-    with pytest.raises(ExecutorConfigError, match="latent_dim"):
+    other = r"^executor.corrective.monitor: expected latent_dim 5 \(the policy's\), received 2 \(a monitor of another"
+    with pytest.raises(ExecutorConfigError, match=other + r" policy\?\)$"):
         CorrectiveExecutor(EmbedClock(latent_dim=5), ExecutorConfig(kind="corrective"), ClockMonitor(), thr)
+    wide = type("WideMonitor", (ClockMonitor,), {"action_dim": 3})()
+    with pytest.raises(ExecutorConfigError, match=r"^executor.corrective.monitor: expected action_dim 2 \(the "
+                                                  r"policy's\), received 3 "):  # fmt: skip
+        CorrectiveExecutor(EmbedClock(), ExecutorConfig(kind="corrective"), wide, thr)
     short = ConformalThresholds(np.full(3, 0.5), 0.05, np.full(3, 100), 0.35)
     with pytest.raises(ExecutorConfigError, match="per-offset thresholds"):
         CorrectiveExecutor(EmbedClock(), ExecutorConfig(kind="corrective"), ClockMonitor(), short)

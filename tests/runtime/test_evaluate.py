@@ -433,3 +433,27 @@ def test_seeds_that_recorded_the_demos_are_warned_about(tmp_path, capsys):
     assert f"warning: evaluation seeds 1..7 (3 of 10) were used to record the demonstrations of {ckpt}" in err
     assert ev.warn_recorded_seed_overlap([str(ckpt)], 100_000, 50) == [] and capsys.readouterr().err == ""
     assert ev.EvalConfig().seed == 100_000
+
+
+class EmbedGreedy(Greedy):
+    """Greedy with a 2-wide observation latent (x, 0), so the corrective executor accepts it."""
+
+    latent_dim = 2
+
+    def embed(self, obs=None, env_ids=None):
+        x = self.history[STATE][:, -1]
+        return np.concatenate([x, np.zeros_like(x)], 1).astype(np.float32)
+
+
+def test_a_monitor_of_another_policy_is_named_before_any_progress_bar(tmp_path, capsys):
+    from policylink.policies.corrector.config import CorrectiveConfig
+    from policylink.policies.corrector.monitor import LatentMonitor, MonitorConfig, save_monitor
+
+    folder = save_monitor(tmp_path / "mon", LatentMonitor(2, 3, MonitorConfig(horizon=2, hidden_dim=8)))
+    executor = ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor=str(folder)))
+    with pytest.raises(IncompatibleSpecError) as err:
+        ev.evaluate([("eg", EmbedGreedy)], [("line", _line)], episodes=2, workers=0, videos=0, progress=True,
+                    executor=executor, out=tmp_path / "out")  # fmt: skip
+    assert "eg x line: executor.corrective.monitor: expected action_dim 1 (the policy's), received 3 (a monitor of " \
+           "another policy?)" in str(err.value)  # fmt: skip
+    assert capsys.readouterr().err == "" and not (tmp_path / "out").exists()  # no bar started, nothing written
