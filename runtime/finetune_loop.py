@@ -161,9 +161,7 @@ def check_loop(cfg: LoopConfig) -> dict[str, Any]:
     require_output_folder(cfg.out, policy=cfg.policy, demos=cfg.demos)
     _, spec, model, _, train_doc = load_base(cfg.policy, require_flow=True)
     cfg.qvgm.qvgm_config().validate(model.sampler.num_steps)
-    if cfg.critic.horizon > spec.chunk_size:
-        raise ValueError(f"critic.horizon: expected <= {spec.chunk_size} (the policy's chunk_size), received "
-                         f"{cfg.critic.horizon}")  # fmt: skip
+    cfg.critic.check_horizon(spec, "critic.")
     trained_on = (train_doc.get("dataset") or {}).get("env")
     if trained_on and trained_on != cfg.env:
         raise ValueError(f"env: expected the policy's env {trained_on!r}, received {cfg.env!r}")

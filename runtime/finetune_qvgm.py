@@ -90,6 +90,13 @@ class CriticCmdConfig:
         self.critic_config().validate()
         return self
 
+    def check_horizon(self, spec: Any, prefix: str = "") -> None:
+        """Refuse a ``horizon`` longer than the policy's chunk (``spec.chunk_size``). Raises ValueError naming
+        ``{prefix}horizon``."""
+        if self.horizon > spec.chunk_size:
+            raise ValueError(f"{prefix}horizon: expected <= {spec.chunk_size} (the policy's chunk_size), received "
+                             f"{self.horizon}")  # fmt: skip
+
 
 @dataclass
 class QVGMCmdConfig:
@@ -251,8 +258,7 @@ def train_critic(cfg: CriticCmdConfig) -> Path:
     require_output_folder(cfg.out, policy=cfg.policy, buffer=cfg.buffer)
     _threads(cfg.validate().torch_threads)
     _, spec, model, normalizer, train_doc = load_base(cfg.policy, require_flow=False)
-    if cfg.horizon > spec.chunk_size:
-        raise ValueError(f"horizon: expected <= {spec.chunk_size} (the policy's chunk_size), received {cfg.horizon}")
+    cfg.check_horizon(spec)
     store = open_buffer(cfg.buffer, model, train_doc)
     horizon = cfg.horizon or spec.n_action_steps
     cache = build_transitions(store, model, normalizer, horizon, cfg.gamma)
