@@ -116,11 +116,23 @@ class ChunkModel(nn.Module, ABC):
         actions repeat the last one, which is wrong for delta actions). The denominator stays ``B * H * A`` so
         that the mean over DDP ranks equals the single-process loss.
         """
+        return self.per_sample_loss(cond, actions, noise, valid).mean()
+
+    def per_sample_loss(
+        self,
+        cond: torch.Tensor,
+        actions: torch.Tensor,
+        noise: Mapping[str, torch.Tensor],
+        valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Squared error of the head's prediction per sample ``(B,)``: the mean over its ``H * A`` entries, with
+        padded steps (``valid`` False) zeroed but still counted, so ``per_sample_loss(...).mean()`` is
+        :meth:`loss`. Weighted objectives (AWR) weight these per-sample terms."""
         pred, target = self.loss_terms(cond, actions, noise)
         err = (pred - target).square()
         if valid is not None:
             err = err * valid[..., None].to(err.dtype)
-        return err.mean()
+        return err.mean(dim=tuple(range(1, err.dim())))
 
     def generate(
         self,

@@ -164,13 +164,11 @@ class AWRLoss:
         """``mean_i w_i * mean_{h,a} err_{i,h,a}`` (padded steps zeroed; denominator ``B * H * A``)."""
         m = getattr(model, "module", model)  # DDP wrapper -> the model
         cond = m.condition(m.embed(batch["obs"]))
-        pred, target = m.loss_terms(cond, batch["action"], batch["noise"])
-        err = (pred - target).square()
-        if self.mask_padded_actions:
-            err = err * batch["valid"][..., None].to(err.dtype)
-        adv = self.store.advantage[self.store.rows(batch)].to(err.device)
+        valid = batch["valid"] if self.mask_padded_actions else None
+        per = m.per_sample_loss(cond, batch["action"], batch["noise"], valid)
+        adv = self.store.advantage[self.store.rows(batch)].to(per.device)
         w = awr_weights(adv, self.opts.awr_beta, self.opts.awr_max_weight)
-        return (w * err.mean(dim=(1, 2))).mean(), {"mean_weight": float(w.mean())}
+        return (w * per).mean(), {"mean_weight": float(w.mean())}
 
 
 # ----------------------------------------------------------------------------------------------- CLI

@@ -58,11 +58,7 @@ class CriticAWRLoss:
         """``mean_i w_i * mean_{h,a} err_{i,h,a}``; metrics: the unweighted flow-matching loss, the mean and max
         weight."""
         cond = model.condition(model.embed(batch["obs"]))
-        pred, target = model.loss_terms(cond, batch["action"], batch["noise"])
-        err = (pred - target).square()
-        if batch.get("valid") is not None:
-            err = err * batch["valid"][..., None].to(err.dtype)
-        per = err.mean(dim=(1, 2))
+        per = model.per_sample_loss(cond, batch["action"], batch["noise"], batch.get("valid"))
         w = self.weights(batch["obs"], batch["action"]).to(per.device)
         metrics = {"bc_loss": float(per.detach().mean()), "mean_weight": float(w.mean()), "max_weight": float(w.max())}
         return (w * per).mean(), metrics

@@ -129,3 +129,6 @@ def test_padded_steps_are_left_out_of_the_loss(kit):
     torch.testing.assert_close(model.loss(cond, actions, noise, valid), expected)
     torch.testing.assert_close(model.loss(cond, actions, noise), (pred - target).square().mean())
     assert float(model.loss(cond, actions, noise, torch.zeros(3, 8, dtype=torch.bool)).detach()) == 0.0
+    per = model.per_sample_loss(cond, actions, noise, valid)
+    torch.testing.assert_close(per, (pred - target)[:, :5].square().sum(dim=(1, 2)) / (8 * 2))  # (B,)
+    torch.testing.assert_close(per.mean(), model.loss(cond, actions, noise, valid))
