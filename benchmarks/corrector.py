@@ -25,7 +25,7 @@ from policylink.data.recorder import EpisodeRecorder
 from policylink.policies import load_policy
 from policylink.policies.corrector.calibration import DetectorConfig
 from policylink.policies.corrector.config import CorrectiveConfig
-from policylink.runtime.executors import CorrectiveLog, ExecutorConfig, make_executor
+from policylink.runtime.executors import CorrectiveLog, ExecutorConfig, LatencyConfig, make_executor
 from policylink.runtime.finetune_monitor import MonitorCmdConfig, train_and_calibrate
 from policylink.runtime.report import plot_monitor_trace, wilson_interval
 from policylink.runtime.rollout import RecorderSubscriber, RegistryEnvFn, make_vector_env, plan_episodes, rollout
@@ -64,6 +64,9 @@ BASE_CELLS = {
     "open8": ExecutorConfig(n_action_steps=8),
     "open16": ExecutorConfig(n_action_steps=16),
     "ensemble": ExecutorConfig(kind="temporal_ensemble"),
+    "ensemble4": ExecutorConfig(kind="temporal_ensemble", n_action_steps=4),  # a query every 4 steps
+    # async every 4 steps with real-time chunking, zero simulated delay (reproducible): open-loop 4's budget
+    "async4": ExecutorConfig(kind="async", n_action_steps=4, latency=LatencyConfig(mode="fixed", steps=0)),
 }
 
 

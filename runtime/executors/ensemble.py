@@ -16,15 +16,17 @@ from policylink.runtime.executors.base import ChunkExecutor
 class TemporalEnsembleExecutor(ChunkExecutor):
     """Running weighted average over overlapping chunks, per episode.
 
-    The queue row holds the blend (float64 ``(H, A)``) and is installed with ``limit = 1``, so every row plans
-    every step. Blend position ``j`` (counted from the next action) holds every prediction for step ``t + j``;
-    after ``k`` predictions its value is ``sum_i w_i a_i / sum_i w_i`` over ``i = 0..k-1`` (oldest first),
-    updated incrementally: ``x <- (x * W_{k-1} + w_k a_k) / W_k`` with ``W_k = sum_{i<=k} w_i`` (as LeRobot's
-    ``ACTTemporalEnsembler``). With constant chunks ``c_t`` predicted at step ``t`` the executed action at
-    step ``t`` is ``sum_{i<n} w_i c_{t-n+1+i} / sum_{i<n} w_i``, ``n = min(t + 1, H)``. :meth:`truncate` and
-    :meth:`replan` drop a row's blend: its next action comes from new predictions only.
+    The queue row holds the blend (float64 ``(H, A)``) and is installed with ``limit = p``, so every row plans
+    every ``p`` steps: ``p = config.n_action_steps``, ``None`` = 1 (every step, as ACT); a longer query period
+    blends fewer, older predictions at ``1 / p`` of the policy calls. Blend position ``j`` (counted from the
+    next action) holds every prediction for step ``t + j``; after ``k`` predictions its value is
+    ``sum_i w_i a_i / sum_i w_i`` over ``i = 0..k-1`` (oldest first), updated incrementally:
+    ``x <- (x * W_{k-1} + w_k a_k) / W_k`` with ``W_k = sum_{i<=k} w_i`` (as LeRobot's ``ACTTemporalEnsembler``).
+    With ``p = 1`` and constant chunks ``c_t`` predicted at step ``t`` the executed action at step ``t`` is
+    ``sum_{i<n} w_i c_{t-n+1+i} / sum_{i<n} w_i``, ``n = min(t + 1, H)``. :meth:`truncate` and :meth:`replan`
+    drop a row's blend: its next action comes from new predictions only.
 
-    Each step is one inference; simulated latency adds ``d`` stall steps per inference.
+    Each query is one inference; simulated latency adds ``d`` stall steps per inference.
     """
 
     _queue_dtype = np.float64
@@ -45,7 +47,8 @@ class TemporalEnsembleExecutor(ChunkExecutor):
         new_total = self._cum[k][..., None]
         chunk = chunk.astype(np.float64)
         blended = (prev * prev_total + chunk * self._w[k][..., None]) / new_total
-        self.queue.install(ids, np.where((k == 0)[..., None], chunk, blended), offset=offset, limit=offset + 1)
+        period = int(self.config.n_action_steps or 1)
+        self.queue.install(ids, np.where((k == 0)[..., None], chunk, blended), offset=offset, limit=offset + period)
         self._count[ids] = k + 1
 
     def _allocate(self, batch_size: int) -> None:

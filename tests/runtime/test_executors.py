@@ -178,6 +178,15 @@ def test_temporal_ensemble_matches_closed_form(m):
         assert acts[9] == pytest.approx(7.5)
 
 
+def test_temporal_ensemble_with_a_query_period_blends_the_predictions_in_reach():
+    # h = 4, a query every 2 steps (t = 0, 2, 4, ...), m = 0: step t averages the chunks of queries q <= t < q + 4
+    cfg = ExecutorConfig(kind="temporal_ensemble", ensemble_m=0.0, n_action_steps=2)
+    ex = make_executor(CountingPolicy(chunk_size=4), cfg)
+    acts = _run(ex, 8)[:, 0, 0]
+    np.testing.assert_allclose(acts, [0, 0, 1, 1, 3, 3, 5, 5])  # {0}, {0}, {0, 2}, {0, 2}, {2, 4}, ...
+    assert ex.inferences.tolist() == [4]
+
+
 def test_async_with_simulated_delay_drops_passed_actions():
     policy = ClockPolicy(chunk_size=8, n_action_steps=4)
     cfg = ExecutorConfig(kind="async", n_action_steps=4, latency=LatencyConfig(mode="fixed", steps=2))
