@@ -1,7 +1,7 @@
-"""Corrective action-chunk execution on ``push`` (state), issue 16: replan-every-step vs open-loop 8 and 16 vs
-corrective (16-action chunks, guided and plain replanning), with and without mid-episode perturbations, same
-checkpoint; success (95% Wilson), policy calls per episode, triggers per episode, per-step alarm rate and the
-monitor's cost per control step over one policy call (same run).
+"""Corrective action-chunk execution on ``push`` (state; ``--env`` another task), issue 16: replan-every-step
+vs open-loop 8 and 16 vs corrective (16-action chunks, guided and plain replanning), with and without mid-episode
+perturbations, same checkpoint; success (95% Wilson), policy calls per episode, triggers per episode, per-step
+alarm rate and the monitor's cost per control step over one policy call (same run).
 
     MUJOCO_GL=egl .venv/bin/python benchmarks/corrector.py --policy CKPT --episodes 50 --out outputs/corrector/bench
 
@@ -34,11 +34,11 @@ from policylink.sim.mujoco.perturbations import PerturbationConfig
 PERTURBED = PerturbationConfig(displacement=0.03, displacement_steps=(10, 30), force=2.0, force_probability=0.02)
 
 
-def run_cell(policy, executor_cfg, n, seed, perturbation, num_envs):
-    """Episodes of one cell: ``(results, corrective log or None, executor)``."""
+def run_cell(policy, executor_cfg, n, seed, perturbation, num_envs, env="push"):
+    """Episodes of one cell on ``env``: ``(results, corrective log or None, executor)``."""
     policy.reseed(seed)
     kwargs = {"perturbation": perturbation} if perturbation is not None else {}
-    vec = make_vector_env(RegistryEnvFn("push", **kwargs), plan_episodes(n, seed, num_envs))
+    vec = make_vector_env(RegistryEnvFn(env, **kwargs), plan_episodes(n, seed, num_envs))
     ex = make_executor(policy, executor_cfg)
     log = CorrectiveLog() if executor_cfg.kind == "corrective" else None
     try:
@@ -48,9 +48,9 @@ def run_cell(policy, executor_cfg, n, seed, perturbation, num_envs):
     return results, log, ex
 
 
-def record_rollouts(policy, path, n, seed, num_envs):
+def record_rollouts(policy, path, n, seed, num_envs, env="push"):
     """Open-loop 16 rollouts of the policy on unperturbed training seeds, recorded with success flags."""
-    vec = make_vector_env(RegistryEnvFn("push"), plan_episodes(n, seed, num_envs))
+    vec = make_vector_env(RegistryEnvFn(env), plan_episodes(n, seed, num_envs))
     ex = make_executor(policy, ExecutorConfig(n_action_steps=policy.spec.chunk_size))
     with EpisodeRecorder(path, env_spec=vec.envs[0].unwrapped.env_spec) as rec:
         rollout(vec, ex, n, subscribers=[RecorderSubscriber(rec, EpisodeMeta(source="policy"))])
@@ -90,7 +90,7 @@ def cell_config(name: str, monitor: str) -> ExecutorConfig:
 def evaluate_cell(policy, name, cfg, args, pert_name, pert, out):
     """One cell's row of the results table."""
     c0 = time.perf_counter()
-    results, log, ex = run_cell(policy, cfg, args.episodes, args.seed, pert, args.num_envs)
+    results, log, ex = run_cell(policy, cfg, args.episodes, args.seed, pert, args.num_envs, args.env)
     k = sum(r.success for r in results)
     lo, hi = wilson_interval(k, len(results))
     row = {"perturbation": pert_name, "executor": name, "success": k / len(results), "ci95": [lo, hi],
@@ -105,13 +105,14 @@ def evaluate_cell(policy, name, cfg, args, pert_name, pert, out):
         fired = [i for i in sorted(log.episodes) if log.episodes[i]["triggers"]]
         if fired:
             plot_monitor_trace(out / f"trace_{pert_name}.png", log.episodes[fired[0]]["trace"],
-                               f"push, {pert_name}, episode {fired[0]}")  # fmt: skip
+                               f"{args.env}, {pert_name}, episode {fired[0]}")  # fmt: skip
     return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--policy", required=True)
+    p.add_argument("--env", default="push", help="registered task the policy was trained on")
     p.add_argument("--episodes", type=int, default=50)
     p.add_argument("--rollouts", type=int, default=120, help="training rollouts for the monitor")
     p.add_argument("--seed", type=int, default=100000)
@@ -132,7 +133,7 @@ def main() -> None:
     if not args.monitor:
         buffer = Path(args.buffer) if args.buffer else out / "rollouts.zarr"
         if not buffer.exists():
-            record_rollouts(policy, buffer, args.rollouts, 1000, args.num_envs)
+            record_rollouts(policy, buffer, args.rollouts, 1000, args.num_envs, args.env)
         summary = train_and_calibrate(MonitorCmdConfig(policy=args.policy, buffer=str(buffer), out=str(mon_dir)))
         print(json.dumps(summary, indent=2), flush=True)
     perts = {"none": None, "displace+force": PERTURBED}
