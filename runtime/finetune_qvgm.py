@@ -129,8 +129,8 @@ class QVGMCmdConfig:
         candidates: N chunks sampled from the frozen base policy per state that also enter keep-best (0: ascent
             only, as the paper); a better candidate becomes the target, which distils best-of-N reranking.
         target: how the improved chunk a* trains the policy: residual (the paper's velocity target at the
-            rollout's own intermediate step) or flow (flow matching from fresh noise onto a*; with candidates, a
-            distillation of best-of-N reranking that can change the chunk's mode).
+            rollout's own intermediate step) or flow_matching (flow matching from fresh noise onto a*; with
+            candidates, a distillation of best-of-N reranking that can change the chunk's mode).
         awr_beta: method awr: temperature on the batch-standardised advantage.
         awr_max_weight: method awr: weight cap w_max.
         steps: optimizer steps.

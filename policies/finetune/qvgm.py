@@ -22,7 +22,7 @@ from policylink.policies.critics import ChunkCritic, critic_state
 from policylink.policies.model import ChunkModel
 
 ANCHORS = ("current", "reference")
-TARGETS = ("residual", "flow")
+TARGETS = ("residual", "flow_matching")
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,10 @@ class QVGMConfig:
         pessimism: ``k`` of the ascent objective ``mean_e Q_e - k std_e Q_e`` over the critic's heads (0: the
             paper's mean; see :meth:`~policylink.policies.critics.ChunkCritic.actor_q`).
         target: how ``a*`` trains the velocity field: ``residual`` (the paper: ``v_tgt = sg(v) + alpha (a* -
-            a_hat) / (1 - t)`` at the rollout's own ``(x_t, t)``) or ``flow`` (plain flow matching from fresh noise
-            at a uniform ``t`` onto ``a*``: with ``candidates`` this distils best-of-N reranking into the whole
-            velocity field, so the policy can move to another mode, which a late residual cannot; our extension).
+            a_hat) / (1 - t)`` at the rollout's own ``(x_t, t)``) or ``flow_matching`` (plain flow matching from
+            fresh noise at a uniform ``t`` onto ``a*``: with ``candidates`` this distils best-of-N reranking into
+            the whole velocity field, so the policy can move to another mode, which a late residual cannot; our
+            extension).
     """
 
     last_steps: int = 5
@@ -189,8 +190,8 @@ class QVGMLoss:
     ) -> dict[str, torch.Tensor]:
         """BC noise ``{"noise", "t"}`` (``model.draw_noise``), ``rollout`` ``(B, H, A)`` initial noise and
         ``index`` int64 ``(B,)`` of the intermediate Euler step, uniform in ``[K - M, K)``, with
-        ``candidates = N`` the candidates' initial noise ``(B * N, H, A)``, and with ``target = "flow"`` a second
-        flow-matching draw ``target_noise`` ``(B, H, A)``, ``target_t`` ``(B,)`` for the ``a*`` term."""
+        ``candidates = N`` the candidates' initial noise ``(B * N, H, A)``, and with ``target = "flow_matching"`` a
+        second flow-matching draw ``target_noise`` ``(B, H, A)``, ``target_t`` ``(B,)`` for the ``a*`` term."""
         out = model.draw_noise(batch_size, generator, device)
         k = model.sampler.num_steps
         out["rollout"] = torch.randn(batch_size, model.horizon, model.action_dim, generator=generator).to(device)
@@ -198,7 +199,7 @@ class QVGMLoss:
         if self.cfg.candidates:
             shape = (batch_size * self.cfg.candidates, model.horizon, model.action_dim)
             out["candidates"] = torch.randn(shape, generator=generator).to(device)
-        if self.cfg.target == "flow":
+        if self.cfg.target == TARGETS[1]:  # flow_matching
             fm = model.draw_noise(batch_size, generator, device)
             out["target_noise"], out["target_t"] = fm["noise"], fm["t"]
         return out
@@ -232,13 +233,13 @@ class QVGMLoss:
         return x_t, t, v_tgt, res
 
     def __call__(self, model: ChunkModel, batch: Mapping[str, Any], step: int) -> tuple[torch.Tensor, dict]:
-        """``||v_theta(x_t, t) - v_tgt||^2 + lambda_bc * flow matching`` (with ``target = "flow"`` the first term
-        is flow matching onto ``a*``); metrics: both terms, the mean keep-best margin ``Q(a*) - Q(a_hat)``, the
-        fraction where the start won, the mean ``Q(a_hat)`` and ``Q(a*)``."""
+        """``||v_theta(x_t, t) - v_tgt||^2 + lambda_bc * flow matching`` (with ``target = "flow_matching"`` the
+        first term is flow matching onto ``a*``); metrics: both terms, the mean keep-best margin ``Q(a*) -
+        Q(a_hat)``, the fraction where the start won, the mean ``Q(a_hat)`` and ``Q(a*)``."""
         obs, noise = batch["obs"], batch["noise"]
         cond = model.condition(model.embed(obs))
         x_t, t, v_tgt, res = self.targets(model, obs, cond.detach(), noise)
-        if self.cfg.target == "flow":
+        if self.cfg.target == TARGETS[1]:  # flow_matching
             vgm = model.loss(cond, res.a_star, {"noise": noise["target_noise"], "t": noise["target_t"]})
         else:
             vgm = (model.sampler.denoise(x_t, t, cond) - v_tgt).square().mean()

@@ -60,7 +60,7 @@ class _QuadraticCritic(torch.nn.Module):
         return -((a[:, : self.horizon] - self.target) ** 2).flatten(1).sum(1)
 
 
-@pytest.mark.parametrize("target_kind", ["residual", "flow"])
+@pytest.mark.parametrize("target_kind", ["residual", "flow_matching"])
 def test_a_qvgm_step_moves_the_sampled_chunk_mean_toward_the_maximiser(kit, target_kind):
     torch.manual_seed(0)
     cfg = kit.tiny_config("flow", keys=(kit.STATE,), n_obs_steps=1, chunk_size=4, n_action_steps=2)
@@ -100,7 +100,7 @@ def test_the_flow_target_is_flow_matching_onto_the_kept_chunk(kit):
     torch.manual_seed(0)
     cfg = kit.tiny_config("flow", keys=(kit.STATE,), n_obs_steps=1, chunk_size=4, n_action_steps=2)
     model = build_model(cfg, kit.FEATURES, 2)
-    qc = QVGMConfig(ascent_steps=3, step_size=0.1, trust_radius=0.2, bc_weight=0.0, target="flow")
+    qc = QVGMConfig(ascent_steps=3, step_size=0.1, trust_radius=0.2, bc_weight=0.0, target="flow_matching")
     loss_fn = QVGMLoss(qc, _QuadraticCritic(torch.ones(2, 2), 2), copy.deepcopy(model))
     obs = {kit.STATE: torch.tensor(np.random.default_rng(2).uniform(-1, 1, (8, 1, 3)), dtype=torch.float32)}
     noise = loss_fn.draw(model, 8, torch.Generator().manual_seed(0))
