@@ -83,10 +83,10 @@ class CriticCmdConfig:
     def validate(self, prefix: str = "") -> CriticCmdConfig:
         """Return self if every value is usable (no file is read). Raises ValueError naming the field (``prefix``
         before it: ``critic.`` in the loop), the expected and the received value."""
-        from policylink.runtime.run import require_counts
+        from policylink.runtime.run import require_counts, require_positive
 
         require_counts(self, prefix, steps=1, batch_size=1, horizon=0, torch_threads=0)
-        _require_positive(self, prefix, "lr")
+        require_positive(self, "lr", prefix=prefix)
         self.critic_config().validate()
         return self
 
@@ -182,20 +182,14 @@ class QVGMCmdConfig:
         """Return self if every value is usable (no file is read; ``last_steps`` against the sampler's steps is
         checked once the policy is loaded). Raises ValueError naming the field (``prefix`` before it: ``qvgm.`` in
         the loop; the Q-VGM settings are always named ``qvgm.*``), the expected and the received value."""
-        from policylink.runtime.run import require_counts
+        from policylink.runtime.run import require_counts, require_positive
 
         if self.method not in METHODS:
             raise ValueError(f"{prefix}method: expected one of {METHODS}, received {self.method!r}")
         require_counts(self, prefix, steps=1, batch_size=1, torch_threads=0)
-        for name in ("lr", "grad_clip", "awr_beta", "awr_max_weight"):
-            _require_positive(self, prefix, name)
+        require_positive(self, "lr", "grad_clip", "awr_beta", "awr_max_weight", prefix=prefix)
         self.qvgm_config().validate()
         return self
-
-
-def _require_positive(cfg: Any, prefix: str, name: str) -> None:
-    if not getattr(cfg, name) > 0:
-        raise ValueError(f"{prefix}{name}: expected > 0, received {getattr(cfg, name)}")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -83,6 +83,17 @@ def require_counts(config: Any, prefix: str = "", **minimums: int) -> None:
             raise ValueError(f"{prefix}{name}: expected an integer >= {low}, received {value!r}")
 
 
+def require_positive(config: Any, *names: str, prefix: str = "") -> None:
+    """Check float fields of a config: ``require_positive(cfg, "lr")`` requires ``cfg.lr > 0``.
+
+    Raises:
+        ValueError: the first field not above 0 (``prefix`` + its name, the expectation and the value).
+    """
+    for name in names:
+        if not getattr(config, name) > 0:
+            raise ValueError(f"{prefix}{name}: expected > 0, received {getattr(config, name)}")
+
+
 def require_output_folder(out: str | Path, field: str = "out", **inputs: str | Path | None) -> None:
     """Refuse an output folder that would replace or rename what a command reads: an existing file, or a path
     that is, lies inside or contains one of ``inputs`` (option name -> path; empty ones are skipped). Call it
