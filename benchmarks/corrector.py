@@ -1,11 +1,11 @@
-"""Corrective action-chunk execution on ``push`` (state; ``--env`` another task), issue 16: replan-every-step
+"""Corrective action-chunk execution on ``push`` (``--env`` another task; an image checkpoint renders its camera), issue 16: replan-every-step
 vs open-loop 8 and 16 vs corrective (16-action chunks, guided and plain replanning), with and without mid-episode
 perturbations, same checkpoint; success (95% Wilson), policy calls per episode, triggers per episode, per-step
 alarm rate and the monitor's cost per control step over one policy call (same run).
 
     MUJOCO_GL=egl .venv/bin/python benchmarks/corrector.py --policy CKPT --episodes 50 --out outputs/corrector/bench
 
-Steps: (1) roll the policy open-loop with 16-action chunks on training seeds (unperturbed) and record the
+Steps (1-2 only when a corrective cell runs without ``--monitor``): (1) roll the policy open-loop with 16-action chunks on training seeds (unperturbed) and record the
 rollouts; (2) ``policylink finetune monitor`` on them (train / calibration / test split of the successes);
 (3) evaluate every cell on held-out seeds.
 """
@@ -23,6 +23,7 @@ import torch
 from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder
 from policylink.policies import load_policy
+from policylink.policies.checkpoint import checkpoint_env_kwargs
 from policylink.policies.corrector.calibration import DetectorConfig
 from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.runtime.executors import CorrectiveLog, ExecutorConfig, LatencyConfig, make_executor
@@ -34,10 +35,11 @@ from policylink.sim.mujoco.perturbations import PerturbationConfig
 PERTURBED = PerturbationConfig(displacement=0.03, displacement_steps=(10, 30), force=2.0, force_probability=0.02)
 
 
-def run_cell(policy, executor_cfg, n, seed, perturbation, num_envs, env="push"):
-    """Episodes of one cell on ``env``: ``(results, corrective log or None, executor)``."""
+def run_cell(policy, executor_cfg, n, seed, perturbation, num_envs, env="push", env_kwargs=None):
+    """Episodes of one cell on ``env`` (``env_kwargs``: the checkpoint's ``obs_mode``...): ``(results, corrective
+    log or None, executor)``."""
     policy.reseed(seed)
-    kwargs = {"perturbation": perturbation} if perturbation is not None else {}
+    kwargs = dict(env_kwargs or {}, **({"perturbation": perturbation} if perturbation is not None else {}))
     vec = make_vector_env(RegistryEnvFn(env, **kwargs), plan_episodes(n, seed, num_envs))
     ex = make_executor(policy, executor_cfg)
     log = CorrectiveLog() if executor_cfg.kind == "corrective" else None
@@ -48,9 +50,9 @@ def run_cell(policy, executor_cfg, n, seed, perturbation, num_envs, env="push"):
     return results, log, ex
 
 
-def record_rollouts(policy, path, n, seed, num_envs, env="push"):
+def record_rollouts(policy, path, n, seed, num_envs, env="push", env_kwargs=None):
     """Open-loop 16 rollouts of the policy on unperturbed training seeds, recorded with success flags."""
-    vec = make_vector_env(RegistryEnvFn(env), plan_episodes(n, seed, num_envs))
+    vec = make_vector_env(RegistryEnvFn(env, **(env_kwargs or {})), plan_episodes(n, seed, num_envs))
     ex = make_executor(policy, ExecutorConfig(n_action_steps=policy.spec.chunk_size))
     with EpisodeRecorder(path, env_spec=vec.envs[0].unwrapped.env_spec) as rec:
         rollout(vec, ex, n, subscribers=[RecorderSubscriber(rec, EpisodeMeta(source="policy"))])
@@ -90,7 +92,7 @@ def cell_config(name: str, monitor: str) -> ExecutorConfig:
 def evaluate_cell(policy, name, cfg, args, pert_name, pert, out):
     """One cell's row of the results table."""
     c0 = time.perf_counter()
-    results, log, ex = run_cell(policy, cfg, args.episodes, args.seed, pert, args.num_envs, args.env)
+    results, log, ex = run_cell(policy, cfg, args.episodes, args.seed, pert, args.num_envs, args.env, args.env_kwargs)
     k = sum(r.success for r in results)
     lo, hi = wilson_interval(k, len(results))
     row = {"perturbation": pert_name, "executor": name, "success": k / len(results), "ci95": [lo, hi],
@@ -127,13 +129,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     policy = load_policy(args.policy, device="cpu")
+    args.env_kwargs = checkpoint_env_kwargs(args.policy) or {}  # an image checkpoint renders its camera
     t0 = time.perf_counter()
     summary = {"monitor": args.monitor}
     mon_dir = Path(args.monitor) if args.monitor else out / "monitor"
-    if not args.monitor:
+    if not args.monitor and "corrective" in args.cells:  # only a corrective cell needs a monitor
         buffer = Path(args.buffer) if args.buffer else out / "rollouts.zarr"
         if not buffer.exists():
-            record_rollouts(policy, buffer, args.rollouts, 1000, args.num_envs, args.env)
+            record_rollouts(policy, buffer, args.rollouts, 1000, args.num_envs, args.env, args.env_kwargs)
         summary = train_and_calibrate(MonitorCmdConfig(policy=args.policy, buffer=str(buffer), out=str(mon_dir)))
         print(json.dumps(summary, indent=2), flush=True)
     perts = {"none": None, "displace+force": PERTURBED}
