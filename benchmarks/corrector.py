@@ -1,13 +1,14 @@
-"""Corrective action-chunk execution on ``push`` (``--env`` another task; an image checkpoint renders its camera), issue 16: replan-every-step
-vs open-loop 8 and 16 vs corrective (16-action chunks, guided and plain replanning), with and without mid-episode
-perturbations, same checkpoint; success (95% Wilson), policy calls per episode, triggers per episode, per-step
-alarm rate and the monitor's cost per control step over one policy call (same run).
+"""Corrective action-chunk execution on ``push`` (``--env`` another task; an image checkpoint renders its
+camera), issue 16: replan-every-step vs open-loop 8 and 16 vs corrective (16-action chunks, guided and plain
+replanning), with and without mid-episode perturbations, same checkpoint; success (95% Wilson), policy calls per
+episode, triggers per episode, per-step alarm rate and the monitor's cost per control step over one policy call
+(same run).
 
     MUJOCO_GL=egl .venv/bin/python benchmarks/corrector.py --policy CKPT --episodes 50 --out outputs/corrector/bench
 
-Steps (1-2 only when a corrective cell runs without ``--monitor``): (1) roll the policy open-loop with 16-action chunks on training seeds (unperturbed) and record the
-rollouts; (2) ``policylink finetune monitor`` on them (train / calibration / test split of the successes);
-(3) evaluate every cell on held-out seeds.
+Steps ((1) and (2) only when a corrective cell runs without ``--monitor``): (1) roll the policy open-loop with
+16-action chunks on training seeds (unperturbed) and record the rollouts; (2) ``policylink finetune monitor`` on
+them (train / calibration / test split of the successes); (3) evaluate every cell on held-out seeds.
 """
 
 from __future__ import annotations
