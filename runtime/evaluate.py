@@ -77,7 +77,8 @@ class EvalConfig:
         resume: reuse the shards already written in ``out`` (a changed ``episodes`` count keeps the shards it
             still needs and runs the others; a changed ``videos`` count re-runs the shards whose videos change);
             false discards them.
-        env_kwargs: keyword arguments of every env factory (``obs_mode``...).
+        env_kwargs: keyword arguments of every env factory (``obs_mode``...; mid-episode perturbations of the MuJoCo
+            tasks: ``{perturbation: {displacement: 0.03, force: 2.0}}``, fields of ``PerturbationConfig``).
         executor: chunk execution (:class:`ExecutorConfig`), including simulated latency.
         instructions: a JSON file goal key (``"red/left"``) -> list of instructions: each episode keeps the env's
             goal and tells the policy one of the file's instructions for it (:mod:`policylink.runtime.instructions`).

@@ -13,6 +13,7 @@ renderer from the Genesis state.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import mujoco
@@ -55,11 +56,12 @@ class GenesisTaskEnv(EnvAdapter):
         image_size: int | tuple[int, int] = 96,
         cameras: tuple[str, ...] | None = None,
         render_quality: str = "fast",
-        perturbation: PerturbationConfig | None = None,
+        perturbation: PerturbationConfig | Mapping[str, Any] | None = None,
         render_mode: str | None = None,
         randomization: RandomizationConfig | None = None,
         render_size: int = 256,
     ):
+        perturbation = PerturbationConfig.coerce(perturbation)
         if perturbation is not None and perturbation.active:
             raise ValueError(
                 f"perturbation: expected None for {self.name} (the MuJoCo perturbations act on MuJoCo's "

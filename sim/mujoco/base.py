@@ -48,19 +48,17 @@ def yaw_of(quat_wxyz: np.ndarray | list[float]) -> float:
     return math.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
 
 
-def _checked_args(obs_mode: str, render_mode: str | None, perturbation: Any, image_size: Any) -> tuple[int, int]:
+def _checked_args(obs_mode: str, render_mode: str | None, image_size: Any) -> tuple[int, int]:
     """``(height, width)`` of ``image_size`` in pixels after checking the constructor's arguments.
 
     Raises:
-        ValueError: an unknown ``obs_mode`` or ``render_mode``, a ``perturbation`` that is not a
-            PerturbationConfig, or an ``image_size`` that is not an int or ``(H, W)`` in ``1..MAX_IMAGE_SIDE``.
+        ValueError: an unknown ``obs_mode`` or ``render_mode``, or an ``image_size`` that is not an int or
+            ``(H, W)`` in ``1..MAX_IMAGE_SIDE``.
     """
     if obs_mode not in OBS_MODES:
         raise ValueError(f"obs_mode: expected one of {OBS_MODES}, received {obs_mode!r}")
     if render_mode not in (None, "rgb_array"):
         raise ValueError(f"render_mode: expected None or 'rgb_array', received {render_mode!r}")
-    if perturbation is not None and not isinstance(perturbation, PerturbationConfig):
-        raise ValueError(f"perturbation: expected PerturbationConfig or None, received {type(perturbation).__name__}")
     height, width = (image_size, image_size) if np.isscalar(image_size) else tuple(image_size)
     if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (height, width)) or not (
         1 <= height <= MAX_IMAGE_SIDE and 1 <= width <= MAX_IMAGE_SIDE
@@ -88,7 +86,8 @@ class MujocoTaskEnv(EnvAdapter):
         cameras: camera names for image observations (default: the task's ``default_cameras``); known
             cameras are ``"top"`` (straight down, image right = world +x, up = world +y) and ``"front"``.
         render_quality: ``"fast"`` (no shadows, no multisampling) or ``"pretty"`` (for videos).
-        perturbation: a :class:`PerturbationConfig`, or None for none.
+        perturbation: a :class:`PerturbationConfig` (or a mapping of its fields, e.g. ``{"displacement": 0.03,
+            "force": 2.0}`` from ``--env_kwargs``), or None for none.
         render_mode: ``"rgb_array"`` makes :meth:`render` return a ``render_size`` frame of the first camera.
         randomization: visual randomisation bounds (default :class:`RandomizationConfig`).
         render_size: side of the :meth:`render` frame, pixels (default 256).
@@ -97,7 +96,8 @@ class MujocoTaskEnv(EnvAdapter):
             (evaluation under an unseen viewpoint); None keeps the nominal cameras.
 
     Raises:
-        ValueError: an unknown ``obs_mode``, ``render_quality`` or ``render_mode``, a bad ``image_size``.
+        ValueError: an unknown ``obs_mode``, ``render_quality`` or ``render_mode``, a bad ``image_size`` or
+            ``perturbation``.
         KeyError: an unknown camera name.
     """
 
@@ -121,13 +121,14 @@ class MujocoTaskEnv(EnvAdapter):
         image_size: int | tuple[int, int] = 96,
         cameras: tuple[str, ...] | None = None,
         render_quality: str = "fast",
-        perturbation: PerturbationConfig | None = None,
+        perturbation: PerturbationConfig | Mapping[str, Any] | None = None,
         render_mode: str | None = None,
         randomization: RandomizationConfig | None = None,
         render_size: int = 256,
         camera_pose_shift: CameraPoseShift | Mapping[str, Any] | None = None,
     ):
-        height, width = _checked_args(obs_mode, render_mode, perturbation, image_size)
+        height, width = _checked_args(obs_mode, render_mode, image_size)
+        perturbation = PerturbationConfig.coerce(perturbation)
         self.obs_mode, self.render_mode, self.render_quality = obs_mode, render_mode, render_quality
         self.model = mujoco.MjModel.from_xml_path(asset_path(self.xml_file))
         self.data = mujoco.MjData(self.model)

@@ -8,7 +8,9 @@ state, reset at every episode so nothing leaks between episodes.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +56,33 @@ class PerturbationConfig:
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"PerturbationConfig.{name}: expected {expected}, received {getattr(self, name)!r}")
+
+    @classmethod
+    def coerce(cls, value: PerturbationConfig | Mapping[str, Any] | None) -> PerturbationConfig | None:
+        """A config from itself, a mapping of its fields (env kwargs from YAML/JSON, e.g. ``policylink eval
+        --env_kwargs '{perturbation: {displacement: 0.03, force: 2.0}}'``), or None.
+
+        Raises:
+            ValueError: another type, an unknown field (the message lists the fields), or a field whose value is
+                out of range or of the wrong type (names the field).
+        """
+        if value is None or isinstance(value, cls):
+            return value
+        names = tuple(f.name for f in fields(cls))
+        if not isinstance(value, Mapping):
+            raise ValueError(f"perturbation: expected None or a mapping with keys among {names}, received {value!r}")
+        unknown = sorted(map(str, set(value) - set(names)))
+        if unknown:
+            raise ValueError(
+                f"perturbation: unknown key(s) {unknown}: expected keys among {names}, received {dict(value)!r}"
+            )
+        try:
+            return cls(**value)
+        except TypeError:  # a comparison with a string, a list where a number goes...
+            bad = {k: v for k, v in value.items() if not isinstance(v, (int, float, list, tuple))}
+            raise ValueError(
+                f"perturbation: expected numbers (displacement_steps: [first, last]), received {bad or dict(value)!r}"
+            ) from None
 
     @property
     def active(self) -> bool:

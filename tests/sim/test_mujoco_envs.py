@@ -101,6 +101,14 @@ def test_invalid_arguments_name_the_field():
         registry.make_env("reach", obs_mode="image", render_quality="ultra")
     with pytest.raises(ValueError, match="action_delay_steps"):
         PerturbationConfig(action_delay_steps=-1)
+    with pytest.raises(ValueError, match=r"perturbation: unknown key\(s\) \['push'\]: expected keys among .*'force'"):
+        registry.make_env("push", perturbation={"push": 0.03})
+    with pytest.raises(ValueError, match=r"perturbation: expected numbers .*received \{'force': 'strong'\}"):
+        registry.make_env("push", perturbation={"force": "strong"})
+    with pytest.raises(ValueError, match="PerturbationConfig.displacement: expected a distance >= 0 m, received -0.1"):
+        registry.make_env("push", perturbation={"displacement": -0.1})
+    with pytest.raises(ValueError, match="perturbation: expected None or a mapping"):
+        registry.make_env("push", perturbation=0.03)
 
 
 def test_action_delay_holds_robot_for_the_delay():
@@ -115,8 +123,15 @@ def test_action_delay_holds_robot_for_the_delay():
     assert obs[STATE_KEY][0] - start[0] > 0.01
 
 
-def test_displacement_moves_object_once_by_configured_distance():
-    cfg = PerturbationConfig(displacement=0.05, displacement_steps=(3, 3))
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        PerturbationConfig(displacement=0.05, displacement_steps=(3, 3)),
+        {"displacement": 0.05, "displacement_steps": [3, 3]},
+    ],
+    ids=["config", "mapping"],  # a mapping is what --env_kwargs '{perturbation: {...}}' gives
+)
+def test_displacement_moves_object_once_by_configured_distance(cfg):
     env = registry.make_env("push", perturbation=cfg)
     obs, _ = env.reset(seed=0)
     block = [obs[STATE_KEY][2:4]]
