@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,9 @@ class RecordConfig:
             action plus Gaussian noise with this std, as a fraction of each dimension's half range (clipped to
             the limits), while the recorded action is the expert's clean one: demos that show how to recover
             from small deviations. 0 (default) executes the recorded action. Must be in [0, 1].
+        perturbation: mid-episode perturbations of a MuJoCo task while recording, as fields of
+            ``PerturbationConfig`` (e.g. ``{displacement: 0.03, force: 2.0}``): the scripted expert reads the true
+            state every step and recovers, so the demos show recoveries from displaced objects. Empty: none.
         max_steps: step cap per episode, >= 1 (default None: the env's ``max_episode_steps``).
         zarr_format: 3 (default) or 2 for a new store.
         lock_timeout: seconds to wait when another process is writing the store (0 = fail at once).
@@ -75,6 +78,7 @@ class RecordConfig:
     obs_mode: str = "state"
     image_size: int = 96
     dart_noise: float = 0.0
+    perturbation: dict[str, Any] = field(default_factory=dict)
     max_steps: int | None = None
     zarr_format: int = 3
     lock_timeout: float = 0.0
@@ -122,7 +126,8 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     if env is None:
         from policylink.adapters.registry import make_env
 
-        env = make_env(cfg.env, **obs_mode_env_kwargs(cfg.obs_mode, cfg.image_size))
+        extra = {"perturbation": cfg.perturbation} if cfg.perturbation else {}
+        env = make_env(cfg.env, **obs_mode_env_kwargs(cfg.obs_mode, cfg.image_size), **extra)
     from policylink.data.buffer import EpisodeStore
 
     store = EpisodeStore(cfg.out, "a", zarr_format=cfg.zarr_format, lock_timeout=cfg.lock_timeout)
@@ -131,6 +136,7 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     try:
         first = _first_seed(store, cfg.seed, cfg.episodes)
         quality = cfg.expert + (f"+dart{cfg.dart_noise:g}" if cfg.dart_noise > 0 else "")
+        quality += "+perturbed" if cfg.perturbation else ""
         if expert is None:
             from policylink.sim.experts import make_expert
 
@@ -308,6 +314,10 @@ def _validate(cfg: RecordConfig) -> None:
         raise ValueError(f"max_steps: expected an int >= 1 (or omit it for the env's limit), received {cfg.max_steps}")
     if cfg.seed is not None and cfg.seed < 0:
         raise ValueError(f"seed: expected an int >= 0 (or omit it to continue the store), received {cfg.seed}")
+    if cfg.perturbation:
+        from policylink.sim.mujoco.perturbations import PerturbationConfig
+
+        PerturbationConfig.coerce(cfg.perturbation)  # its errors name the field
 
 
 def _first_seed(store: Any, seed: int | None, episodes: int) -> int:

@@ -160,6 +160,13 @@ def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
             "image+pointmap+proprio, received 'depth'",
         ),
         ("--dart_noise", "1.5", "dart_noise: expected a value in [0, 1], received 1.5"),
+        (
+            "--perturbation",
+            "{push: 0.03}",
+            "perturbation: unknown key(s) ['push']: expected keys among ('action_noise_std', 'action_delay_steps', "
+            "'displacement', 'displacement_steps', 'force', 'force_probability', 'force_duration_steps'), "
+            "received {'push': 0.03}",
+        ),
     ],
 )
 def test_cli_rejects_bad_values(tmp_path, point_env, flag, value, message):
@@ -243,3 +250,16 @@ def test_dart_noise_labels_clean_expert_actions(tmp_path, point_env):
     r = np.concatenate(residuals)
     # executed = label + N(0, 0.4 x half range 0.25 = 0.1): the states show that noise, the labels do not
     assert len(r) > 10 and 0.06 < r.std() < 0.14
+
+
+def test_perturbed_recording_shows_the_displacement_and_the_expert_recovers(tmp_path):
+    out = tmp_path / "pert.zarr"
+    pert = {"displacement": 0.05, "displacement_steps": [5, 5]}
+    cfg = record_cli.RecordConfig(env="push", episodes=3, out=str(out), seed=0, perturbation=pert)
+    summary = record_cli.record(cfg, progress=False)
+    store = EpisodeStore(out)
+    assert summary.successes == 3 and store.episode_meta(0).quality == "expert+perturbed"
+    for i in range(3):
+        block = store.get_episode(i)["observation.state"][:, 2:4]  # frame t is the observation before step t
+        jumps = np.linalg.norm(np.diff(block, axis=0), axis=1)
+        assert jumps[5] == pytest.approx(0.05, abs=0.005)  # the 5 cm displacement at step 5, recorded
