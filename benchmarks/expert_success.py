@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import shlex
 import sys
 import time
 
@@ -44,10 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qualities", default=",".join(QUALITIES), help="comma-separated expert qualities")
     parser.add_argument("--seeds", type=int, default=100, help="episodes per (env, quality), seeds 0..N-1")
     parser.add_argument("--out", default=None, help="markdown file to write")
+    parser.add_argument(
+        "--perturbation", default=None, help="JSON fields of PerturbationConfig, e.g. '{\"displacement\": 0.03}'"
+    )
     args = parser.parse_args(argv)
+    env_kwargs = {"perturbation": json.loads(args.perturbation)} if args.perturbation else {}
     rows = []
     for name in args.envs.split(","):
-        env = make_env(name)
+        env = make_env(name, **env_kwargs)
         for quality in args.qualities.split(","):
             expert = make_expert(env, quality=quality)
             t0 = time.perf_counter()
@@ -75,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(lines)
     print(table)
     if args.out:
-        cmd = "MUJOCO_GL=egl .venv/bin/python benchmarks/expert_success.py " + " ".join(sys.argv[1:])
+        cmd = "MUJOCO_GL=egl .venv/bin/python benchmarks/expert_success.py " + shlex.join(sys.argv[1:])
         with open(args.out, "w") as f:
             f.write(
-                f"# Scripted expert success\n\nCommand: `{cmd}`\n\nMachine: 2-core CPU, no GPU (shared). "
+                f"# Scripted expert success{' under perturbation' if env_kwargs else ''}\n\nCommand: `{cmd}`\n\n"
+                "Machine: 2-core CPU, no GPU (shared). "
                 f"Date: {datetime.date.today().isoformat()}. Episodes: seeds 0..{args.seeds - 1} per row; "
                 "an episode ends at success or at `max_episode_steps`.\n\n" + table + "\n"
             )

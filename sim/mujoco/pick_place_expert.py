@@ -3,8 +3,10 @@
 
 It reads the privileged object and goal positions (``env.unwrapped.object_position`` / ``goal_position``)
 and corrects the place point by the object's offset in the hand, so a grasp that slipped a few millimetres
-still lands on target (the insert task needs this for its 1 mm clearance). A grasp that failed on lifting
-sends it back to the approach.
+still lands on target (the insert task needs this for its 1 mm clearance). A grasp that failed on lifting, an
+object that left the hand while carrying or lowering, or one that lies off the goal after the release (a
+displacement or a force pulse, :mod:`policylink.sim.mujoco.perturbations`) sends it back to the approach, so
+demos recorded under perturbations show recoveries.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class PickPlaceParams:
 PICK_PLACE = PickPlaceParams()
 INSERT = PickPlaceParams(grasp_dz=0.02, carry_z=0.16, place_dz=0.0, lower_speed=0.01, align_tol=0.0015)
 _CLOSE_STEPS, _RELEASE_STEPS = 4, 3
+_LOST_M = 0.03  # object this far from its grasp point while held: it left the hand
+_OFF_GOAL_M = 0.01  # object this far (planar) from the goal once released: place it again
 
 
 class PickPlaceExpert:
@@ -85,6 +89,8 @@ class PickPlaceExpert:
             elif ee[2] > p.carry_z - 0.01:
                 self.phase = "carry"
         hand_offset = obj - ee  # where the object sits relative to the ee site
+        if self.phase in ("carry", "lower") and np.linalg.norm(grasp - ee) > _LOST_M:
+            self.phase, target = "approach", grasp + np.array([0.0, 0.0, p.hover])  # dropped or knocked out
         if self.phase == "carry":
             grip = 1.0
             target = np.array([goal[0] - hand_offset[0], goal[1] - hand_offset[1], p.carry_z])
@@ -102,6 +108,8 @@ class PickPlaceExpert:
                 self.phase = "retreat"
         if self.phase == "retreat":
             target = np.array([ee[0], ee[1], p.carry_z])
+            if np.linalg.norm((goal - obj)[:2]) > _OFF_GOAL_M:  # not placed: pick it up again from above
+                self.phase = "approach"
         delta = np.clip(target - ee, -MAX_DELTA_M, MAX_DELTA_M)
         delta[2] = np.clip(delta[2], -speed, speed)
         return np.append(delta, grip).astype(np.float32)
