@@ -78,12 +78,24 @@ def conv_key(layer: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> ConvKey:
 
 
 # ----------------------------------------------------------------------------------------------- the paths
+class PathWeights(dict):
+    """A layer's cache: path name -> (key, weights in that path's layout). A copy of the layer (``copy.deepcopy``,
+    as EMA does; pickling) starts with an empty cache: oneDNN's blocked weights are opaque tensors that cannot be
+    copied, and every entry is rebuilt from the copy's own weight on its first call anyway."""
+
+    def __deepcopy__(self, memo: dict) -> PathWeights:
+        return PathWeights()
+
+    def __reduce__(self):
+        return (PathWeights, ())
+
+
 def _cached(layer: nn.Conv1d, name: str, extra: tuple, build: Callable[[torch.Tensor], object]):
     """Weights of ``layer`` in the layout of path ``name``, rebuilt when the weight tensor changes (in-place
     update, new tensor, device, dtype) or ``extra`` (e.g. the input shape) differs."""
     w = layer.weight
     key = (w._version, w.data_ptr(), w.device, w.dtype, extra)
-    store = layer.__dict__.setdefault("_path_weights", {})
+    store = layer.__dict__.setdefault("_path_weights", PathWeights())
     hit = store.get(name)
     if hit is None or hit[0] != key:
         hit = store[name] = (key, build(w.detach()))

@@ -174,3 +174,26 @@ def test_conv2d_paths_equal_torch_conv_and_encoders_use_them(monkeypatch, n, c_i
     enc = ImageEncoder((24, 24), "small_conv", 1.0, 4)
     assert all(type(m) is not torch.nn.Conv2d for m in enc.trunk.modules())
     conv_paths.SELECTOR.clear()
+
+
+def test_a_layer_with_cached_onednn_weights_deep_copies_and_pickles():
+    # EMA deep-copies the model after the image encoder's shape probe ran its convolutions; oneDNN's blocked
+    # weights are opaque tensors that copy.deepcopy cannot copy (it raised NotImplementedError in training)
+    import copy
+    import pickle
+
+    from policylink.policies.common.conv_paths import MeasuredConv2d, use_measured_convs
+
+    torch.manual_seed(0)
+    conv = use_measured_convs(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 1, 1)))[0]
+    assert type(conv) is MeasuredConv2d
+    x = torch.randn(2, 3, 12, 12)
+    if "onednn" not in available_paths(conv_key(conv, x)):
+        pytest.skip("this torch build has no oneDNN convolution")
+    with torch.no_grad():
+        expected = run_path("onednn", conv, x)
+        assert "onednn" in conv.__dict__["_path_weights"]
+        for twin in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):
+            assert twin.__dict__["_path_weights"] == {}  # the cache is rebuilt, not copied
+            torch.testing.assert_close(run_path("onednn", twin, x), expected)
+            torch.testing.assert_close(twin.weight, conv.weight)
