@@ -7,6 +7,7 @@ state, reset at every episode so nothing leaks between episodes.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -39,7 +40,19 @@ class PerturbationConfig:
     force_duration_steps: int = 2
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "displacement_steps", tuple(int(s) for s in self.displacement_steps))
+        for name in ("action_noise_std", "displacement", "force", "force_probability"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+                raise ValueError(f"PerturbationConfig.{name}: expected a finite number, received {v!r}")
+        for name in ("action_delay_steps", "force_duration_steps"):
+            if not _is_int(getattr(self, name)):
+                raise ValueError(f"PerturbationConfig.{name}: expected an integer, received {getattr(self, name)!r}")
+        steps = self.displacement_steps
+        if not isinstance(steps, (tuple, list)) or not all(map(_is_int, steps)):
+            raise ValueError(
+                f"PerturbationConfig.displacement_steps: expected (first, last) integers, received {steps!r}"
+            )
+        object.__setattr__(self, "displacement_steps", tuple(int(s) for s in steps))
         checks = [
             ("action_noise_std", self.action_noise_std >= 0, "a value >= 0"),
             ("action_delay_steps", self.action_delay_steps >= 0, "an integer >= 0"),
@@ -64,7 +77,7 @@ class PerturbationConfig:
 
         Raises:
             ValueError: another type, an unknown field (the message lists the fields), or a field whose value is
-                out of range or of the wrong type (names the field).
+                out of range or of the wrong type (``PerturbationConfig.<field>: expected ..., received ...``).
         """
         if value is None or isinstance(value, cls):
             return value
@@ -76,18 +89,16 @@ class PerturbationConfig:
             raise ValueError(
                 f"perturbation: unknown key(s) {unknown}: expected keys among {names}, received {dict(value)!r}"
             )
-        try:
-            return cls(**value)
-        except TypeError:  # a comparison with a string, a list where a number goes...
-            bad = {k: v for k, v in value.items() if not isinstance(v, (int, float, list, tuple))}
-            raise ValueError(
-                f"perturbation: expected numbers (displacement_steps: [first, last]), received {bad or dict(value)!r}"
-            ) from None
+        return cls(**value)
 
     @property
     def active(self) -> bool:
         """True when at least one perturbation is switched on."""
         return bool(self.action_noise_std or self.action_delay_steps or self.displacement or self.force)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 class Perturber:

@@ -103,8 +103,19 @@ def test_invalid_arguments_name_the_field():
         PerturbationConfig(action_delay_steps=-1)
     with pytest.raises(ValueError, match=r"perturbation: unknown key\(s\) \['push'\]: expected keys among .*'force'"):
         registry.make_env("push", perturbation={"push": 0.03})
-    with pytest.raises(ValueError, match=r"perturbation: expected numbers .*received \{'force': 'strong'\}"):
-        registry.make_env("push", perturbation={"force": "strong"})
+    bad = [
+        ({"force": "strong"}, "force: expected a finite number, received 'strong'"),
+        ({"displacement": float("inf")}, "displacement: expected a finite number, received inf"),
+        ({"displacement": True}, "displacement: expected a finite number, received True"),
+        ({"action_delay_steps": 1.5}, "action_delay_steps: expected an integer, received 1.5"),
+        (
+            {"displacement_steps": [10.5, 20]},
+            r"displacement_steps: expected \(first, last\) integers, received \[10.5, 20\]",
+        ),
+    ]
+    for value, message in bad:
+        with pytest.raises(ValueError, match=f"^PerturbationConfig.{message}$"):
+            registry.make_env("push", perturbation=value)
     with pytest.raises(ValueError, match="PerturbationConfig.displacement: expected a distance >= 0 m, received -0.1"):
         registry.make_env("push", perturbation={"displacement": -0.1})
     with pytest.raises(ValueError, match="perturbation: expected None or a mapping"):
