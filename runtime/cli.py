@@ -185,11 +185,41 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
     check_flags(cls, args)
     if prog is not None:
         sys.argv[0] = prog
+    check_mapping_values(cls, args)
     try:
         return draccus.parse(cls, config_path=config_path, args=args)
     except draccus.utils.DraccusException as e:
         own = _own_validation_error(e)
         raise ConfigError(str(own) if own is not None else f"invalid {cls.__name__}: {e}") from e
+
+
+def check_mapping_values(cls: type, args: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` for the first value of a mapping option (``--env_kwargs``, ``--perturbation``)
+    in ``args`` that is not valid YAML or not a mapping (``null`` too when the option is optional), naming the
+    flag, the expected and the received value."""
+    import yaml
+
+    pairs = [a.split("=", 1) for a in args if a.startswith("--") and "=" in a]
+    pairs += [[a, b] for a, b in zip(args, args[1:]) if a.startswith("--") and "=" not in a]
+    for flag, value in pairs:
+        kind = _field_type(cls, flag[2:])
+        if kind is None or typing.get_origin(kind) not in (dict, Mapping) and kind not in (dict, Mapping):
+            continue
+        try:
+            loaded = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            reason = getattr(e, "problem", None) or e
+            raise ConfigError(
+                f"{flag}: expected a YAML mapping such as '{{key: 0.5}}', received {value!r} ({reason})"
+            ) from None
+        if not isinstance(loaded, Mapping) and not (loaded is None and _optional(cls, flag[2:])):
+            raise ConfigError(f"{flag}: expected a YAML mapping such as '{{key: 0.5}}', received {value!r}")
+
+
+def _optional(cls: type, dotted: str) -> bool:
+    """Whether the top-level field of ``dotted`` (``a`` of ``a.b``) admits None."""
+    hint = typing.get_type_hints(cls).get(dotted.split(".")[0]) if dataclasses.is_dataclass(cls) else None
+    return type(None) in typing.get_args(hint)
 
 
 def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,7 +64,9 @@ class RecordConfig:
             from small deviations. 0 (default) executes the recorded action. Must be in [0, 1].
         perturbation: mid-episode perturbations of a MuJoCo task while recording, as fields of
             ``PerturbationConfig`` (e.g. ``{displacement: 0.03, force: 2.0}``): the scripted expert reads the true
-            state every step and recovers, so the demos show recoveries from displaced objects. Empty: none.
+            state every step and recovers, so the demos show recoveries from displaced objects. None: none. Fields:
+            ``action_noise_std``, ``action_delay_steps``, ``displacement`` (m), ``displacement_steps`` (default
+            ``[10, 30]``), ``force`` (N), ``force_probability`` (default 0.05 per step), ``force_duration_steps``.
         max_steps: step cap per episode, >= 1 (default None: the env's ``max_episode_steps``).
         zarr_format: 3 (default) or 2 for a new store.
         lock_timeout: seconds to wait when another process is writing the store (0 = fail at once).
@@ -78,7 +80,7 @@ class RecordConfig:
     obs_mode: str = "state"
     image_size: int = 96
     dart_noise: float = 0.0
-    perturbation: dict[str, Any] = field(default_factory=dict)
+    perturbation: dict[str, Any] | None = None
     max_steps: int | None = None
     zarr_format: int = 3
     lock_timeout: float = 0.0
@@ -126,7 +128,7 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     if env is None:
         from policylink.adapters.registry import make_env
 
-        extra = {"perturbation": cfg.perturbation} if cfg.perturbation else {}
+        extra = {"perturbation": cfg.perturbation} if cfg.perturbation is not None else {}
         env = make_env(cfg.env, **obs_mode_env_kwargs(cfg.obs_mode, cfg.image_size), **extra)
     from policylink.data.buffer import EpisodeStore
 
@@ -136,7 +138,7 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     try:
         first = _first_seed(store, cfg.seed, cfg.episodes)
         quality = cfg.expert + (f"+dart{cfg.dart_noise:g}" if cfg.dart_noise > 0 else "")
-        quality += "+perturbed" if cfg.perturbation else ""
+        quality += "+perturbed" if _perturbation(cfg) is not None else ""
         if expert is None:
             from policylink.sim.experts import make_expert
 
@@ -314,10 +316,16 @@ def _validate(cfg: RecordConfig) -> None:
         raise ValueError(f"max_steps: expected an int >= 1 (or omit it for the env's limit), received {cfg.max_steps}")
     if cfg.seed is not None and cfg.seed < 0:
         raise ValueError(f"seed: expected an int >= 0 (or omit it to continue the store), received {cfg.seed}")
-    if cfg.perturbation:
-        from policylink.sim.mujoco.perturbations import PerturbationConfig
+    _perturbation(cfg)  # its errors name the field
 
-        PerturbationConfig.coerce(cfg.perturbation)  # its errors name the field
+
+def _perturbation(cfg: RecordConfig) -> Any:
+    """``cfg.perturbation`` as a ``PerturbationConfig`` when it switches something on, else None (ValueError
+    naming a bad field)."""
+    from policylink.sim.mujoco.perturbations import PerturbationConfig
+
+    pert = PerturbationConfig.coerce(cfg.perturbation)
+    return pert if pert is not None and pert.active else None
 
 
 def _first_seed(store: Any, seed: int | None, episodes: int) -> int:

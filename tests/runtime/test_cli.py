@@ -51,6 +51,30 @@ def test_parse_config_yaml_then_overrides(tmp_path):
     assert cli.parse_config(Cfg, ["--envs=[a,b]"]).envs == ["a", "b"]
 
 
+@dataclass
+class MapCfg:
+    env_kwargs: dict = field(default_factory=dict)
+    perturbation: dict | None = None
+
+
+def test_mapping_options_take_yaml_mappings_and_name_the_flag_otherwise():
+    cfg = cli.parse_config(MapCfg, ["--env_kwargs", "{a: {b: 0.5}}", "--perturbation=null"])
+    assert cfg == MapCfg(env_kwargs={"a": {"b": 0.5}}, perturbation=None)
+    expected = "expected a YAML mapping such as '{key: 0.5}', received"
+    for argv, message in [
+        (
+            ["--env_kwargs", "{a: 1"],
+            f"--env_kwargs: {expected} '{{a: 1' (expected ',' or '}}', but got '<stream end>')",
+        ),
+        (["--env_kwargs", "0.03"], f"--env_kwargs: {expected} '0.03'"),
+        (["--env_kwargs=null"], f"--env_kwargs: {expected} 'null'"),  # not optional
+        (["--perturbation", "[1, 2]"], f"--perturbation: {expected} '[1, 2]'"),
+    ]:
+        with pytest.raises(cli.ConfigError) as e:
+            cli.parse_config(MapCfg, argv)
+        assert str(e.value) == message
+
+
 def test_parse_config_bad_value_names_field():
     with pytest.raises(cli.ConfigError, match="`episodes`: Couldn't parse 'many' into an int"):
         cli.parse_config(Cfg, ["--episodes", "many"])

@@ -263,3 +263,6 @@ def test_perturbed_recording_shows_the_displacement_and_the_expert_recovers(tmp_
         block = store.get_episode(i)["observation.state"][:, 2:4]  # frame t is the observation before step t
         jumps = np.linalg.norm(np.diff(block, axis=0), axis=1)
         assert jumps[5] == pytest.approx(0.05, abs=0.005)  # the 5 cm displacement at step 5, recorded
+    off = record_cli.RecordConfig(env="push", episodes=1, out=str(tmp_path / "off.zarr"), perturbation={"force": 0.0})
+    record_cli.record(off, progress=False)
+    assert EpisodeStore(tmp_path / "off.zarr").episode_meta(0).quality == "expert"  # switched off: not tagged
