@@ -31,9 +31,11 @@ class RunConfig:
         device: torch device for checkpoints (``auto``, ``cpu``, ``cuda:0``).
         cfg_scale: classifier-free guidance weight ``w`` of a checkpoint trained with advantage conditioning (0 =
             unconditional, 1 = conditional, > 1 guided); None = the checkpoint's own ``policy.cfg_scale``.
-        record: optional zarr store path; the episodes are appended to it.
-        env_kwargs: keyword arguments of the env factory (``obs_mode``, ``image_size``...); without ``obs_mode``,
-            a checkpoint's own observation mode and image size are used.
+        record: optional zarr store path; the episodes are appended to it (``quality: perturbed`` when
+            ``env_kwargs`` switches a perturbation on).
+        env_kwargs: keyword arguments of the env factory (``obs_mode``, ``image_size``...; mid-episode
+            perturbations of the MuJoCo tasks: ``{perturbation: {displacement: 0.03, force: 2.0}}``, fields of
+            ``PerturbationConfig``); without ``obs_mode``, a checkpoint's own observation mode and image size are used.
         executor: how chunks are executed (:class:`ExecutorConfig`).
         threads: torch CPU threads (0 = torch's default). One thread is the default because small chunk
             policies gain nothing from more on CPU and slow down many times over when the cores are shared.
@@ -230,17 +232,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise IncompatibleSpecError(problems)
     vec = make_vector_env(env_fn, plan_episodes(cfg.episodes, cfg.seed, cfg.num_envs), spec.max_episode_steps)
     executor = make_executor(policy, cfg.executor)
-    recorder = None
+    recorder, subscribers = None, []
     if cfg.record:
+        from policylink.data.episode_meta import EpisodeMeta
         from policylink.data.recorder import EpisodeRecorder
+        from policylink.runtime.rollout import RecorderSubscriber
+        from policylink.sim.mujoco.perturbations import PerturbationConfig
 
-        recorder = EpisodeRecorder(cfg.record, env_spec=spec)
+        pert = PerturbationConfig.coerce(env_kwargs.get("perturbation"))
+        recorder = EpisodeRecorder(cfg.record, env_spec=spec)  # perturbed rollouts stay told apart from clean ones
+        meta = EpisodeMeta(source="policy", quality="perturbed" if pert is not None and pert.active else "")
+        subscribers = [RecorderSubscriber(recorder, meta)]
     try:
         results = rollout(
             vec,
             executor,
             cfg.episodes,
-            recorder=recorder,
+            subscribers=subscribers,
             progress=lambda r: print(
                 f"episode {r.index} seed {r.seed}: success={r.success} steps={r.n_steps} sum_reward={r.sum_reward:.3f}"
             ),

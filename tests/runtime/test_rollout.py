@@ -249,6 +249,19 @@ def test_run_command(capsys):
     assert "episode 2 seed 2: success=True steps=5" in out and "success: 2/3 (66.7%)" in out
 
 
+def test_run_record_tags_perturbed_rollouts(tmp_path, capsys):
+    from policylink.data.buffer import EpisodeStore
+
+    register_env("countdown_pert", lambda perturbation=None: Countdown(), overwrite=True)
+    register_policy("zero_run", Zero, overwrite=True)
+    base = ["--policy", "zero_run", "--env", "countdown_pert", "--episodes", "2", "--seed", "0"]
+    run_cmd.main([*base, "--record", str(tmp_path / "clean.zarr")])
+    run_cmd.main([*base, "--record", str(tmp_path / "p.zarr"), "--env_kwargs", "{perturbation: {displacement: 0.03}}"])
+    assert [m.quality for m in EpisodeStore(tmp_path / "clean.zarr").all_meta()] == ["", ""]
+    assert [m.quality for m in EpisodeStore(tmp_path / "p.zarr").all_meta()] == ["perturbed", "perturbed"]
+    assert {m.source for m in EpisodeStore(tmp_path / "p.zarr").all_meta()} == {"policy"}
+
+
 class TwoD(Zero):
     """Zero chunks of a 2-D action (incompatible with Countdown's 1-D action)."""
 
