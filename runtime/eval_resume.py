@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,11 +29,19 @@ def result_settings(cfg: EvalConfig) -> dict[str, Any]:
         "seed": cfg.seed,
         "num_envs": cfg.num_envs,
         "shard_episodes": cfg.shard_episodes,
-        "env_kwargs": {k: str(v) for k, v in cfg.env_kwargs.items()},
+        "env_kwargs": {k: _setting(v) for k, v in cfg.env_kwargs.items()},
         "executor": json.loads(json.dumps(asdict(cfg.executor), default=str)),
         **({"instructions": cfg.instructions} if cfg.instructions else {}),
         **({"cfg_scale": cfg.cfg_scale} if cfg.cfg_scale is not None else {}),
     }
+
+
+def _setting(value: Any) -> str:
+    """An env kwarg as saved: a mapping as JSON with sorted keys (``{force: 2, displacement: 0.03}`` is the same
+    setting in either order), anything else as ``str``."""
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
 
 
 def shard_plan(cfg: EvalConfig, first: int) -> tuple[int, list[int]]:

@@ -457,3 +457,15 @@ def test_a_monitor_of_another_policy_is_named_before_any_progress_bar(tmp_path, 
     assert "eg x line: executor.corrective.monitor: expected action_dim 1 (the policy's), received 3 (a monitor of " \
            "another policy?)" in str(err.value)  # fmt: skip
     assert capsys.readouterr().err == "" and not (tmp_path / "out").exists()  # no bar started, nothing written
+
+
+def test_saved_env_kwargs_do_not_depend_on_mapping_key_order():
+    from policylink.runtime.eval_resume import result_settings
+
+    a = ev.EvalConfig(env_kwargs={"perturbation": {"force": 2.0, "displacement": 0.03}, "image_size": 64})
+    b = ev.EvalConfig(env_kwargs={"image_size": 64, "perturbation": {"displacement": 0.03, "force": 2.0}})
+    assert result_settings(a) == result_settings(b)
+    assert result_settings(a)["env_kwargs"] == {
+        "perturbation": '{"displacement": 0.03, "force": 2.0}',
+        "image_size": "64",
+    }
