@@ -114,6 +114,7 @@ def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
         episode_latents,
         monitor_dir,
         monitor_pairs,
+        probe_latent,
         save_monitor,
         train_monitor,
     )
@@ -166,7 +167,8 @@ def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
         "test_alarm_rate": alarm_rate(test, thr) if test else None,
         "calibration_alarm_rate": alarm_rate(scored(split["calibration"]), thr),
     }
-    save_monitor(out, mon, thr, meta=summary)
+    probe = probe_latent(policy)  # lets the corrective executor recognise a monitor of another policy
+    save_monitor(out, mon, thr, meta={**summary, "probe_latent": None if probe is None else probe.tolist()})
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return {**summary, "out": str(out)}
 

@@ -67,6 +67,7 @@ class LatentMonitor(nn.Module):
     def __init__(self, latent_dim: int, action_dim: int, config: MonitorConfig = MonitorConfig()):
         super().__init__()
         self.config, self.latent_dim, self.action_dim = config, int(latent_dim), int(action_dim)
+        self.policy_probe: list[float] | None = None  # set by load_monitor: the trained-on policy's probe latent
         k, h = config.horizon, config.hidden_dim
         layers: list[nn.Module] = []
         width = self.latent_dim + k * self.action_dim
@@ -142,6 +143,39 @@ def episode_latents(policy: Any, episode: Mapping[str, np.ndarray], batch: int =
         rows = idx[s : s + batch]
         out.append(policy.embed({k: np.asarray(episode[k])[rows] for k in keys}))
     return np.concatenate(out).astype(np.float32)
+
+
+def probe_latent(policy: Any) -> np.ndarray | None:
+    """The policy's latent ``(D,)`` float32 of one fixed synthetic observation window (every numeric feature a
+    deterministic ramp over its value range; text features ``"probe"``): a fingerprint of the frozen encoder,
+    saved with a monitor so that a monitor trained on another policy's latents can be recognised. None when the
+    policy cannot embed it (e.g. a feature type the probe does not build)."""
+    n = int(policy.spec.n_obs_steps)
+    obs = {}
+    for key, feat in policy.spec.observation_features.items():
+        if feat.dtype == "string":
+            obs[key] = np.array([["probe"] * n], dtype=object)
+            continue
+        size = int(np.prod((n, *feat.shape)))
+        ramp = np.linspace(0.0, 1.0, size, dtype=np.float64).reshape(1, n, *feat.shape)
+        obs[key] = (ramp * 255).astype(feat.dtype) if feat.dtype == "uint8" else (2 * ramp - 1).astype(feat.dtype)
+    try:
+        return np.asarray(policy.embed(obs), np.float32)[0]
+    except (ValueError, TypeError, KeyError, RuntimeError):
+        return None
+
+
+def probe_mismatch(policy: Any, saved: Sequence[float] | None, rtol: float = 1e-3) -> float | None:
+    """Relative distance ``|z - z_saved| / |z_saved|`` between the policy's :func:`probe_latent` and a saved one
+    when it exceeds ``rtol`` (float rounding across devices stays far below it), else None; None too when
+    either latent is missing."""
+    if saved is None:
+        return None
+    z, ref = probe_latent(policy), np.asarray(saved, np.float32)
+    if z is None or z.shape != ref.shape:
+        return None
+    rel = float(np.linalg.norm(z - ref) / max(float(np.linalg.norm(ref)), 1e-12))
+    return rel if rel > rtol else None
 
 
 def monitor_pairs(
@@ -232,7 +266,8 @@ def save_monitor(
 def load_monitor(
     path: str | Path, device: str | torch.device = "cpu"
 ) -> tuple[LatentMonitor, ConformalThresholds | None]:
-    """Load a monitor folder written by :func:`save_monitor`: ``(monitor in eval mode, thresholds or None)``.
+    """Load a monitor folder written by :func:`save_monitor`: ``(monitor in eval mode, thresholds or None)``; the
+    monitor's ``policy_probe`` is the :func:`probe_latent` of the policy it was trained on (None if not saved).
 
     Raises:
         FileNotFoundError: ``path`` is not a monitor folder.
@@ -247,6 +282,7 @@ def load_monitor(
     state = load_file(str(path / "monitor.safetensors"))
     state.setdefault("res_std", torch.ones(mon.latent_dim))  # monitors saved before the residual score
     mon.load_state_dict(state)
+    mon.policy_probe = info.get("meta", {}).get("probe_latent")  # the trained-on policy's probe_latent, if saved
     cal = path / "calibration.json"
     thr = ConformalThresholds.from_dict(json.loads(cal.read_text())) if cal.is_file() else None
     return mon.to(device).eval(), thr
@@ -259,6 +295,8 @@ __all__ = [
     "episode_latents",
     "load_monitor",
     "monitor_deviation",
+    "probe_latent",
+    "probe_mismatch",
     "monitor_dir",
     "monitor_pairs",
     "save_monitor",

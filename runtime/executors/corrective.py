@@ -15,6 +15,7 @@ steps of every episode). Histories are per row and cleared by ``reset``, so noth
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -102,6 +103,16 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
                                 f"received {cfg.detector.ewma}")  # fmt: skip
         if problems:
             raise ExecutorConfigError("; ".join(problems))
+        from policylink.policies.corrector.monitor import probe_mismatch
+
+        rel = probe_mismatch(policy, getattr(monitor, "policy_probe", None))
+        if rel is not None:
+            warnings.warn(
+                f"executor.corrective.monitor: trained on another policy's latents (a fixed probe observation's "
+                f"latent differs by {100 * rel:.0f}%): its scores and thresholds do not fit this policy; train one "
+                "on its rollouts (policylink finetune monitor)",
+                stacklevel=3,
+            )
 
     # -- per-row state --------------------------------------------------------------------------------------
 

@@ -206,7 +206,7 @@ def test_corrective_cost_is_lowered_by_guidance_and_pins_committed_actions():
         affine_inverse(lambda x: torch.as_tensor(x) ** 2, 2)
 
 
-def test_finetune_monitor_then_guided_corrective_replan_on_a_flow_policy(tmp_path, kit, normalizer):
+def test_finetune_monitor_then_guided_corrective_replan_on_a_flow_policy(tmp_path, kit, normalizer, store_path):
     """``policylink finetune monitor`` on a store of successful episodes writes a calibrated monitor beside the
     checkpoint; the corrective executor loads it and a forced replan of one row is guided (flow policy)."""
     from policylink.data.buffer import EpisodeStore
@@ -235,8 +235,24 @@ def test_finetune_monitor_then_guided_corrective_replan_on_a_flow_policy(tmp_pat
     summary = json.loads((folder / "summary.json").read_text())
     assert sum(summary["episodes"].values()) == 11  # the failed episode is left out
     policy = load_policy(ckpt, device="cpu")
-    ex = make_executor(policy, ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor=str(folder))))
+    corrective = ExecutorConfig(kind="corrective", corrective=CorrectiveConfig(monitor=str(folder)))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its own policy: no warning
+        ex = make_executor(policy, corrective)
     assert ex.n_action_steps == spec.chunk_size
+    # same architecture and widths, another normalisation (a policy trained on other data): only the probe
+    # latent tells them apart
+    from policylink.data.normalize import Normalizer
+    from policylink.data.stats import compute_stats
+    from policylink.policies.processing import normalizer_modes
+
+    with EpisodeStore(store_path, "r") as store:
+        other_norm = Normalizer(compute_stats(store), normalizer_modes(kit.FEATURES, "mean_std", "min_max"))
+    other = policy_for_model(build_model(cfg, kit.FEATURES, 2), other_norm, spec).save(tmp_path / "other")
+    with pytest.warns(UserWarning, match=r"trained on another policy's latents \(a fixed probe observation's latent"):
+        make_executor(load_policy(other, device="cpu"), corrective)
     ep = kit.episode(6, 0.0, rng)
     for t in range(4):
         ex.act({kit.STATE: np.repeat(ep[kit.STATE][t][None], 2, 0)})
