@@ -66,10 +66,11 @@ class ActionError(SpecError):
 
 
 class IncompatibleSpecError(SpecError):
-    """A policy cannot run on an environment; raised by :func:`check_compatible` before any episode."""
+    """A policy cannot run on an environment (or with the executor settings given); raised by
+    :func:`check_compatible` and the run, eval and deploy commands before any episode."""
 
     def __init__(self, problems: list[str]):
-        super().__init__(problems, "policy and environment are incompatible")
+        super().__init__(problems, "policy, environment and executor settings are incompatible")
 
 
 class ControlMode(StrEnum):
