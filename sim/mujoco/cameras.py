@@ -19,6 +19,7 @@ import mujoco
 import numpy as np
 
 from policylink.adapters.pointmaps import DEFAULT_MAX_DEPTH_M, Pointmap, depth_to_pointmap
+from policylink.sim.mujoco.env_kwargs import checked_mapping
 
 GL_TO_CV = np.diag([1.0, -1.0, -1.0])
 """Right-multiplied into a MuJoCo (OpenGL) camera rotation: y up / looking along -z -> y down / z forward."""
@@ -68,18 +69,11 @@ class CameraPoseShift:
             ValueError: an unknown field or another type (the message lists the fields), or a field that is not a
                 number (names the field).
         """
-        if value is None or isinstance(value, cls):
+        checked = checked_mapping(cls, value, "camera_pose_shift")
+        if checked is None:
             return value
-        fields = ("yaw_deg", "pitch_deg", "distance_m")
-        if not isinstance(value, Mapping):
-            raise ValueError(f"camera_pose_shift: expected None or a mapping with keys {fields}, received {value!r}")
-        unknown = sorted(map(str, set(value) - set(fields)))
-        if unknown:
-            raise ValueError(
-                f"camera_pose_shift: unknown key(s) {unknown}: expected keys among {fields}, received {dict(value)!r}"
-            )
         out = {}
-        for k, v in value.items():
+        for k, v in checked.items():
             try:
                 out[k] = float(v)
             except (TypeError, ValueError):

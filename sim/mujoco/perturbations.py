@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from policylink.sim.mujoco.env_kwargs import checked_mapping
 
 
 @dataclass(frozen=True)
@@ -79,17 +81,8 @@ class PerturbationConfig:
             ValueError: another type, an unknown field (the message lists the fields), or a field whose value is
                 out of range or of the wrong type (``PerturbationConfig.<field>: expected ..., received ...``).
         """
-        if value is None or isinstance(value, cls):
-            return value
-        names = tuple(f.name for f in fields(cls))
-        if not isinstance(value, Mapping):
-            raise ValueError(f"perturbation: expected None or a mapping with keys among {names}, received {value!r}")
-        unknown = sorted(map(str, set(value) - set(names)))
-        if unknown:
-            raise ValueError(
-                f"perturbation: unknown key(s) {unknown}: expected keys among {names}, received {dict(value)!r}"
-            )
-        return cls(**value)
+        checked = checked_mapping(cls, value, "perturbation")
+        return value if checked is None else cls(**checked)
 
     @property
     def active(self) -> bool:
