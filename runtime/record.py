@@ -138,7 +138,7 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     try:
         first = _first_seed(store, cfg.seed, cfg.episodes)
         quality = cfg.expert + (f"+dart{cfg.dart_noise:g}" if cfg.dart_noise > 0 else "")
-        quality += "+perturbed" if _perturbation(cfg) is not None else ""
+        quality += "+perturbed" if _perturbed(cfg) else ""
         if expert is None:
             from policylink.sim.experts import make_expert
 
@@ -316,16 +316,13 @@ def _validate(cfg: RecordConfig) -> None:
         raise ValueError(f"max_steps: expected an int >= 1 (or omit it for the env's limit), received {cfg.max_steps}")
     if cfg.seed is not None and cfg.seed < 0:
         raise ValueError(f"seed: expected an int >= 0 (or omit it to continue the store), received {cfg.seed}")
-    _perturbation(cfg)  # its errors name the field
+    _perturbed(cfg)  # its errors name the field
 
 
-def _perturbation(cfg: RecordConfig) -> Any:
-    """``cfg.perturbation`` as a ``PerturbationConfig`` when it switches something on, else None (ValueError
-    naming a bad field)."""
-    from policylink.sim.mujoco.perturbations import PerturbationConfig
+def _perturbed(cfg: RecordConfig) -> bool:
+    from policylink.sim.mujoco.perturbations import perturbation_on  # MuJoCo only when asked for
 
-    pert = PerturbationConfig.coerce(cfg.perturbation)
-    return pert if pert is not None and pert.active else None
+    return perturbation_on(cfg.perturbation)
 
 
 def _first_seed(store: Any, seed: int | None, episodes: int) -> int:

@@ -237,11 +237,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from policylink.data.episode_meta import EpisodeMeta
         from policylink.data.recorder import EpisodeRecorder
         from policylink.runtime.rollout import RecorderSubscriber
-        from policylink.sim.mujoco.perturbations import PerturbationConfig
+        from policylink.sim.mujoco.perturbations import perturbation_on
 
-        pert = PerturbationConfig.coerce(env_kwargs.get("perturbation"))
         recorder = EpisodeRecorder(cfg.record, env_spec=spec)  # perturbed rollouts stay told apart from clean ones
-        meta = EpisodeMeta(source="policy", quality="perturbed" if pert is not None and pert.active else "")
+        meta = EpisodeMeta(
+            source="policy", quality="perturbed" if perturbation_on(env_kwargs.get("perturbation")) else ""
+        )
         subscribers = [RecorderSubscriber(recorder, meta)]
     try:
         results = rollout(

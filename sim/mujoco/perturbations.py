@@ -90,6 +90,13 @@ class PerturbationConfig:
         return bool(self.action_noise_std or self.action_delay_steps or self.displacement or self.force)
 
 
+def perturbation_on(value: PerturbationConfig | Mapping[str, Any] | None) -> bool:
+    """True when ``value`` (a config, a mapping of its fields, or None) switches a perturbation on; what a recorded
+    episode's ``quality`` tag says. Raises ValueError as :meth:`PerturbationConfig.coerce`."""
+    pert = PerturbationConfig.coerce(value)
+    return pert is not None and pert.active
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
