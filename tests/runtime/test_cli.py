@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from policylink.runtime import cli
+from policylink.runtime import cli, cli_help
 
 EXPECTED = ["record", "train", "finetune", "eval", "serve", "robot", "run", "dataset", "bench"]
 
@@ -170,7 +170,7 @@ def test_help_shows_each_flag_with_its_default_and_docstring(capsys):
 def test_train_help_lists_policy_types_once_with_the_default_types_fields():
     from policylink.runtime.train import TrainConfig
 
-    text = cli.format_help(TrainConfig, "policylink train")
+    text = cli_help.format_help(TrainConfig, "policylink train")
     assert text.count("--policy.type {") == 1 and "(default: diffusion)" in text
     assert "  --policy.diffusion.num_inference_steps int  (default: 10)\n      DDIM steps at inference" in text
     assert "--policy.flow.num_steps" not in text  # only the default type's own fields
