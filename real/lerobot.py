@@ -139,13 +139,16 @@ class LeRobotRobot(Robot):
         obs[TASK_KEY] = self.config.task
         return obs
 
-    def hold_action(self) -> np.ndarray | None:
-        """The last observed positions of the action's motors (absolute modes: holding = commanding the current
-        pose; also the safety layer's step reference before the first command); None before any observation or
-        when some action key is not observed."""
+    def measured_pose(self) -> np.ndarray | None:
+        """The last observed positions of the action's motors, float32 ``(A,)`` (the safety layer's step reference
+        in pose modes); None before any observation or when some action key is not observed."""
         if self._pose is None or not set(self.action_keys) <= set(self._pose):
             return None
         return np.array([self._pose[k] for k in self.action_keys], np.float32)
+
+    def hold_action(self) -> np.ndarray | None:
+        """The measured pose (holding = commanding the current pose); None when unknown."""
+        return self.measured_pose()
 
     def send_action(self, action: np.ndarray) -> np.ndarray:
         """Send ``{action key: float}``; returns what LeRobot reports it sent (its own clipping included), float32

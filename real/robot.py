@@ -17,6 +17,7 @@ A driver for a new arm subclasses :class:`Robot` and implements ``env_spec``, :m
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -26,9 +27,17 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.schema import STATE_KEY, EnvSpec
-from policylink.real.safety import SafetyConfig, SafetyLayer, SafetyReport, TimeoutAction
+from policylink.real.safety import (
+    POSE_MODES,
+    SafetyConfig,
+    SafetyConfigError,
+    SafetyLayer,
+    SafetyReport,
+    TimeoutAction,
+)
 
 Clock = Callable[[], float]
+log = logging.getLogger(__name__)
 
 
 class Robot(ABC):
@@ -63,7 +72,14 @@ class Robot(ABC):
     def hold_action(self) -> np.ndarray | None:
         """The command that keeps the robot still, float32 ``(A,)``, or None when sending nothing holds it
         (position-controlled motors keep their last target). Default: None (the safety layer then uses zeros
-        in delta modes and the last command in absolute ones)."""
+        in delta modes and the measured pose in pose modes)."""
+        return None
+
+    def measured_pose(self) -> np.ndarray | None:
+        """Where the robot is now, float32 ``(A,)`` in the action's units (``joint_position``: joint angles in
+        radians; ``ee_position``: the end-effector pose as the action writes it), from the latest sensor read; None
+        when unknown. Pose-mode drivers must implement it for a step-bounded :class:`SafeRobot` (``max_step`` is
+        measured from it, and a hold keeps the robot at it). Default: not implemented (returns None)."""
         return None
 
     def home(self) -> None:
@@ -105,15 +121,22 @@ class Robot(ABC):
 class SafeRobot(Robot):
     """``robot`` behind a :class:`SafetyLayer` and its watchdog thread; every motor command passes here.
 
-    The watchdog thread checks every ``watchdog_s / 4`` (at most 50 ms apart) and, when no action arrived within
-    ``watchdog_s`` since the session's first action, holds or stops the robot once and refuses further actions
-    until :meth:`rearm`. :meth:`reset` and :meth:`home` disarm it (a new session starts at the next action).
+    The watchdog thread checks every ``watchdog_s / 4`` (at most 50 ms apart) and, when no valid action arrived
+    within ``watchdog_s`` since the session's first one, holds or stops the robot once and refuses further actions
+    until :meth:`rearm`. :meth:`reset` and :meth:`home` disarm it (a new session starts at the next action) and
+    drop the step reference: in pose modes the next command is bounded from the robot's measured pose
+    (:meth:`Robot.measured_pose`, read before every command), wherever the home or reset left it. The rules:
+    ``real/README.md``.
 
     Args:
         robot: the driver.
         config: limits and timing (default: ``SafetyConfig.from_action_spec(robot.env_spec.action)``).
         clock: monotonic clock, seconds (tests inject a fake one and call :meth:`poll_watchdog`).
         watchdog_thread: run the watchdog thread (False in tests that drive :meth:`poll_watchdog`).
+
+    Raises:
+        SafetyConfigError: a pose mode (``joint_position``/``ee_position``) with ``max_step`` over a driver that
+            does not implement :meth:`Robot.measured_pose` (no reference, no bounded motion).
 
     Attributes:
         safety: the :class:`SafetyLayer`; ``last_report`` the report of the latest action.
@@ -127,9 +150,17 @@ class SafeRobot(Robot):
         clock: Clock = time.monotonic,
         watchdog_thread: bool = True,
     ):
+        config = config or SafetyConfig.from_action_spec(robot.env_spec.action)
+        if config.needs_pose and type(robot).measured_pose is Robot.measured_pose:
+            raise SafetyConfigError(
+                f"SafeRobot: driver {type(robot).__name__} reports no measured pose (Robot.measured_pose is not "
+                f"implemented); control_mode {config.control_mode!r} with max_step={config.max_step} bounds every "
+                "command from the robot's measured pose: implement measured_pose() -> float32 (A,) in the "
+                "action's units, or set max_step=None"
+            )
         self.robot = robot
         self.env_spec = robot.env_spec
-        self.safety = SafetyLayer(config or SafetyConfig.from_action_spec(robot.env_spec.action))
+        self.safety = SafetyLayer(config)
         self.clock = clock
         self.last_report = SafetyReport(None)
         self._state: np.ndarray | None = None
@@ -164,7 +195,7 @@ class SafeRobot(Robot):
         with self._lock:
             self.poll_watchdog()
             state = self._state if self.safety.config.workspace_low is not None else None
-            report = self.safety.command(action, self.clock(), state, self.robot.hold_action())
+            report = self.safety.command(action, self.clock(), state, self._driver_hold(), self._pose())
             self.last_report = report
             if report.command is None:
                 return np.zeros(self.safety.dim, np.float32)
@@ -174,12 +205,35 @@ class SafeRobot(Robot):
         """The driver's hold command."""
         return self.robot.hold_action()
 
+    def measured_pose(self) -> np.ndarray | None:
+        """The driver's measured pose."""
+        return self.robot.measured_pose()
+
     def hold(self) -> None:
-        """Send the (clamped) hold command now, if there is one."""
+        """Send the (clamped) hold command now, if there is one (pose modes: the measured pose)."""
         with self._lock:
-            cmd = self.safety.hold_command(self._state, self.robot.hold_action())
+            cmd = self.safety.hold_command(self._state, self._driver_hold(), self._pose())
             if cmd is not None:
                 self.robot.send_action(cmd)
+
+    def _pose(self) -> np.ndarray | None:
+        """The driver's measured pose in pose modes (None otherwise, or when reading it fails: then nothing moves)."""
+        if self.safety.config.control_mode not in POSE_MODES:
+            return None
+        try:
+            return self.robot.measured_pose()
+        except Exception as e:  # a failing sensor read must hold the robot, not crash the server
+            log.warning(
+                "safety: %s.measured_pose failed (%s: %s); holding", type(self.robot).__name__, type(e).__name__, e
+            )
+            return None
+
+    def _driver_hold(self) -> np.ndarray | None:
+        try:
+            return self.robot.hold_action()
+        except Exception as e:
+            log.warning("safety: %s.hold_action failed (%s: %s)", type(self.robot).__name__, type(e).__name__, e)
+            return None
 
     def home(self) -> None:
         """Home the driver (refused while e-stopped) and disarm the watchdog.
@@ -189,6 +243,7 @@ class SafeRobot(Robot):
         """
         with self._lock:
             self._refuse_when_estopped("home")
+            self.safety.forget_reference()  # whatever happens during the home, the reference is no longer valid
             self.robot.home()
             if not self._tripped():
                 self.safety.rearm()
@@ -206,10 +261,10 @@ class SafeRobot(Robot):
         """
         with self._lock:
             self._refuse_when_estopped("reset")
+            self.safety.forget_reference()
             obs, info = self.robot.reset(seed=seed, options=options)
             if not self._tripped():
                 self.safety.rearm()
-            self.safety.last_command = None
             if STATE_KEY in obs:
                 self._state = np.asarray(obs[STATE_KEY])
             return obs, info
@@ -227,6 +282,7 @@ class SafeRobot(Robot):
     def reset_estop(self) -> None:
         """Release the e-stop latch."""
         with self._lock:
+            self.safety.forget_reference()
             self.safety.reset_estop()
 
     def rearm(self) -> None:

@@ -1,13 +1,16 @@
 """The safety layer between a policy and the motors: limits, per-period step bound, workspace box, invalid-action
 rejection, a watchdog and a latching e-stop. :class:`SafetyLayer` is the pure logic (an injected clock, no
 threads); :class:`~policylink.real.robot.SafeRobot` puts it in front of a robot's motors inside the robot server,
-where no client can bypass it.
+where no client can bypass it. The rules, in one page: ``real/README.md``.
 
 Every command that reaches the motors has passed :meth:`SafetyLayer.command`: it is finite, of shape ``(A,)``,
-within ``[low, high]``, within ``max_step`` of the previous command (absolute control modes) or of zero (delta
-modes, where the command *is* the step), and its workspace target is inside the box. Anything else is clipped
-(counted and logged) or, when it cannot be repaired (NaN/inf, wrong shape, watchdog tripped, e-stop), replaced by
-the hold command. Timing rules follow diffusion_policy's real-robot loop (late commands are never executed late).
+within ``[low, high]``, and within ``max_step`` of its reference: the robot's *measured pose* in absolute pose
+modes (``joint_position``, ``ee_position``; so a home, a reset or a motion the layer did not command moves the
+reference with the robot), zero in delta modes (the command *is* the step), the previous command in other absolute
+modes (``joint_torque``; zero after a reset). Its workspace target is inside the box. Anything else is clipped
+(counted and logged) or, when it cannot be repaired (malformed, NaN/inf, no measured pose, watchdog tripped,
+e-stop), replaced by the hold command. Timing rules follow diffusion_policy's real-robot loop (late commands are
+never executed late).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -28,6 +31,9 @@ log = logging.getLogger(__name__)
 
 DELTA_MODES = frozenset({ControlMode.EE_DELTA.value, ControlMode.JOINT_VELOCITY.value, ControlMode.EE_VELOCITY.value})
 """Control modes whose command is itself a displacement or rate per period (hold = zeros)."""
+
+POSE_MODES = frozenset({ControlMode.JOINT_POSITION.value, ControlMode.EE_POSITION.value})
+"""Absolute pose modes: the step bound is measured from the robot's measured pose, and a hold is that pose."""
 
 
 class SafetyConfigError(ValueError):
@@ -135,6 +141,11 @@ class SafetyConfig:
         """True for delta/rate control modes (the command is the step)."""
         return self.control_mode in DELTA_MODES
 
+    @property
+    def needs_pose(self) -> bool:
+        """True when the step bound is measured from the robot's pose (an absolute pose mode with ``max_step``)."""
+        return self.max_step is not None and self.control_mode in POSE_MODES
+
     @classmethod
     def from_action_spec(cls, spec: ActionSpec, **overrides: Any) -> SafetyConfig:
         """Limits and control mode from an :class:`ActionSpec` (``overrides`` set any other field).
@@ -153,10 +164,11 @@ class SafetyReport:
     """What :meth:`SafetyLayer.command` did to one action.
 
     Attributes:
-        command: float32 ``(A,)`` sent to the motors, or None when nothing may be sent (watchdog ``stop``).
+        command: float32 ``(A,)`` sent to the motors, or None when nothing may be sent (watchdog ``stop``, or no
+            hold command is known: the motors keep their own target).
         held: the action was rejected and replaced by the hold command.
-        reasons: why it was changed: ``limit``, ``step``, ``workspace`` (clipped) or ``invalid``, ``estop``,
-            ``tripped`` (held).
+        reasons: why it was changed: ``limit``, ``step``, ``workspace`` (clipped) or ``invalid``, ``no_pose``,
+            ``unreachable``, ``estop``, ``tripped`` (held).
     """
 
     command: np.ndarray | None
@@ -173,13 +185,17 @@ class SafetyLayer:
 
     Attributes:
         counts: ``Counter`` of every clip / hold reason since construction.
+        invalid_kinds: ``Counter`` of malformed actions by kind (``ragged``, ``str``, ``nonfinite``, ...); each
+            kind is logged once (the first time it is seen), counted every time.
         watchdog: the :class:`WatchdogState`.
         estopped: the e-stop latch; ``estop_reason`` says who pressed it.
-        last_command: float32 ``(A,)`` last command sent to the motors (None before the first).
+        last_command: float32 ``(A,)`` last command the layer sent since the last :meth:`forget_reference` (None
+            before the first): the step reference of ``joint_torque``, a fallback hold of pose modes.
     """
 
     config: SafetyConfig
     counts: Counter = field(default_factory=Counter)
+    invalid_kinds: Counter = field(default_factory=Counter)
     watchdog: WatchdogState = WatchdogState.UNARMED
     estopped: bool = False
     estop_reason: str = ""
@@ -194,34 +210,44 @@ class SafetyLayer:
 
     # -- commands ----------------------------------------------------------------------------------------------
     def command(
-        self, action: Any, now: float, state: np.ndarray | None = None, hold: np.ndarray | None = None
+        self,
+        action: Any,
+        now: float,
+        state: np.ndarray | None = None,
+        hold: np.ndarray | None = None,
+        pose: np.ndarray | None = None,
     ) -> SafetyReport:
-        """Turn a client's action into the command for the motors.
+        """Turn a client's action into the command for the motors. Never raises on a bad ``action``.
 
         Args:
-            action: the proposed action, any array-like (``(A,)`` float expected).
-            now: the clock reading, seconds (monotonic); arms / refreshes the watchdog.
+            action: the proposed action, any value (a finite real ``(A,)`` vector is valid; anything else is
+                held and counted under ``invalid_kinds``).
+            now: the clock reading, seconds (monotonic); a valid action arms / refreshes the watchdog.
             state: float ``observation.state`` ``(D,)`` for a delta-mode workspace (None: workspace unchecked).
-            hold: the robot's hold command ``(A,)`` (None: zeros in delta modes, else the last command); in
-                absolute modes also the step bound's reference before the first command (the robot's pose).
+            hold: the driver's hold command ``(A,)`` or None (see :meth:`hold_command`).
+            pose: the robot's measured pose ``(A,)`` in the action's units (pose modes): the step bound's
+                reference and the hold. None in a pose mode with ``max_step``: the action is held (``no_pose``).
 
         Returns:
-            A :class:`SafetyReport`; ``command`` satisfies every limit (hold commands are clamped as well).
+            A :class:`SafetyReport`; ``command`` satisfies every limit.
         """
         if self.estopped:
-            return self._hold("estop", state, hold)
+            return self._hold("estop", state, hold, pose)
         if self.watchdog is WatchdogState.TRIPPED:
-            return self._hold("tripped", state, hold)
-        a = _finite_vector(action, self.dim)
-        self.watchdog, self._last_action_t = WatchdogState.ARMED, now
+            return self._hold("tripped", state, hold, pose)
+        a, kind = parse_action(action, self.dim)
         if a is None:
-            log.warning("safety: invalid action %s held", _describe(action))
-            return self._hold("invalid", state, hold)
-        if self.last_command is None and not self.config.delta and hold is not None:
-            h = _finite_vector(hold, self.dim)  # the first step is bounded from the robot's pose when it reports one
-            if h is not None:
-                self.last_command = np.clip(h, self.low, self.high).astype(np.float32)
-        cmd, reasons = self._clamp(a, state)
+            self._invalid(kind, action)
+            return self._hold("invalid", state, hold, pose)
+        self.watchdog, self._last_action_t = WatchdogState.ARMED, now
+        box = self._box(self._reference(pose))
+        if box is None:
+            return self._hold("no_pose", state, hold, pose)
+        lo, hi = box
+        if np.any(lo > hi):  # the robot stands outside [low, high] by more than max_step: no command meets both
+            log.warning("safety: the robot's pose is outside the limits by more than max_step; holding")
+            return self._hold("unreachable", state, hold, pose)
+        cmd, reasons = self._clamp(a, lo, hi, state)
         for r in reasons:
             self.counts[r] += 1
         if reasons:
@@ -229,33 +255,76 @@ class SafetyLayer:
         self.last_command = cmd
         return SafetyReport(cmd, False, reasons)
 
-    def hold_command(self, state: np.ndarray | None = None, hold: np.ndarray | None = None) -> np.ndarray | None:
-        """The clamped hold command ``(A,)``: ``hold`` if given, else zeros (delta modes) or the last command
-        (absolute modes; None before any command: the motors keep their own target)."""
-        if hold is None:
-            hold = np.zeros(self.dim, np.float32) if self.config.delta else self.last_command
-        if hold is None:
+    def hold_command(
+        self, state: np.ndarray | None = None, hold: np.ndarray | None = None, pose: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """The hold command ``(A,)``, or None when nothing should be sent (the motors keep their own target).
+
+        Delta modes: ``hold`` if valid, else zeros. Pose modes: the measured ``pose`` (the robot stays where it is),
+        else ``hold``, else the layer's last command since :meth:`forget_reference`, else None. Other absolute
+        modes: ``hold``, else the last command, else None. The result is clipped to the limits and the step bound
+        (never to the workspace: holding still is allowed outside it); None when that box is empty.
+        """
+        c = self.config
+        candidates = [hold] if c.delta or c.control_mode not in POSE_MODES else [pose, hold]
+        h = next((v for v in (parse_action(x, self.dim)[0] for x in candidates) if v is not None), None)
+        if h is None:
+            h = np.zeros(self.dim, np.float32) if c.delta else self.last_command
+        box = self._box(self._reference(pose))
+        if h is None or box is None or np.any(box[0] > box[1]):
             return None
-        h = _finite_vector(hold, self.dim)
-        if h is None:  # a broken hold from the driver: zeros / the last command
-            h = np.zeros(self.dim, np.float32) if self.config.delta or self.last_command is None else self.last_command
-        cmd, _ = self._clamp(h, state)
+        cmd = np.clip(h, *box).astype(np.float32)
         self.last_command = cmd
         return cmd
 
-    def _hold(self, reason: str, state: np.ndarray | None, hold: np.ndarray | None) -> SafetyReport:
-        self.counts[reason] += 1
-        return SafetyReport(self.hold_command(state, hold), True, (reason,))
+    def forget_reference(self) -> None:
+        """Drop the last command (after a home, a reset or any motion the layer did not command): the next
+        reference and hold come from the robot's measured pose (pose modes) or zero (other modes)."""
+        self.last_command = None
 
-    def _clamp(self, a: np.ndarray, state: np.ndarray | None) -> tuple[np.ndarray, tuple[str, ...]]:
-        """Limits, then step bound, then workspace; each only narrows the box, so the result meets all three."""
-        lo, hi = self.low.copy(), self.high.copy()
-        if self.step is not None:
-            ref = np.zeros(self.dim, np.float32) if self.config.delta else self.last_command
-            if ref is not None:
-                lo, hi = np.maximum(lo, ref - self.step), np.minimum(hi, ref + self.step)
+    def _hold(
+        self, reason: str, state: np.ndarray | None, hold: np.ndarray | None, pose: np.ndarray | None
+    ) -> SafetyReport:
+        self.counts[reason] += 1
+        return SafetyReport(self.hold_command(state, hold, pose), True, (reason,))
+
+    def _invalid(self, kind: str, action: Any) -> None:
+        self.invalid_kinds[kind] += 1
+        if self.invalid_kinds[kind] == 1:
+            log.warning(
+                "safety: malformed action held (%s: %s); further %s actions are counted, not logged",
+                kind,
+                _preview(action),
+                kind,
+            )
+
+    def _reference(self, pose: Any) -> np.ndarray | None | bool:
+        """The step bound's reference ``(A,)``; ``False`` when none is needed (no ``max_step``); None when a
+        pose mode's measured pose is missing or malformed."""
+        c = self.config
+        if self.step is None:
+            return False
+        if c.delta:
+            return np.zeros(self.dim, np.float32)
+        if c.control_mode in POSE_MODES:
+            return parse_action(pose, self.dim)[0]
+        return np.zeros(self.dim, np.float32) if self.last_command is None else self.last_command
+
+    def _box(self, ref: np.ndarray | None | bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """Limits intersected with ``ref +- max_step`` (may be empty); None without a needed reference."""
+        if ref is None:
+            return None
+        if ref is False:
+            return self.low.copy(), self.high.copy()
+        return np.maximum(self.low, ref - self.step), np.minimum(self.high, ref + self.step)
+
+    def _clamp(
+        self, a: np.ndarray, lo: np.ndarray, hi: np.ndarray, state: np.ndarray | None
+    ) -> tuple[np.ndarray, tuple[str, ...]]:
+        """Limits and step bound (``lo``, ``hi``), then workspace; each only narrows the box, so the result meets
+        all three (a target outside the workspace moves back toward it within the step bound)."""
         ws_lo, ws_hi = self._workspace_box(state)
-        if ws_lo is not None:  # clipped into the limit/step box: outside the workspace, move back within bounds
+        if ws_lo is not None:
             idx = list(self.config.workspace_action)
             lo[idx], hi[idx] = np.clip(ws_lo, lo[idx], hi[idx]), np.clip(ws_hi, lo[idx], hi[idx])
         cmd = np.clip(a, lo, hi).astype(np.float32)
@@ -312,12 +381,13 @@ class SafetyLayer:
         self.watchdog = WatchdogState.UNARMED
 
     def status(self) -> dict[str, Any]:
-        """JSON-ready status: ``watchdog``, ``estopped``, ``estop_reason`` and the ``counts``."""
+        """JSON-ready status: ``watchdog``, ``estopped``, ``estop_reason``, the ``counts`` and ``invalid_kinds``."""
         return {
             "watchdog": self.watchdog.value,
             "estopped": self.estopped,
             "estop_reason": self.estop_reason,
             "counts": dict(self.counts),
+            "invalid_kinds": dict(self.invalid_kinds),
         }
 
 
@@ -344,28 +414,85 @@ def _member(name: str, value: Any, enum: type[StrEnum]) -> None:
         raise SafetyConfigError(f"{name}: expected one of {[m.value for m in enum]}, received {value!r}") from None
 
 
-def _finite_vector(action: Any, dim: int) -> np.ndarray | None:
-    """float32 ``(dim,)`` when ``action`` is a finite numeric vector of that shape, else None."""
+_F32_MAX = float(np.finfo(np.float32).max)
+_REAL_SCALARS = (int, float, np.integer, np.floating)
+
+
+def parse_action(action: Any, dim: int) -> tuple[np.ndarray | None, str]:
+    """Check an action strictly, never raising: ``(float32 (dim,), "")`` for a finite real vector, else
+    ``(None, kind)``.
+
+    Valid: a 1-D ``np.ndarray`` of integer/float dtype, or a flat list/tuple of real numbers (Python or numpy; not
+    bool), of length ``dim``, every value finite and within float32's range. ``kind`` names what was wrong:
+    ``none``, ``str``, ``bytes``, ``mapping``, ``type:<name>`` (any other object), ``ragged`` (nested
+    sequences), ``bool``, ``complex``, ``non_numeric`` (an element or dtype that is no real number), ``shape``
+    (wrong length or not 1-D), ``overflow`` (beyond float32), ``nonfinite`` (NaN/inf).
+    """
+    if action is None:
+        return None, "none"
+    if isinstance(action, (str, bytes, bytearray, memoryview)):
+        return None, "str" if isinstance(action, str) else "bytes"
+    if isinstance(action, Mapping):
+        return None, "mapping"
+    if isinstance(action, np.ndarray):
+        kind = {"b": "bool", "c": "complex"}.get(action.dtype.kind, "" if action.dtype.kind in "iuf" else "non_numeric")
+        if kind:
+            return None, kind
+        if action.shape != (dim,):
+            return None, "shape"
+        try:
+            values = action.astype(np.float64)
+        except OverflowError:  # pragma: no cover - integer dtypes always fit float64
+            return None, "overflow"
+    elif isinstance(action, (list, tuple)):
+        kind = next((k for k in map(_element_kind, action) if k), "")
+        if kind:
+            return None, kind
+        if len(action) != dim:
+            return None, "shape"
+        try:
+            values = np.array([float(x) for x in action], np.float64)
+        except OverflowError:  # a Python int beyond float64
+            return None, "overflow"
+    else:
+        return None, f"type:{type(action).__name__}"
+    if not np.all(np.isfinite(values)):
+        return None, "nonfinite"
+    if np.any(np.abs(values) > _F32_MAX):
+        return None, "overflow"
+    return values.astype(np.float32), ""
+
+
+def _element_kind(x: Any) -> str:
+    """'' for a real number, else why not (see :func:`parse_action`)."""
+    if isinstance(x, (bool, np.bool_)):
+        return "bool"
+    if isinstance(x, _REAL_SCALARS):
+        return ""
+    if isinstance(x, (complex, np.complexfloating)):
+        return "complex"
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return "ragged"
+    return "non_numeric"
+
+
+def _preview(action: Any, limit: int = 60) -> str:
+    """A short, never-raising description of a value for a log line."""
     try:
-        a = np.asarray(action, dtype=np.float32)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if a.shape != (dim,) or not np.all(np.isfinite(a)):
-        return None
-    return a
-
-
-def _describe(action: Any) -> str:
-    a = np.asarray(action) if isinstance(action, (np.ndarray, Sequence)) else action
-    return f"shape {a.shape}" if isinstance(a, np.ndarray) else type(action).__name__
+        text = repr(action)
+    except Exception:  # a broken __repr__ must not take the safety layer down
+        text = f"<{type(action).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 __all__ = [
     "DELTA_MODES",
+    "POSE_MODES",
     "SafetyConfig",
     "SafetyConfigError",
     "SafetyLayer",
     "SafetyReport",
     "TimeoutAction",
     "WatchdogState",
+    "parse_action",
 ]

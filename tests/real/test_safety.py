@@ -22,7 +22,8 @@ class FakeClock:
 
 
 class MotorLog(Robot):
-    """A 2-joint position-controlled arm that records every command written to its motors."""
+    """A 2-joint arm that records every command written to its motors and tracks it exactly: in pose modes the
+    commanded pose is the measured pose after the write; ``home()`` moves it to ``home_pose``."""
 
     def __init__(self, mode=ControlMode.JOINT_POSITION):
         self.env_spec = EnvSpec(
@@ -32,16 +33,26 @@ class MotorLog(Robot):
             control_frequency=10.0,
             max_episode_steps=100,
         )
+        self.pose_mode = ControlMode(mode).value in ("joint_position", "ee_position")
         self.written = []
         self.stops = 0
         self.state = np.zeros(2, np.float32)
+        self.home_pose = np.zeros(2, np.float32)
 
     def get_observation(self):
         return {"observation.state": self.state.copy()}
 
+    def measured_pose(self):
+        return self.state.copy()
+
     def send_action(self, action):
         self.written.append(np.array(action, np.float32))
+        if self.pose_mode:
+            self.state = np.array(action, np.float32)
         return action
+
+    def home(self):
+        self.state = self.home_pose.copy()
 
     def stop(self):
         self.stops += 1
@@ -56,12 +67,12 @@ def _robot(mode=ControlMode.JOINT_POSITION, **cfg):
 
 def test_limit_and_step_clamps_absolute_mode():
     safe, motors, _ = _robot(max_step=0.1)
-    np.testing.assert_allclose(safe.send_action([5.0, -0.05]), [1.0, -0.05])  # first command: limits only
-    assert safe.last_report.reasons == ("limit",)
-    np.testing.assert_allclose(safe.send_action([0.0, 0.5]), [0.9, 0.05], atol=1e-6)  # within 0.1 of the last
+    np.testing.assert_allclose(safe.send_action([5.0, -0.05]), [0.1, -0.05])  # from the measured pose (0, 0)
+    assert safe.last_report.reasons == ("limit", "step")
+    np.testing.assert_allclose(safe.send_action([-0.5, 0.5]), [0.0, 0.05], atol=1e-6)  # within 0.1 of the pose
     assert safe.last_report.reasons == ("step",)
-    assert safe.safety.counts == {"limit": 1, "step": 1}
-    np.testing.assert_allclose(motors.written[-1], [0.9, 0.05], atol=1e-6)
+    assert safe.safety.counts == {"limit": 1, "step": 2}
+    np.testing.assert_allclose(motors.written[-1], [0.0, 0.05], atol=1e-6)
 
 
 def test_delta_mode_step_bound_and_workspace():
@@ -85,7 +96,7 @@ def test_invalid_actions_are_held_not_sent():
     safe.send_action([0.3, 0.2])
     for bad in ([np.nan, 0.0], [0.0, np.inf], [0.1, 0.2, 0.3], "left", None, [[0.1, 0.2]]):
         sent = safe.send_action(bad)
-        np.testing.assert_allclose(sent, [0.3, 0.2])  # hold = the last command (absolute mode)
+        np.testing.assert_allclose(sent, [0.3, 0.2])  # hold = the measured pose (absolute mode)
         assert safe.last_report.held and safe.last_report.reasons == ("invalid",)
     assert safe.safety.counts["invalid"] == 6
     assert all(np.isfinite(w).all() and w.shape == (2,) for w in motors.written)
@@ -93,14 +104,127 @@ def test_invalid_actions_are_held_not_sent():
 
 def test_first_step_is_bounded_from_the_pose_the_robot_reports():
     safe, motors, _ = _robot(max_step=0.1)
-    motors.hold_action = lambda: np.array([0.5, -0.5], np.float32)  # a driver reporting its current pose
+    motors.state[:] = (0.5, -0.5)  # the robot stands here after connect
     np.testing.assert_allclose(safe.send_action([-1.0, 0.0]), [0.4, -0.4], atol=1e-6)
 
 
-def test_invalid_first_action_in_absolute_mode_sends_nothing():
-    safe, motors, _ = _robot()
-    safe.send_action([np.nan, 0.0])
-    assert motors.written == []  # no previous command: the motors keep their own target
+def test_after_home_the_step_bound_and_the_hold_follow_the_measured_pose():
+    """Issue 30.1: after home(), reset() or a motion the layer did not command, holds and the next command are
+    bounded around where the robot is, not around the pre-home command."""
+    safe, motors, _ = _robot(max_step=0.2)
+    for target in (0.2, 0.4, 0.6):
+        safe.send_action([target, target])
+    motors.home_pose[:] = (-0.5, 0.5)
+    safe.home()
+    safe.hold()  # a hold keeps the robot where it is now
+    np.testing.assert_allclose(motors.written[-1], [-0.5, 0.5])
+    np.testing.assert_allclose(safe.send_action([np.nan, 0.0]), [-0.5, 0.5])  # a NaN-hold: the same
+    np.testing.assert_allclose(safe.send_action([-0.4, 0.4]), [-0.4, 0.4], atol=1e-6)  # valid: unchanged
+    np.testing.assert_allclose(safe.send_action([0.6, 0.6]), [-0.2, 0.6], atol=1e-6)  # within 0.2 of (-0.4, 0.4)
+    motors.state[:] = (0.9, -0.9)  # moved by hand (a takeover the layer did not command)
+    np.testing.assert_allclose(safe.send_action([0.0, 0.0]), [0.7, -0.7], atol=1e-6)
+    motors.home_pose[:] = (0.0, 0.0)
+    safe.reset()
+    np.testing.assert_allclose(safe.send_action([1.0, 1.0]), [0.2, 0.2], atol=1e-6)
+
+
+def test_a_pose_mode_driver_without_a_measured_pose_is_refused_with_a_clear_error():
+    """Issue 30.2: no reference, no motion."""
+
+    class Blind(Robot):
+        env_spec = MotorLog().env_spec
+
+        def get_observation(self):
+            return {}
+
+        def send_action(self, action):
+            return action
+
+    config = SafetyConfig.from_action_spec(Blind.env_spec.action, max_step=0.2)
+    with pytest.raises(SafetyConfigError, match=r"driver Blind reports no measured pose.*measured_pose\(\)"):
+        SafeRobot(Blind(), config, watchdog_thread=False)
+    SafeRobot(Blind(), SafetyConfig.from_action_spec(Blind.env_spec.action), watchdog_thread=False)  # no max_step
+
+
+def test_a_pose_that_is_not_known_yet_holds_instead_of_jumping():
+    safe, motors, _ = _robot(max_step=0.2)
+    motors.measured_pose = lambda: None  # e.g. before the first sensor read
+    sent = safe.send_action([1.0, 1.0])
+    assert motors.written == [] and safe.last_report.reasons == ("no_pose",)
+    np.testing.assert_allclose(sent, [0.0, 0.0])
+    motors.measured_pose = lambda: np.array([0.3, np.nan], np.float32)  # a broken read is no pose either
+    safe.send_action([0.3, 0.0])
+    assert motors.written == [] and safe.safety.counts["no_pose"] == 2
+
+    def broken():
+        raise OSError("bus timeout")
+
+    motors.measured_pose = broken  # a failing read holds, it does not crash the server
+    safe.send_action([0.3, 0.0])
+    assert motors.written == [] and safe.safety.counts["no_pose"] == 3
+
+
+def test_a_pose_outside_the_limits_by_more_than_a_step_holds_without_moving():
+    safe, motors, _ = _robot(max_step=0.1)
+    motors.state[:] = (1.5, 0.0)  # the limit is 1.0: no command is both within limits and within 0.1
+    safe.send_action([0.9, 0.0])
+    assert motors.written == [] and safe.last_report.reasons == ("unreachable",)
+
+
+MALFORMED = [
+    ([[0.0], 0.0], "ragged"),
+    ([[0.0, 0.0], 0.0], "ragged"),
+    ("0.1 0.2", "str"),
+    (b"\x00\x01", "bytes"),
+    (None, "none"),
+    ({"j0": 0.1, "j1": 0.2}, "mapping"),
+    ([0.1, 0.2, 0.3], "shape"),
+    ([0.1], "shape"),
+    (np.zeros((1, 2)), "shape"),
+    ([[0.1, 0.2]], "ragged"),
+    (np.float32(0.1), "type:float32"),
+    ([np.nan, 0.0], "nonfinite"),
+    (np.array([0.0, -np.inf]), "nonfinite"),
+    ([1e300, 0.0], "overflow"),
+    ([10**400, 0], "overflow"),
+    ([10**39, 0], "overflow"),
+    ([1 + 2j, 0.0], "complex"),
+    (np.array([0.1, 0.2], np.complex64), "complex"),
+    ([True, False], "bool"),
+    (["0.1", "0.2"], "non_numeric"),
+    (np.array(["0.1", "0.2"]), "non_numeric"),
+    ([object(), 0.0], "non_numeric"),
+    ({0.1, 0.2}, "type:set"),
+]
+
+
+def test_garbage_never_raises_never_moves_is_counted_and_logged_once_per_kind(caplog):
+    """Issue 30.3: every malformed action becomes the hold command (the measured pose), is counted and logged once
+    per kind; the ragged list used to raise ValueError inside the error formatter."""
+    safe, motors, _ = _robot(max_step=0.2)
+    safe.send_action([0.1, -0.1])
+    caplog.set_level("WARNING", logger="policylink.real.safety")
+    for _ in range(2):
+        for bad, _kind in MALFORMED:
+            np.testing.assert_array_equal(safe.send_action(bad), np.float32([0.1, -0.1]))
+            assert safe.last_report.held and safe.last_report.reasons == ("invalid",)
+    expected = {}
+    for _, kind in MALFORMED:
+        expected[kind] = expected.get(kind, 0) + 2
+    assert dict(safe.safety.invalid_kinds) == expected
+    assert safe.safety.counts["invalid"] == 2 * len(MALFORMED)
+    logged = [r.getMessage() for r in caplog.records if "malformed action" in r.getMessage()]
+    assert len(logged) == len(expected)  # once per kind
+    np.testing.assert_array_equal(np.stack(motors.written[1:]), np.float32([[0.1, -0.1]] * (2 * len(MALFORMED))))
+    assert safe.safety.status()["invalid_kinds"]["ragged"] == 6
+
+
+def test_valid_numeric_forms_are_accepted():
+    safe, _, _ = _robot()
+    for good in ([0.1, 0.2], (0.1, 0.2), np.array([0.1, 0.2]), np.array([0, 1], np.int64), [np.float64(0.1), 1]):
+        sent = safe.send_action(good)
+        assert not safe.last_report.held
+        np.testing.assert_allclose(sent, np.asarray(good, np.float64), atol=1e-7)
 
 
 def test_watchdog_not_armed_before_first_action_then_trips_and_needs_rearm():
@@ -206,4 +330,10 @@ def test_property_everything_reaching_the_motors_is_within_limits_and_step(actio
 def test_layer_status_is_plain_data():
     layer = SafetyLayer(SafetyConfig(low=(-1.0,), high=(1.0,)))
     layer.command([3.0], now=0.0)
-    assert layer.status() == {"watchdog": "armed", "estopped": False, "estop_reason": "", "counts": {"limit": 1}}
+    assert layer.status() == {
+        "watchdog": "armed",
+        "estopped": False,
+        "estop_reason": "",
+        "counts": {"limit": 1},
+        "invalid_kinds": {},
+    }
