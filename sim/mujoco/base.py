@@ -235,7 +235,9 @@ class MujocoTaskEnv(EnvAdapter):
     def goal_distance_now(self, state: list[float]) -> float | None:
         """:meth:`goal_distance` of one state given as Python floats (the per-step path), or None. Tasks override
         it with the same formula on floats (no array dispatch); the result is bit for bit the vectorised one
-        (``tests/sim/test_step_reference.py`` checks every task)."""
+        (``tests/sim/test_step_reference.py`` checks every task) on any machine only if the two paths share one
+        function or use only correctly rounded IEEE operations (``+ - * /``, ``sqrt``): numpy's array
+        transcendentals (``np.arctan2``, ``np.sin``...) take CPU-dependent SIMD paths that differ from ``math``."""
         d = self.goal_distance(np.array([state]))
         return None if d is None else float(d[0])
 

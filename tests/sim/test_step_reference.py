@@ -60,6 +60,28 @@ def test_per_step_goal_distance_is_the_vectorised_one_bit_for_bit(name):
             return
         per_step = [env.goal_distance_now(s.tolist()) for s in states]
         assert all(type(d) is float for d in per_step)
+        # exact: both paths run one function per row (push: math.atan2, as np.arctan2 on arrays takes a
+        # CPU-dependent SIMD path) or only correctly rounded IEEE operations (+ - * / sqrt), equal on any machine
         np.testing.assert_array_equal(np.array(per_step), vectorised)
+    finally:
+        env.close()
+
+
+def test_push_goal_distance_known_values():
+    """Position error / 0.02 m + yaw error / 0.2 rad: 0 at the goal (0, 0.06, yaw 0); 1 + 0.5 for a block 0.02 m
+    off in x and turned by 0.1 rad; 0.5 for one turned by -0.1 rad (the absolute yaw error)."""
+    env = make_env("push", obs_mode="state")
+    try:
+        states = np.array(
+            [
+                [0.1, 0.1, 0.0, 0.06, 0.0, 1.0],
+                [0.0, 0.0, 0.02, 0.06, np.sin(0.1), np.cos(0.1)],
+                [0.0, 0.0, 0.0, 0.06, np.sin(-0.1), np.cos(-0.1)],
+            ]
+        )
+        np.testing.assert_allclose(env.unwrapped.goal_distance(states), [0.0, 1.5, 0.5], rtol=1e-12, atol=1e-12)
+        assert env.unwrapped.goal_distance_now(states[1].tolist()) == pytest.approx(1.5, rel=1e-12)
+        with pytest.raises(ValueError, match=r"state: expected shape \(N, 6\); received \(6,\)"):
+            env.unwrapped.goal_distance(states[0])
     finally:
         env.close()
