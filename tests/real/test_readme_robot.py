@@ -13,7 +13,7 @@ def test_readme_robot_driver_example_runs(capsys):
     )
     namespace: dict = {"__name__": "readme_example"}
     exec(compile(block, str(README), "exec"), namespace)
-    assert capsys.readouterr().out.strip() == "[1.] [1.]"
+    assert capsys.readouterr().out.strip() == "[0.2] [0.2]"
     arm = namespace["arm"]
-    assert arm.safety.counts == {"limit": 1, "invalid": 1}
+    assert arm.safety.counts == {"limit": 1, "step": 1, "invalid": 1}
     arm.disconnect()
