@@ -1,6 +1,10 @@
-"""The MuJoCo tasks' step path gives bit-identical observations, rewards and infos to the values recorded from
-the code before the step-overhead work of issue 19 (``data/step_reference.json``: seed 3, 40 steps of actions
-drawn from ``default_rng(7)`` over 1.5x the action limits, so clipping is exercised; resets at episode ends)."""
+"""The MuJoCo tasks' step path gives the observations, rewards and infos recorded from the code before the
+step-overhead work of issue 19 (``data/step_reference.json``: seed 3, 40 steps of actions drawn from
+``default_rng(7)`` over 1.5x the action limits, so clipping is exercised; resets at episode ends).
+
+The recording is one machine's float64 physics: MuJoCo, libm and the compiler promise no identical bits on
+another CPU or MuJoCo release (``mujoco>=3.2`` is not pinned), so float values are compared within
+:data:`STATE_ATOL` / :data:`PROGRESS_ATOL`; rewards, flags, keys and types stay exact."""
 
 from __future__ import annotations
 
@@ -13,10 +17,27 @@ import pytest
 from policylink.adapters.registry import make_env
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "step_reference.json").read_text())
+# Measured: nudging the reset qpos/qvel by 1e-15 (relative; about one float64 rounding) moves reach's float32
+# state by up to 3.4e-7 and its progress by 1.9e-6 within the 40 steps (contacts amplify it), the other tasks' not
+# at all. Real changes of the step path move them far more: actions scaled by 0.999 -> states by >= 9e-5 (push)
+# to 1.1e-3, progress by >= 1.6e-4; one extra physics substep -> states by >= 1.1e-3, progress by >= 2.1e-3.
+STATE_ATOL = 1e-5  # m or unitless (sin, cos, gripper opening): ~30x the measured rounding spread
+PROGRESS_ATOL = 5e-5  # unitless: ~25x the measured rounding spread
 
 
 def _plain(info: dict) -> dict:
     return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else float(v)) for k, v in info.items()}
+
+
+def _assert_info_matches(got: dict, want: dict, where: str) -> None:
+    """Flags exact, float entries (``progress``) within :data:`PROGRESS_ATOL`."""
+    got = _plain(got)
+    assert sorted(got) == sorted(want), where
+    for key, value in want.items():
+        if isinstance(value, bool):
+            assert got[key] is value, f"{where}: {key}"
+        else:
+            assert got[key] == pytest.approx(value, rel=0, abs=PROGRESS_ATOL), f"{where}: {key}"
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))
@@ -27,19 +48,19 @@ def test_step_matches_recorded_reference(name):
         rng = np.random.default_rng(7)
         low, high = env.action_space.low, env.action_space.high
         obs, info = env.reset(seed=3)
-        np.testing.assert_array_equal(obs["observation.state"], np.array(ref["reset_state"], np.float32))
-        assert _plain(info) == ref["reset_info"]
+        np.testing.assert_allclose(obs["observation.state"], ref["reset_state"], rtol=0, atol=STATE_ATOL)
+        _assert_info_matches(info, ref["reset_info"], f"{name} reset")
         assert obs["task"] == ref["task"]
         for i, want in enumerate(ref["steps"]):
             a = rng.uniform(1.5 * low - 0.01, 1.5 * high + 0.01).astype(np.float64)
             obs, reward, terminated, truncated, info = env.step(a)
             assert obs["observation.state"].dtype == np.float32
-            np.testing.assert_array_equal(
-                obs["observation.state"], np.array(want["state"], np.float32), err_msg=f"{name} step {i}"
+            np.testing.assert_allclose(
+                obs["observation.state"], want["state"], rtol=0, atol=STATE_ATOL, err_msg=f"{name} step {i}"
             )
             assert (reward, terminated, truncated) == (want["reward"], want["terminated"], want["truncated"])
             assert type(reward) is float and type(terminated) is bool
-            assert _plain(info) == want["info"], f"{name} step {i}"
+            _assert_info_matches(info, want["info"], f"{name} step {i}")
             assert sorted(obs) == want["keys"]
             if terminated or truncated:
                 env.reset()
