@@ -50,8 +50,25 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field."""
 
 
+SIGPIPE_EXIT = 128 + 13
+"""Exit code when the reader of stdout went away (``policylink train --help | head``): a shell's code for SIGPIPE."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``policylink`` console script. Returns the process exit code."""
+    """Entry point of the ``policylink`` console script. Returns the process exit code: 0, 2 for bad input (one line
+    on stderr), 130 after Ctrl-C, :data:`SIGPIPE_EXIT` (nothing printed) when stdout's reader has closed the pipe."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit: a closed pipe then ends as quietly as during the run
+        return code
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        _discard_stdout()
+        return SIGPIPE_EXIT
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="policylink",
@@ -86,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"policylink {name}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        if isinstance(e, BrokenPipeError) and _stdout_reader_gone():
+            raise  # main() ends quietly
         if os.environ.get(DEBUG_ENV, "") in ("", "0") and report_missing_extra(name, e):
             return 2
         if not is_user_error(e) or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
@@ -96,6 +115,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"policylink {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
         print(f"  (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         return 2
+
+
+def _stdout_reader_gone() -> bool:
+    """True when stdout is a pipe or socket whose reading end is closed (``poll`` reports an error condition on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+        return False
+
+
+def _discard_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null, so that the interpreter's final flush of what is still
+    buffered does not print a second BrokenPipeError (the recipe of Python's ``signal`` documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def split_subcommand(

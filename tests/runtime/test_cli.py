@@ -231,3 +231,37 @@ def test_subcommands_share_one_dispatcher(capsys):
     assert finetune.main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: policylink finetune <subcommand>") and "  monitor " in out
+
+
+@pytest.mark.parametrize("args", [["train", "--help"], ["eval", "--help"], ["dataset", "--help"]])
+def test_help_into_a_closed_pipe_ends_quietly(args):
+    """``policylink train --help | head``: the reader leaves before the help is written; the command then exits
+    with the shell's SIGPIPE code and prints nothing, not an error."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "policylink.runtime.cli", *args], stdout=write_end, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (cli.SIGPIPE_EXIT, "")
+    assert cli.SIGPIPE_EXIT == 141
+
+
+def test_a_broken_pipe_other_than_stdout_stays_an_error(monkeypatch, capsys):
+    import types
+
+    mod = types.ModuleType("policylink_pipe_cmd")
+
+    def fail(argv):
+        raise BrokenPipeError(32, "Broken pipe")  # e.g. a subprocess's stdin, while our stdout is fine
+
+    mod.main = fail
+    monkeypatch.setitem(sys.modules, "policylink_pipe_cmd", mod)
+    monkeypatch.setitem(cli.COMMANDS, "pipe", ("policylink_pipe_cmd", "a test command"))
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    assert cli.main(["pipe"]) == 2
+    assert "policylink pipe: error: BrokenPipeError: [Errno 32] Broken pipe" in capsys.readouterr().err
