@@ -113,6 +113,7 @@ class DeployStats:
         active_s: time spent stepping (resets excluded), seconds; ``safety``: the robot's latest safety status.
         startup_steps, startup_late, startup_s: each episode's first step (its first chunk is a blocking
             inference while the robot stands still): counted here, not in the running figures above.
+            ``startup_late`` counts first chunks slower than a period; their first action is executed all the same.
     """
 
     steps: int = 0
@@ -151,7 +152,7 @@ class DeployStats:
         s = self.summary(period_s)
         clips = sum((self.safety.get("counts") or {}).values())
         return (
-            f"rate {s['rate_hz']:.2f} Hz | late {self.late} (+{self.startup_late} at episode starts) | latency p50 "
+            f"rate {s['rate_hz']:.2f} Hz | late {self.late} (+{self.startup_late} slow first chunks) | latency p50 "
             f"{s['latency_p50_ms']:.1f} ms p99 {s['latency_p99_ms']:.1f} ms | safety clips/holds {clips} | "
             f"human steps {self.human}"
         )
@@ -168,8 +169,11 @@ class DeployEnv(EnvAdapter):
     ``reset`` begins an episode on the robot and restarts the pacing grid at the returned observation. ``step(a)``:
     a human's action replaces ``a`` while ``teleop`` is engaged; ``a`` is sent unless its period (the one that
     began at the observation it answers) has already ended -- then it is dropped and counted late; then the loop
-    sleeps to the next deadline and reads ``(observation, info)``. ``terminated``/``truncated`` come from the robot
-    (a simulator's episode end); hardware episodes end at the plan's ``max_episode_steps``. Reward is 1 on success.
+    sleeps to the next deadline and reads ``(observation, info)``. An episode's first action is never late: the
+    robot held while the first chunk was inferred, so when that took longer than a period the pacing grid restarts
+    at the reply and the chunk is executed from its first action ``a_0`` (counted in ``stats.startup_late``).
+    ``terminated``/``truncated`` come from the robot (a simulator's episode end); hardware episodes end at the
+    plan's ``max_episode_steps``. Reward is 1 on success.
 
     Args:
         robot: the robot (a :class:`~policylink.real.server.RemoteRobot` or an in-process one).
@@ -221,7 +225,10 @@ class DeployEnv(EnvAdapter):
                 action, source = self.teleop.action(self._obs), 1
         now = self.clock()
         latency = now - self._obs_t
-        late = now > self._obs_t + self.period
+        slow = now > self._obs_t + self.period
+        late = slow and not self._first
+        if slow and self._first:  # the robot held for the episode's first chunk: a_0 starts now, for a whole period
+            self.pacer.start(now)
         if late:
             hold = self.robot.hold_action()
             sent = np.zeros(self.env_spec.action.dim, np.float32) if hold is None else np.asarray(hold, np.float32)
@@ -238,7 +245,7 @@ class DeployEnv(EnvAdapter):
         s.human += source
         if self._first:
             s.startup_steps += 1
-            s.startup_late += int(late)
+            s.startup_late += int(slow)
             s.startup_s += t - self._obs_t
         else:
             s.steps += 1
