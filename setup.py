@@ -6,7 +6,7 @@ and so on. Everything else lives in pyproject.toml.
 
 from setuptools import find_packages, setup
 
-PARTS = ("adapters", "policies", "sim", "real", "data", "runtime")
+PARTS = ("adapters", "policies", "sim", "real", "data", "runtime", "train")
 
 packages = []
 package_dir = {}

@@ -200,13 +200,14 @@ class ChunkCritic(nn.Module):
         return critic.to(device)
 
 
-class IQLTrainer:
-    """One IQL step per :meth:`update` on a batch of chunk transitions (Kostrikov et al. 2021, Algorithm 1, with
+class IQLLoss:
+    """The IQL objective on a batch of chunk transitions (Kostrikov et al. 2021, Algorithm 1, with
     the chunked target of Q-chunking): ``L_V = expectile(min_e Q'_e(s, A) - V(s))``, ``L_Q = sum_e mean (Q_e(s,
     A) - y)^2`` with ``y = chunk_td_target(R, gamma^n, d, V(s'))``; then Polyak on the targets.
 
     Args:
-        critic: the :class:`ChunkCritic` to train (in place).
+        critic: the :class:`ChunkCritic` to train (in place): :meth:`trained_modules` go to the optimizer
+            (:func:`policylink.train.critic.iql_optimization`), :meth:`after_step` follows every step.
 
     The batch (float32 tensors on the critic's device): ``state`` ``(B, S)``, ``action`` ``(B, >=H, A)``,
     ``return`` ``(B,)``, ``discount`` ``(B,)``, ``terminal`` bool ``(B,)``, ``next_state`` ``(B, S)``.
@@ -214,8 +215,10 @@ class IQLTrainer:
 
     def __init__(self, critic: ChunkCritic):
         self.critic = critic
-        params = [*critic.q_heads.parameters(), *critic.v_net.parameters()]
-        self.optimizer = torch.optim.Adam(params, lr=critic.cfg.lr)
+
+    def trained_modules(self) -> list[nn.Module]:
+        """The modules the optimizer steps: the online Q heads and the value net (never the targets)."""
+        return [self.critic.q_heads, self.critic.v_net]
 
     def losses(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """``(L_V, L_Q, metrics)`` for one batch (no optimizer step)."""
@@ -232,21 +235,21 @@ class IQLTrainer:
         metrics["v_mean"] = v.mean().item()
         return loss_v, loss_q, metrics
 
-    def update(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        """One gradient step on ``L_V + L_Q`` then one Polyak update. Returns the metrics."""
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(L_V + L_Q, metrics)``: the scalar the optimizer minimises."""
         loss_v, loss_q, metrics = self.losses(batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        (loss_v + loss_q).backward()
-        self.optimizer.step()
+        return loss_v + loss_q, metrics
+
+    def after_step(self) -> None:
+        """Polyak update of the target Q heads toward the online ones (``cfg.polyak``)."""
         polyak_update(self.critic.q_targets, self.critic.q_heads, self.critic.cfg.polyak)
-        return metrics
 
 
 __all__ = [
     "ActionInjectedMLP",
     "ChunkCritic",
     "CriticConfig",
-    "IQLTrainer",
+    "IQLLoss",
     "chunk_td_target",
     "critic_state",
     "critic_state_dim",

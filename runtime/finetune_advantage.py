@@ -297,7 +297,8 @@ def _check_checkpoint_fits(cmd: LabelCommand, model, store) -> None:
 
 def _value_advantage(cmd, store, success):
     from policylink.policies.checkpoint import load_components
-    from policylink.policies.finetune.advantage import cross_fitted_values, store_latents
+    from policylink.policies.finetune.advantage import store_latents
+    from policylink.train.value import cross_fitted_values
 
     if not cmd.checkpoint:
         raise ValueError("checkpoint: source=value needs the frozen policy whose latents feed the value model")

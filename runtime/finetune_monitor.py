@@ -116,9 +116,9 @@ def train_and_calibrate(cfg: MonitorCmdConfig) -> dict[str, Any]:
         monitor_pairs,
         probe_latent,
         save_monitor,
-        train_monitor,
     )
     from policylink.runtime.run import require_output_folder
+    from policylink.train.monitor import train_monitor
 
     if not cfg.policy or not cfg.buffer:
         raise ValueError(

@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from policylink.adapters.capabilities import Prediction
+from policylink.train.trainer import OptimConfig, Optimization, fit, tty_progress
 
 METHODS = ("qvgm", "bc", "awr")
 LINEAGE_FILE = "lineage.json"
@@ -245,9 +246,10 @@ def open_buffer(path: str, model: Any, train_doc: dict[str, Any], field: str = "
 
 def train_critic(cfg: CriticCmdConfig) -> Path:
     """Train and save a :class:`~policylink.policies.critics.ChunkCritic`; returns ``cfg.out``."""
-    from policylink.policies.critics import ChunkCritic, IQLTrainer
+    from policylink.policies.critics import ChunkCritic, IQLLoss
     from policylink.policies.finetune.transitions import build_transitions
     from policylink.runtime.run import require_output_folder
+    from policylink.train.critic import iql_optimization
 
     require_output_folder(cfg.out, policy=cfg.policy, buffer=cfg.buffer)
     _threads(cfg.validate().torch_threads)
@@ -258,15 +260,17 @@ def train_critic(cfg: CriticCmdConfig) -> Path:
     cache = build_transitions(store, model, normalizer, horizon, cfg.gamma)
     torch.manual_seed(cfg.seed)
     critic = ChunkCritic(cfg.critic_config(int(cache.state.shape[1]), spec.action.dim, horizon))
-    trainer = IQLTrainer(critic)
+    objective = IQLLoss(critic)
+    run = iql_optimization(objective)
     rng = np.random.default_rng(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for step in range(cfg.steps):
-        m = trainer.update(cache.batch(rng.integers(0, len(cache), cfg.batch_size)))
-        if (step + 1) % max(cfg.steps // 20, 1) == 0 or step + 1 == cfg.steps:
-            rows.append({"step": step + 1, **m})
+    every = max(cfg.steps // 20, 1)
+    step_loss = lambda _: objective(cache.batch(rng.integers(0, len(cache), cfg.batch_size)))  # noqa: E731
+    for done in fit(step_loss, run, cfg.steps, progress=tty_progress("critic")):
+        if done.step % every == 0 or done.step == cfg.steps:
+            rows.append({"step": done.step, **done.metrics})
     critic.save(out)
     _write_csv(out / "critic_metrics.csv", rows)
     (out / SOURCE_FILE).write_text(json.dumps({"policy": cfg.policy, "buffer": cfg.buffer}, indent=1))
@@ -303,26 +307,25 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
         bc_ds = _windows(store, pcfg, model, normalizer, True, cfg.buffer)
     loss_fn = _loss(cfg, pcfg, model)
     metrics_names = tuple(getattr(loss_fn, "metrics", ()))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-6)
-    rows, t0, acc = [], time.perf_counter(), {}
-    for step in range(cfg.steps):
+
+    def step_loss(step: int) -> tuple[torch.Tensor, dict[str, float]]:
         model.train()
         rng = np.random.default_rng([cfg.seed, step])
         batch = training_batch(ds, rng.integers(0, len(ds), cfg.batch_size), BatchFields(), "cpu")
         if bc_ds is not None:
             batch["bc"] = training_batch(bc_ds, rng.integers(0, len(bc_ds), cfg.batch_size), BatchFields(), "cpu")
         batch["noise"] = loss_fn.draw(model, cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 100003 + step))
-        loss, m = loss_fn(model, batch, step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        for k, v in {"loss": loss.item(), **m}.items():
+        return loss_fn(model, batch, step)
+
+    run = Optimization(model, OptimConfig("adamw", lr=cfg.lr, weight_decay=1e-6, grad_clip=cfg.grad_clip))
+    rows, t0, acc = [], time.perf_counter(), {}
+    every = max(cfg.steps // 10, 1)
+    for done in fit(step_loss, run, cfg.steps, progress=tty_progress(f"finetune {cfg.method}")):
+        for k, v in {"loss": done.loss.item(), **done.metrics}.items():
             acc[k] = acc.get(k, 0.0) + v
-        every = max(cfg.steps // 10, 1)
-        if (step + 1) % every == 0 or step + 1 == cfg.steps:
-            n = every if (step + 1) % every == 0 else (step + 1) % every
-            rows.append({"step": step + 1, **{k: v / n for k, v in acc.items()}})
+        if done.step % every == 0 or done.step == cfg.steps:
+            n = every if done.step % every == 0 else done.step % every
+            rows.append({"step": done.step, **{k: v / n for k, v in acc.items()}})
             acc = {}
     lineage = {
         "base": cfg.base or cfg.policy,

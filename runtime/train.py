@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ import torch
 from policylink.adapters.obs_modes import obs_mode_env_kwargs
 from policylink.data.sampler import SequenceDataset
 from policylink.policies.checkpoint import load_training_state, resolve_device, save_checkpoint
-from policylink.policies.common.ema import EMA
 from policylink.policies.model import ChunkModel
 from policylink.policies.policy import ChunkPolicy, policy_for_model
 from policylink.policies.registry import build_model
@@ -34,6 +32,7 @@ from policylink.runtime.losses import Loss, make_loss, training_batch
 from policylink.runtime.metrics_log import MetricsLogger
 from policylink.runtime.train_config import DatasetConfig, EvalConfig, TrainConfig, main, validate_config  # noqa: F401
 from policylink.runtime.train_data import training_data
+from policylink.train.trainer import OptimConfig, Optimization, cosine_with_warmup, fit  # noqa: F401
 
 METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
@@ -61,9 +60,9 @@ def train(cfg: TrainConfig) -> Path:
     loss_fn = make_loss(cfg)
     fields = loss_fn.fields
     spec, normalizer, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
-    run = _Optimization(cfg, build_model(cfg.policy, spec.observation_features, spec.action.dim).to(device))
-    model, ema, scheduler = run.model, run.ema, run.scheduler
-    step = run.load(load_training_state(ckpt_dir, device)) if cfg.resume and ckpt_dir.exists() else 0
+    model = build_model(cfg.policy, spec.observation_features, spec.action.dim).to(device)
+    run = Optimization(model, optim_config(cfg), device=device)
+    step = _load_state(run, load_training_state(ckpt_dir, device)) if cfg.resume and ckpt_dir.exists() else 0
     train_model: torch.nn.Module = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -79,39 +78,38 @@ def train(cfg: TrainConfig) -> Path:
         config=_plain(cfg),
     )
     local_b = cfg.batch_size // world
-    bar = _progress(cfg, step)
     period = _Period(loss_fn.metrics, world, device)
-    while step < cfg.steps:
+
+    def step_loss(step: int) -> tuple[torch.Tensor, dict[str, float]]:
         model.train()
         idx, noise = _step_draws(cfg, loss_fn, model, len(train_ds), step)
         sl = slice(rank * local_b, (rank + 1) * local_b)
         batch = training_batch(train_ds, idx[sl], fields, device)
         batch["noise"] = {k: v[sl].to(device) for k, v in noise.items()}
         torch.manual_seed(_mix(cfg.seed, step, rank))  # augmentation (random crops) of this rank's slice
-        loss, metrics = loss_fn(train_model, batch, step)
-        grad_norm = run.step(loss)
-        step += 1
-        period.add(loss.detach(), metrics, cfg.batch_size)
+        return loss_fn(train_model, batch, step)
+
+    ema = run.ema.model
+    for done in fit(step_loss, run, cfg.steps, start=step, progress="train" if cfg.progress and rank == 0 else None):
+        step = done.step
+        period.add(done.loss, done.metrics, cfg.batch_size)
         row: dict[str, Any] = {}
         if _due(cfg.log_every, step, cfg.steps) or step == cfg.steps:
-            row.update(period.flush(), lr=scheduler.get_last_lr()[0], grad_norm=grad_norm)
+            row.update(period.flush(), lr=run.scheduler.get_last_lr()[0], grad_norm=done.grad_norm)
         if val_ds is not None and _due(cfg.val_every, step, cfg.steps):
-            row["val_loss"] = validation_loss(ema.model, val_ds, loss_fn, cfg, device)
+            row["val_loss"] = validation_loss(ema, val_ds, loss_fn, cfg, device)
         if rank == 0 and cfg.eval.episodes and _due(cfg.eval.every, step, cfg.steps):
-            row["success_rate"] = _success_rate(cfg, policy_for_model(ema.model, normalizer, spec, device=device))
+            row["success_rate"] = _success_rate(cfg, policy_for_model(ema, normalizer, spec, device=device))
         if row:
             logger.log(step, row)
-            if bar is not None:
-                bar.set_postfix({k: f"{v:.4g}" for k, v in row.items() if k != "lr"}, refresh=False)
-        if bar is not None:
-            bar.update(1)
+            if done.bar is not None:
+                done.bar.set_postfix({k: f"{v:.4g}" for k, v in row.items() if k != "lr"}, refresh=False)
         if rank == 0 and (cfg.save_every and step % cfg.save_every == 0 or step == cfg.steps):
-            kw = dict(model=ema.model, normalizer=normalizer, spec=spec, training_state=run.state(step))
-            save_checkpoint(ckpt_dir, **kw, train_config=_plain(cfg))
+            state = _training_state(run, model, step)
+            save_checkpoint(ckpt_dir, model=ema, normalizer=normalizer, spec=spec, training_state=state,
+                            train_config=_plain(cfg))  # fmt: skip
             if cfg.save_every and step % cfg.save_every == 0:
                 _copy_numbered(ckpt_dir, step)
-    if bar is not None:
-        bar.close()
     logger.close()
     if world > 1:
         import torch.distributed as dist
@@ -139,69 +137,37 @@ def _success_rate(cfg: TrainConfig, policy: ChunkPolicy) -> float:
     return evaluate_success(policy, cfg.dataset, cfg.eval.episodes, cfg.eval.seed)
 
 
-class _Optimization:
-    """The trained model with its EMA copy, AdamW and the LR schedule: one step, and the resume state."""
-
-    def __init__(self, cfg: TrainConfig, model: torch.nn.Module):
-        p = cfg.policy
-        self.cfg, self.model = cfg, model
-        self.ema = EMA(model, p.ema_max_decay, p.ema_power)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, cosine_with_warmup(cfg.warmup_steps, cfg.steps)
-        )
-
-    def step(self, loss: torch.Tensor) -> float:
-        """Backward, clip, AdamW step, LR step, EMA update; returns the global gradient norm before clipping."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = _clip(self.model, self.cfg.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.ema.update(self.model)
-        return grad_norm
-
-    def state(self, step: int) -> dict[str, Any]:
-        """Everything a resumed run needs (``training_state.pt``)."""
-        return {
-            "model": self.model.state_dict(),
-            "ema": self.ema.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "step": step,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
-        }
-
-    def load(self, state: dict[str, Any]) -> int:
-        """Restore :meth:`state`; returns the step to continue from."""
-        self.model.load_state_dict(state["model"])
-        self.ema.load_state_dict(state["ema"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        return int(state["step"])
+def optim_config(cfg: TrainConfig) -> OptimConfig:
+    """The run's optimizer step: AdamW, cosine LR with warm-up over ``cfg.steps``, gradient clipping (the norm is
+    always measured and logged), EMA of the policy with its ``ema_max_decay`` / ``ema_power``."""
+    p = cfg.policy
+    return OptimConfig(
+        optimizer="adamw",
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        weight_decay=cfg.weight_decay,
+        grad_clip=max(cfg.grad_clip, 0.0),
+        schedule="cosine",
+        warmup_steps=cfg.warmup_steps,
+        total_steps=cfg.steps,
+        ema_max_decay=p.ema_max_decay,
+        ema_power=p.ema_power,
+        measure_grad_norm=True,
+    )
 
 
-def cosine_with_warmup(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """LR multiplier ``f(step)``: linear ``1 / warmup_steps -> 1`` over the first ``warmup_steps`` steps, then
-    cosine ``1 -> 0`` at ``total_steps``.
+def _training_state(run: Optimization, model: torch.nn.Module, step: int) -> dict[str, Any]:
+    """Everything a resumed run needs: the model, the optimization's state, the step and the RNG state."""
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}
+    return {"model": model.state_dict(), **run.state(), "step": step, "rng": rng}
 
-    This is diffusers' ``get_cosine_schedule_with_warmup`` multiplier ``g`` with its warm-up one step earlier:
-    ``f(s) = g(s + 1)`` for ``s < warmup_steps`` and ``f(s) = g(s)`` after. diffusers' warm-up is ``s / warmup``,
-    so its first step has LR 0 (a step that only moves Adam's moments); ours has always been ``(s + 1) / warmup``,
-    and the cosine part ``0.5 (1 + cos(pi (s - w) / (T - w)))`` is the same formula.
-    """
-    from diffusers.optimization import get_cosine_schedule_with_warmup
 
-    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # diffusers builds g on an optimizer
-    g = get_cosine_schedule_with_warmup(dummy, warmup_steps, total_steps).lr_lambdas[0]
-
-    def f(step: int) -> float:
-        return g(step + 1) if step < warmup_steps else g(step)
-
-    return f
+def _load_state(run: Optimization, state: dict[str, Any]) -> int:
+    """Restore :func:`_training_state` into the trained model and ``run``; returns the step to continue from."""
+    run.ema_source.load_state_dict(state["model"])
+    run.load(state)
+    torch.set_rng_state(state["rng"]["torch"])
+    return int(state["step"])
 
 
 @torch.no_grad()
@@ -300,13 +266,6 @@ def _mix(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def _clip(model: torch.nn.Module, max_norm: float) -> float:
-    if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-    grads = [p.grad.norm() for p in model.parameters() if p.grad is not None]
-    return float(torch.stack(grads).norm()) if grads else 0.0
-
-
 class _Period:
     """Accumulates one logging period: the loss (mean over DDP ranks, every step, as before), the loss's metrics
     (per-rank sums, averaged over ranks at :meth:`flush` with one all-reduce) and the samples seen."""
@@ -358,14 +317,6 @@ def _rank() -> int:
 
 def _plain(cfg: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
-
-
-def _progress(cfg: TrainConfig, step: int):
-    if not cfg.progress or _rank() != 0:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
 
 
 if __name__ == "__main__":  # torchrun --nproc_per_node=N -m policylink.runtime.train --config ...

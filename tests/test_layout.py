@@ -13,7 +13,8 @@ ALLOWED = {
     "real": {"adapters"},
     "data": {"adapters"},
     "policies": {"adapters", "data"},
-    "runtime": {"adapters", "data", "policies", "sim", "real", "runtime"},
+    "runtime": {"adapters", "data", "policies", "sim", "real", "runtime", "train"},
+    "train": {"adapters", "data", "policies"},
 }
 
 

@@ -196,51 +196,6 @@ def monitor_pairs(
     return np.concatenate(zs), np.concatenate(acts).astype(np.float32), np.concatenate(dzs)
 
 
-def train_monitor(
-    z: np.ndarray,
-    actions: np.ndarray,
-    dz: np.ndarray,
-    config: MonitorConfig,
-    *,
-    steps: int = 2000,
-    batch_size: int = 256,
-    lr: float = 1e-3,
-    seed: int = 0,
-) -> tuple[LatentMonitor, list[float]]:
-    """Fit a :class:`LatentMonitor` (Adam) on pairs from :func:`monitor_pairs`: the cosine loss, or for ``score:
-    residual`` the squared error of the standardised change, after which ``res_std`` is set to the per-dimension
-    RMS residual on the pairs (floored at 1e-3 of the change's spread).
-
-    Returns:
-        ``(monitor in eval mode on CPU, loss every 100 steps)``.
-    """
-    torch.manual_seed(seed)
-    mon = LatentMonitor(z.shape[1], actions.shape[2], config)
-    mon.set_statistics(z, actions.reshape(-1, actions.shape[2]), dz)
-    tz, ta, tdz = (torch.as_tensor(x, dtype=torch.float32) for x in (z, actions, dz))
-    opt = torch.optim.Adam(mon.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
-    losses = []
-    for step in range(int(steps)):
-        i = torch.randint(0, len(tz), (min(batch_size, len(tz)),), generator=gen)
-        pred = mon(tz[i], ta[i])
-        if config.score == "cosine":
-            loss = cosine_loss(pred, tdz[i])
-        else:
-            loss = (((pred - tdz[i]) / mon.dz_std) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 100 == 0 or step == steps - 1:
-            losses.append(loss.item())
-    mon.eval()
-    if config.score == "residual":
-        with torch.no_grad():
-            rms = (mon(tz, ta) - tdz).pow(2).mean(0).sqrt()
-            mon.res_std.copy_(torch.maximum(rms, 1e-3 * mon.dz_std))
-    return mon, losses
-
-
 def monitor_dir(checkpoint: str | Path) -> Path:
     """The default monitor folder beside a policy checkpoint folder: ``<checkpoint>.monitor``."""
     p = Path(checkpoint)
@@ -300,5 +255,4 @@ __all__ = [
     "monitor_dir",
     "monitor_pairs",
     "save_monitor",
-    "train_monitor",
 ]

@@ -79,7 +79,7 @@ class ValueModel(nn.Module):
         layers.append(nn.Linear(width, out))
         self.net = nn.Sequential(*layers)
         self.register_buffer("centers", torch.linspace(cfg.v_min, cfg.v_max, max(cfg.num_bins, 2)))
-        self.register_buffer("mean", torch.zeros(latent_dim))  # input standardisation (set by fit_value_model)
+        self.register_buffer("mean", torch.zeros(latent_dim))  # input standardisation (set by train.value)
         self.register_buffer("std", torch.ones(latent_dim))
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
@@ -113,54 +113,6 @@ def two_hot(values: torch.Tensor, v_min: float, v_max: float, num_bins: int) -> 
     out = torch.zeros(v.shape[0], num_bins, dtype=torch.float32, device=v.device)
     out.scatter_(1, lo[:, None], (1.0 - frac)[:, None])
     out.scatter_add_(1, (lo + 1)[:, None], frac[:, None])
-    return out
-
-
-def fit_value_model(latents: np.ndarray, returns: np.ndarray, cfg: ValueConfig, seed: int = 0) -> ValueModel:
-    """Train a :class:`ValueModel` on latents ``(N, D)`` and returns ``(N,)`` (float32 numpy); returns it in eval
-    mode. Minibatches of ``cfg.batch_size`` drawn with a generator seeded by ``seed``."""
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    z = torch.as_tensor(np.asarray(latents, np.float32))
-    r = torch.as_tensor(np.asarray(returns, np.float32))
-    model = ValueModel(z.shape[1], cfg)
-    model.mean.copy_(z.mean(0))
-    model.std.copy_(z.std(0).clamp_min(1e-6))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
-    for _ in range(cfg.steps):
-        idx = torch.randint(0, len(z), (min(cfg.batch_size, len(z)),), generator=g)
-        loss = model.loss(z[idx], r[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return model.eval()
-
-
-def cross_fitted_values(
-    latents: np.ndarray, returns: np.ndarray, episode_of_step: np.ndarray, cfg: ValueConfig, seed: int = 0
-) -> np.ndarray:
-    """``V`` float32 ``(N,)`` for every step, each predicted by a model fitted on the other ``cfg.folds - 1``
-    folds of episodes (episode ``e`` is in fold ``perm(e) % folds``), so a value never memorises its own return;
-    with ``folds = 1`` one model fits and predicts everything.
-
-    Raises:
-        ValueError: fewer episodes than folds, or arrays of different lengths.
-    """
-    ep = np.asarray(episode_of_step, np.int64)
-    if not len(latents) == len(returns) == len(ep):
-        raise ValueError(f"latents/returns/episodes: expected equal lengths, received {len(latents)}, "
-                         f"{len(returns)}, {len(ep)}")  # fmt: skip
-    n_ep = int(ep.max()) + 1 if len(ep) else 0
-    if n_ep < cfg.folds:
-        raise ValueError(f"value.folds: expected <= the number of episodes ({n_ep}), received {cfg.folds}")
-    fold_of_ep = np.random.default_rng(seed).permutation(n_ep) % cfg.folds
-    fold = fold_of_ep[ep]
-    out = np.zeros(len(ep), np.float32)
-    for k in range(cfg.folds):
-        train = fold != k if cfg.folds > 1 else np.ones(len(ep), bool)
-        model = fit_value_model(latents[train], returns[train], cfg, seed + k)
-        with torch.no_grad():
-            out[fold == k] = model.predict(torch.as_tensor(latents[fold == k])).numpy()
     return out
 
 
@@ -205,8 +157,6 @@ __all__ = [
     "ValueConfig",
     "ValueModel",
     "awr_weights",
-    "cross_fitted_values",
-    "fit_value_model",
     "store_latents",
     "two_hot",
 ]

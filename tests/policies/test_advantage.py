@@ -18,8 +18,9 @@ from policylink.data.labels import LabelsError, read_labels
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance, drop_labels
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.config import check_cfg_scale
-from policylink.policies.finetune.advantage import ValueConfig, awr_weights, fit_value_model, two_hot
+from policylink.policies.finetune.advantage import ValueConfig, awr_weights, two_hot
 from policylink.policies.registry import make_config, make_policy
+from policylink.train.value import fit_value_model
 
 STATE = "observation.state"
 

@@ -25,8 +25,8 @@ from policylink.policies.corrector.monitor import (
     monitor_deviation,
     monitor_pairs,
     save_monitor,
-    train_monitor,
 )
+from policylink.train.monitor import train_monitor
 
 
 def test_conformal_quantile_exact_rank():

@@ -13,7 +13,7 @@ from policylink.data.stats import compute_stats
 from policylink.policies.critics import (
     ChunkCritic,
     CriticConfig,
-    IQLTrainer,
+    IQLLoss,
     chunk_td_target,
     critic_state,
     expectile_loss,
@@ -22,6 +22,7 @@ from policylink.policies.critics import (
 from policylink.policies.finetune.transitions import BufferError, build_transitions, check_buffer
 from policylink.policies.processing import normalizer_modes
 from policylink.policies.registry import build_model
+from policylink.train.critic import iql_optimization
 
 
 def test_expectile_loss_on_a_fixed_batch():
@@ -140,9 +141,10 @@ def test_polyak_after_8_updates_moves_the_target_1_minus_0995_pow_8():
             p.fill_(1.0)
         for p in critic.q_targets.parameters():
             p.fill_(0.0)
-    trainer = IQLTrainer(critic)
+    objective = IQLLoss(critic)
+    run = iql_optimization(objective)
     for _ in range(8):
-        trainer.update(_batch())
+        run.step(objective(_batch())[0])
     expected = 1.0 - 0.995**8
     for p in critic.q_targets.parameters():
         torch.testing.assert_close(p, torch.full_like(p, expected))
@@ -163,7 +165,8 @@ def test_no_gradient_reaches_the_frozen_encoder_or_the_target_heads(tmp_path, ki
     critic = ChunkCritic(CriticConfig(state_dim=cache.state.shape[1], action_dim=2, horizon=3, hidden_dim=16))
     before = [p.clone() for p in critic.q_targets.parameters()]
     online = [p.clone() for p in critic.q_heads.parameters()]
-    IQLTrainer(critic).update(cache.batch(np.arange(8)))
+    objective = IQLLoss(critic)
+    iql_optimization(objective).step(objective(cache.batch(np.arange(8)))[0])
     assert all(p.grad is None for p in model.parameters())
     assert all(p.grad is None and not p.requires_grad for p in critic.q_targets.parameters())
     assert any(p.grad is not None for p in critic.q_heads.parameters())
