@@ -124,7 +124,11 @@ def test_act_checkpoint_round_trip_and_capabilities(kit, tmp_path, normalizer):
     expected = policy.predict_action_chunk()
     assert expected.shape == (3, 8, 2) and np.abs(expected).max() > 0
     np.testing.assert_array_equal(loaded.predict_action_chunk(), expected)
-    np.testing.assert_array_equal(loaded.predict_action_chunk([2, 0]), expected[[2, 0]])
+    # rows 2, 0 alone: a batch of 2, not 3, so other GEMM/conv blockings; float32 rounding may differ by a few
+    # ulp (4.8e-7 with MKL's and oneDNN's AVX2 kernels); actions span [2, 6] x [-1, 1], and another row differs
+    # by far more than the tolerance (checked next)
+    np.testing.assert_allclose(loaded.predict_action_chunk([2, 0]), expected[[2, 0]], rtol=1e-5, atol=1e-5)
+    assert np.abs(expected[2] - expected[0]).max() > 1e-2
     assert loaded.embed().shape == (3, loaded.latent_dim) == (3, 3 + 16)  # state (3) + 8 keypoints x 2
     np.testing.assert_array_equal(policy.embed(None, [1]), loaded.embed(None, [1]))
     with pytest.raises(ValueError, match="expected policy type 'flow', received 'act'"):
