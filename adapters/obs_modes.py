@@ -43,10 +43,13 @@ def check_obs_mode(obs_mode: str, supported: tuple[str, ...] = OBS_MODES, field:
     """Return ``obs_mode`` when it is one of ``supported``.
 
     Raises:
-        ValueError: it is not; the message names ``field``, the supported modes and the received value.
+        UnknownNameError: (a ValueError) it is not; the message names ``field``, the supported modes, the received
+            value and the closest mode (``did you mean 'state+image'?``).
     """
+    from policylink.adapters.registry import UnknownNameError, unknown_name_message
+
     if obs_mode not in supported:
-        raise ValueError(f"{field}: expected one of {', '.join(supported)}, received {obs_mode!r}")
+        raise UnknownNameError(unknown_name_message(field, obs_mode, supported))
     return obs_mode
 
 

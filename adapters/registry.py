@@ -8,7 +8,8 @@ with :func:`register_env` / :func:`register_policy`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -18,11 +19,45 @@ POLICY_GROUP = "policylink.policies"
 _registries: dict[str, dict[str, Callable[..., Any]]] = {ENV_GROUP: {}, POLICY_GROUP: {}}
 
 
-class UnknownNameError(KeyError):
-    """A registry name that is neither registered in code nor declared as an entry point."""
+class UnknownNameError(KeyError, ValueError):
+    """A name outside its closed set: a registry name that is neither registered in code nor declared as an entry
+    point, or another unknown choice. The message names the field, the choices and the closest one
+    (:func:`unknown_name_message`); the CLI prints it as its one line. Also a ValueError (a bad value)."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+def closest_name(name: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to ``name`` when one is close enough to be a typo of it (``difflib`` ratio >= 0.6:
+    ``pushh`` -> ``push``, ``diffuson`` -> ``diffusion``), else None."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def unknown_name_message(field: str, value: Any, choices: Iterable[str], other: str = "") -> str:
+    """The one message for a value outside a closed set of names: ``"<field>: expected one of [...], received
+    'x'"``, plus ``"; did you mean 'y'?"`` when a choice is close (:func:`closest_name`). ``other`` names what else
+    the field accepts (``"a checkpoint folder"``: ``expected a checkpoint folder or one of [...]``)."""
+    choices = list(choices)
+    close = closest_name(value, choices) if isinstance(value, str) else None
+    hint = f"; did you mean {close!r}?" if close is not None else ""
+    expected = f"{other} or one of" if other else "one of"
+    return f"{field}: expected {expected} {choices}, received {value!r}{hint}"
+
+
+def check_env_name(name: str, field: str = "env") -> None:
+    """Raise :class:`UnknownNameError` (:func:`unknown_name_message`, naming ``field``) when no environment is
+    registered or declared as ``name``. Nothing is imported, so a command checks its names before any work."""
+    if name not in available_envs():
+        raise UnknownNameError(unknown_name_message(field, name, available_envs()))
+
+
+def check_policy_name(name: str, field: str = "policy") -> None:
+    """Raise :class:`UnknownNameError` naming ``field`` when no policy is registered or declared as ``name``
+    (nothing is imported)."""
+    if name not in available_policies():
+        raise UnknownNameError(unknown_name_message(field, name, available_policies()))
 
 
 def register_env(name: str, factory: Callable[..., Any], overwrite: bool = False) -> None:
@@ -106,7 +141,9 @@ def _lookup(group: str, name: str) -> Callable[..., Any]:
         reg[name] = eps[name].load()
         return reg[name]
     kind = "environment" if group == ENV_GROUP else "policy"
-    raise UnknownNameError(f"{kind} {name!r}: unknown; available: {_names(group)}")
+    close = closest_name(name, _names(group))
+    hint = f"; did you mean {close!r}?" if close is not None else ""
+    raise UnknownNameError(f"{kind} {name!r}: unknown; available: {_names(group)}{hint}")
 
 
 def _names(group: str) -> list[str]:

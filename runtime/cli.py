@@ -9,8 +9,10 @@ such as ``--policy.chunk_size 16`` or ``--envs push,reach`` win over it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
+import io
 import json
 import os
 import sys
@@ -20,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from policylink.adapters.registry import UnknownNameError, closest_name, unknown_name_message
 from policylink.runtime.extras import report_missing_extra
 
 T = TypeVar("T")
@@ -109,7 +112,7 @@ def _main(argv: Sequence[str] | None) -> int:
             return 2
         if not is_user_error(e) or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
-        if isinstance(e, ConfigError):  # a usage mistake: the one line says all there is
+        if isinstance(e, (ConfigError, UnknownNameError)):  # a usage mistake: the one line says all there is
             print(f"policylink {name}: error: {e}", file=sys.stderr)
             return 2
         print(f"policylink {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
@@ -152,8 +155,6 @@ def split_subcommand(
         ``(name, rest)``; or 0 after printing the list for no argument / ``--help``; or 2 after one stderr line
         for an unknown subcommand (naming the closest one when one is close).
     """
-    import difflib
-
     argv = list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         width = max(len(n) for n in table) + 4
@@ -163,8 +164,8 @@ def split_subcommand(
         print(f"\nRun '{prog} <subcommand> --help' for its options.")
         return 0
     if argv[0] not in table:
-        close = difflib.get_close_matches(argv[0], list(table), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of {', '.join(table)}"
+        close = closest_name(argv[0], table)
+        hint = f"; did you mean {close!r}?" if close else f"; expected one of {', '.join(table)}"
         print(f"{prog}: unknown subcommand {argv[0]!r}{hint}", file=sys.stderr)
         return 2
     return argv[0], argv[1:]
@@ -220,14 +221,46 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
         check_yaml_file(config_path)
     args = normalise_flags(cls, args)
     check_flags(cls, args)
+    check_choice_types(cls, args, config_path)
     if prog is not None:
         sys.argv[0] = prog
     check_mapping_values(cls, args)
+    errors = io.StringIO()
     try:
-        return draccus.parse(cls, config_path=config_path, args=args)
+        with contextlib.redirect_stderr(errors):  # argparse's usage + error, turned into one line below
+            parsed = draccus.parse(cls, config_path=config_path, args=args)
     except draccus.utils.DraccusException as e:
         own = _own_validation_error(e)
         raise ConfigError(str(own) if own is not None else f"invalid {cls.__name__}: {e}") from e
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        raise ConfigError(_argparse_error(errors.getvalue()) or f"invalid {cls.__name__} (exit {e.code})") from None
+    sys.stderr.write(errors.getvalue())  # anything else draccus said (warnings)
+    return parsed
+
+
+def check_choice_types(cls: type, args: Sequence[str], config_path: str | None) -> None:
+    """Raise :class:`ConfigError` when a choice field of dataclass ``cls`` (``policy``) is given a type name that is
+    not registered, by ``--policy.type NAME`` in ``args`` or ``policy: {type: NAME}`` in the YAML file
+    ``config_path``: one line naming the field, the value, the registered types and the closest one
+    (``policy.type: expected one of ['act', 'diffusion', ...], received 'diffuson'; did you mean 'diffusion'?``)."""
+    import draccus
+
+    from policylink.runtime.cli_help import chosen_types
+
+    for name, type_name in chosen_types(args, config_path).items():
+        kind = _field_type(cls, name)
+        if isinstance(kind, type) and issubclass(kind, draccus.ChoiceRegistry):
+            choices = sorted(kind.get_known_choices())
+            if type_name not in choices:
+                raise ConfigError(unknown_name_message(f"{name}.type", type_name, choices))
+
+
+def _argparse_error(stderr: str) -> str | None:
+    """The message of argparse's last ``<prog>: error: <message>`` line in ``stderr`` (its usage dropped)."""
+    lines = [line.split(": error: ", 1)[1] for line in stderr.splitlines() if ": error: " in line]
+    return lines[-1] if lines else None
 
 
 def check_mapping_values(cls: type, args: Sequence[str]) -> None:
@@ -314,8 +347,6 @@ def check_yaml_file(path: str) -> None:
 def check_flags(cls: type, argv: Sequence[str]) -> None:
     """Raise :class:`ConfigError` for the first ``--flag`` in ``argv`` (as :func:`normalise_flags` writes them)
     that is no option of dataclass ``cls``, naming the closest valid flag when one is close (``difflib``)."""
-    import difflib
-
     valid = set(flag_paths(cls))
     for a in argv:
         if not a.startswith("--") or len(a) == 2:
@@ -323,8 +354,8 @@ def check_flags(cls: type, argv: Sequence[str]) -> None:
         key = a[2:].partition("=")[0]
         if key in valid:
             continue
-        close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
-        hint = f"; did you mean --{close[0]}?" if close else f"; see --help for the {len(valid)} options"
+        close = closest_name(key, sorted(valid))
+        hint = f"; did you mean --{close}?" if close else f"; see --help for the {len(valid)} options"
         raise ConfigError(f"unknown flag --{key}{hint}")
 
 

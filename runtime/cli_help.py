@@ -85,7 +85,6 @@ def help_instance(cls: type, args: Sequence[str], config_path: str | None) -> An
     that type's options (``policylink train --config vla.yaml --help``). Unreadable files and unknown names keep
     the default type (the run itself reports them)."""
     import draccus
-    import yaml
 
     rest = [a for a in args if a not in ("-h", "--help")]
     if config_path:  # the values the run would use (file + flags), when they parse
@@ -97,6 +96,23 @@ def help_instance(cls: type, args: Sequence[str], config_path: str | None) -> An
     instance = _default_instance(cls)
     if instance is None:
         return None
+    hints = typing.get_type_hints(cls)
+    for name, type_name in chosen_types(args, config_path).items():
+        kind = _unwrap(hints.get(name))
+        if isinstance(kind, type) and issubclass(kind, draccus.ChoiceRegistry):
+            try:
+                instance = dataclasses.replace(instance, **{name: kind.get_choice_class(type_name)()})
+            except (ValueError, KeyError, TypeError):
+                pass
+    return instance
+
+
+def chosen_types(args: Sequence[str], config_path: str | None) -> dict[str, str]:
+    """The type names chosen for top-level fields: ``FIELD: {type: NAME}`` in the YAML file ``config_path``, then
+    ``--FIELD.type NAME`` / ``--FIELD.type=NAME`` in ``args`` (a flag wins over the file). A file that cannot be
+    read or parsed chooses nothing (reading it is reported elsewhere)."""
+    import yaml
+
     chosen: dict[str, str] = {}
     try:
         data = yaml.safe_load(Path(config_path).read_text()) if config_path else None
@@ -109,15 +125,7 @@ def help_instance(cls: type, args: Sequence[str], config_path: str | None) -> An
         key, eq, value = a[2:].partition("=")
         if a.startswith("--") and key.endswith(".type") and (eq or i + 1 < len(args)):
             chosen[key[: -len(".type")]] = value if eq else args[i + 1]
-    hints = typing.get_type_hints(cls)
-    for name, type_name in chosen.items():
-        kind = _unwrap(hints.get(name))
-        if isinstance(kind, type) and issubclass(kind, draccus.ChoiceRegistry):
-            try:
-                instance = dataclasses.replace(instance, **{name: kind.get_choice_class(type_name)()})
-            except (ValueError, KeyError, TypeError):
-                pass
-    return instance
+    return chosen
 
 
 def _default_instance(cls: type) -> Any:

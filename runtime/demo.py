@@ -93,13 +93,21 @@ def validate_demo(cfg: DemoConfig) -> None:
     minutes of recording).
 
     Raises:
+        UnknownNameError: (a ValueError) an unregistered env or an unknown policy type, checked first; the message
+            names the field, the names and the closest one.
         ValueError: ``demos`` and ``envs`` differ in length, a count < 1 (``demos``, ``eval_episodes``), a
-            negative ``steps``/``workers``/``videos``, an unregistered env, an unknown policy type, or a train
-            config template missing for some (policy, env); the message names the field, expected and received.
+            negative ``steps``/``workers``/``videos``, or a train config template missing for some (policy, env);
+            the message names the field, expected and received.
     """
-    from policylink.adapters.registry import available_envs
+    from policylink.adapters.registry import UnknownNameError, check_env_name, unknown_name_message
     from policylink.policies.registry import known_policy_types
 
+    for env in cfg.envs:  # names first: `--envs pushh` is a typo, not a count mismatch
+        check_env_name(env, "envs")
+    types = sorted(known_policy_types())
+    for policy in cfg.policies:
+        if policy not in types:
+            raise UnknownNameError(unknown_name_message("policies", policy, types))
     if len(cfg.demos) != len(cfg.envs):
         raise ValueError(
             f"demos: expected one count per env ({len(cfg.envs)}: {cfg.envs}), received {len(cfg.demos)}: {cfg.demos}"
@@ -110,13 +118,6 @@ def validate_demo(cfg: DemoConfig) -> None:
     for name in ("steps", "workers", "videos"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{name}: expected >= 0, received {getattr(cfg, name)}")
-    unknown_envs = [e for e in cfg.envs if e not in available_envs()]
-    if unknown_envs:
-        raise ValueError(f"envs: expected registered envs ({', '.join(available_envs())}), received {unknown_envs}")
-    types = known_policy_types()
-    unknown = [p for p in cfg.policies if p not in types]
-    if unknown:
-        raise ValueError(f"policies: expected registered policy types {sorted(types)}, received {unknown}")
     missing = [
         CONFIG_DIR.name + "/" + cfg.train_config.format(policy=p, env=e)
         for p in cfg.policies

@@ -5,6 +5,7 @@ overlap the seeds that recorded a checkpoint's demonstrations.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -131,20 +132,59 @@ def warn_recorded_seed_overlap(refs: Sequence[Any], seed: int, episodes: int) ->
     return sorted(overlap)
 
 
-def require_checkpoints(pols: list[tuple[str, Any]], env_labels: list[str]) -> None:
-    """Raise FileNotFoundError (naming every missing folder) for checkpoint references that do not exist, so that
-    a missing checkpoint is reported as missing, not as an incompatible cell."""
-    missing = []
+def require_policy_refs(pols: list[tuple[str, Any]], env_labels: Sequence[str], field: str = "policies") -> None:
+    """Check policy references as :func:`~policylink.runtime.run.load_policy_ref` will resolve them, before anything
+    heavy (torch, a simulator) is imported, so a typo costs no waiting: a checkpoint folder (``{env}`` filled in for
+    each of ``env_labels``) or ``kind:folder`` must exist, a plain name must be registered; server addresses and
+    callables are not checked here.
+
+    Raises:
+        UnknownNameError: plain names (no ``/``, no such folder) that are no registered policy, or the ``kind`` of a
+            ``kind:folder`` reference that is none: one message naming ``field``, every unknown name, the registered
+            names and the closest one.
+        FileNotFoundError: every checkpoint folder that does not exist, in one message naming ``field``, so that a
+            missing checkpoint is reported as missing, not as an incompatible cell.
+    """
+    from policylink.adapters.registry import UnknownNameError, available_policies, unknown_name_message
+
+    names, missing, unknown = available_policies(), [], []
     for _, ref in pols:
-        folder = kind_ref(ref)[1] if kind_ref(ref) else ref
-        if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")) or "/" not in folder:
+        if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")):
             continue
-        missing += [p for p in dict.fromkeys(policy_ref_for(folder, e) for e in env_labels) if not Path(p).is_dir()]
+        for cell_ref in dict.fromkeys(policy_ref_for(ref, e) for e in env_labels or [""]):
+            typed = kind_ref(cell_ref)
+            folder = Path(typed[1] if typed else cell_ref).expanduser()
+            if typed is not None and typed[0] not in names:
+                unknown.append(typed[0])
+            elif folder.is_dir():
+                continue
+            elif typed or "/" in cell_ref or os.sep in cell_ref or folder.exists():
+                missing.append(str(folder) + (" (a file)" if folder.exists() else ""))
+            elif cell_ref not in names:
+                unknown.append(cell_ref)
+    if unknown:
+        other = "a checkpoint folder, a tcp:// address"
+        value = unknown[0] if len(unknown) == 1 else unknown
+        raise UnknownNameError(unknown_name_message(field, value, names, other=other))
     if missing:
-        typed = any(isinstance(ref, str) and kind_ref(ref) for _, ref in pols)
-        hint = (
-            "a LeRobot checkpoint is the pretrained_model folder LeRobot saves"
-            if typed
-            else "policylink train writes <output_dir>/checkpoints/last"
-        )
-        raise FileNotFoundError(f"policies: checkpoint folder not found: {', '.join(missing)} ({hint})")
+        raise FileNotFoundError(missing_checkpoints_message(field, missing, typed=any(kind_ref(r) for _, r in pols)))
+
+
+def require_checkpoint_folder(ref: str, field: str = "checkpoint") -> None:
+    """Raise FileNotFoundError naming ``field`` when checkpoint folder ``ref`` (or the folder of ``kind:folder``) is
+    not a folder; UnknownNameError when the ``kind`` is no registered policy. Imports nothing heavy."""
+    typed = kind_ref(ref)
+    if typed is not None:
+        require_policy_refs([(ref, ref)], [], field=field)
+    elif not Path(ref).expanduser().is_dir():
+        raise FileNotFoundError(missing_checkpoints_message(field, [ref], typed=False))
+
+
+def missing_checkpoints_message(field: str, folders: Sequence[str], typed: bool) -> str:
+    """``"<field>: checkpoint folder not found: a, b (<where checkpoints come from>)"``; ``typed``: LeRobot's hint."""
+    hint = (
+        "a LeRobot checkpoint is the pretrained_model folder LeRobot saves"
+        if typed
+        else "policylink train writes <output_dir>/checkpoints/last"
+    )
+    return f"{field}: checkpoint folder not found: {', '.join(folders)} ({hint})"

@@ -28,7 +28,7 @@ from policylink.runtime.eval_refs import (  # noqa: F401 - ENV_PLACEHOLDER re-ex
     labelled,
     policy_ref_for,
     reference_label,
-    require_checkpoints,
+    require_policy_refs,
     unique_labels,
     warn_recorded_seed_overlap,
 )
@@ -228,11 +228,16 @@ def _resolve(cfg: EvalConfig, policies: Sequence[Any], envs: Sequence[Any]) -> t
     """Labelled policies and env constructors of an evaluation; fills ``cfg.env_kwargs`` from the checkpoints
     when no ``obs_mode`` is given (the keys given in ``env_kwargs`` are kept), checks the checkpoints exist and
     warns on recorded-seed overlap."""
+    from policylink.adapters.registry import check_env_name
+
     pols = unique_labels("policies", [labelled(p) for p in policies])
     env_items = unique_labels("envs", [labelled(e) for e in envs])
+    for _, ref in env_items:  # names and folders first: a typo is reported before any heavy import
+        if isinstance(ref, str):
+            check_env_name(ref, "envs")
+    require_policy_refs(pols, [label for label, _ in env_items])
     if "obs_mode" not in cfg.env_kwargs:  # the checkpoints' obs_mode / image_size; keys the user set win
         cfg.env_kwargs = {**checkpoint_env_kwargs_of(pols, [label for label, _ in env_items]), **cfg.env_kwargs}
-    require_checkpoints(pols, [label for label, _ in env_items])
     warn_recorded_seed_overlap(
         [policy_ref_for(r, e) for _, r in pols if isinstance(r, str) for e, _ in env_items], cfg.seed, cfg.episodes
     )

@@ -119,11 +119,16 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
         progress: show a tqdm bar.
 
     Raises:
+        UnknownNameError: ``cfg.env`` is no registered environment (when ``env`` is None).
         ValueError: bad ``obs_mode``, ``expert``, ``episodes``, ``max_steps`` or ``seed``.
         StoreLockedError: the store is being written. RecordInterrupted: Ctrl-C (complete episodes are kept).
     """
     from tqdm import tqdm
 
+    from policylink.adapters.registry import check_env_name
+
+    if env is None:
+        check_env_name(cfg.env, "env")
     _validate(cfg)
     if env is None:
         from policylink.adapters.registry import make_env
@@ -304,10 +309,13 @@ def _dart_perturb(env: Any, noise: float, seed: int) -> Callable[[np.ndarray], n
 
 
 def _validate(cfg: RecordConfig) -> None:
-    """Raise ValueError naming the first bad field of ``cfg`` (expected vs received)."""
+    """Raise ValueError naming the first bad field of ``cfg`` (expected vs received; an unknown ``expert`` quality is
+    an UnknownNameError, a ValueError too, that names the closest one)."""
+    from policylink.adapters.registry import UnknownNameError, unknown_name_message
+
     check_obs_mode(cfg.obs_mode)
     if cfg.expert not in EXPERTS:
-        raise ValueError(f"expert: expected one of {', '.join(EXPERTS)}, received {cfg.expert!r}")
+        raise UnknownNameError(unknown_name_message("expert", cfg.expert, EXPERTS))
     if cfg.episodes < 1:
         raise ValueError(f"episodes: expected an int >= 1, received {cfg.episodes}")
     if not 0.0 <= cfg.dart_noise <= 1.0:

@@ -199,11 +199,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     Raises:
         ValueError: missing ``--policy``/``--env``, bad counts or executor settings.
         IncompatibleSpecError: the policy, env and executor do not fit (checked before any episode runs).
-        FileNotFoundError, UnknownNameError: the policy or env reference cannot be resolved.
+        FileNotFoundError, UnknownNameError: the policy or env reference cannot be resolved (checked first, before
+            torch or the simulator is imported).
     """
     from policylink.runtime.cli import parse_config
 
     cfg = parse_config(RunConfig, list(sys.argv[1:] if argv is None else argv), prog="policylink run")
+    from policylink.adapters.registry import check_env_name
+    from policylink.runtime.eval_refs import require_policy_refs
+
+    if cfg.env and not cfg.robot:  # names and folders first: a typo is reported before any heavy import
+        check_env_name(cfg.env, "env")
+    if cfg.policy:
+        require_policy_refs([(cfg.policy, cfg.policy)], [cfg.env], field="policy")
     if cfg.policy and cfg.robot:
         from policylink.runtime.deploy import run_on_robot
 

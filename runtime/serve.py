@@ -85,6 +85,7 @@ def main(argv: Sequence[str]) -> int:
     except (security.EndpointError, security.InsecureBindError, security.KeyFileError) as e:
         print(f"policylink serve: {e}", file=sys.stderr)
         return 2
+    _check_reference(cfg)
     policy = _load(cfg)
     try:
         server = PolicyServer(
@@ -134,6 +135,18 @@ def normalise_flags(argv: Sequence[str]) -> list[str]:
     from policylink.runtime.cli import normalise_flags as normalise
 
     return normalise(ServeConfig, argv)
+
+
+def _check_reference(cfg: ServeConfig) -> None:
+    """Before torch is imported: ``--checkpoint`` must be a folder (FileNotFoundError), ``--policy`` a registered
+    name (UnknownNameError naming the field, the names and the closest one)."""
+    from policylink.adapters.registry import check_policy_name
+    from policylink.runtime.eval_refs import require_checkpoint_folder
+
+    if cfg.checkpoint is not None:
+        require_checkpoint_folder(cfg.checkpoint, "checkpoint")
+    if cfg.policy is not None:
+        check_policy_name(cfg.policy, "policy")
 
 
 def _load(cfg: ServeConfig):

@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from policylink.adapters.obs_modes import OBS_MODES
-from policylink.adapters.registry import available_envs
+from policylink.adapters.obs_modes import check_obs_mode
+from policylink.adapters.registry import UnknownNameError, check_env_name, unknown_name_message
 from policylink.adapters.schema import ControlMode
 from policylink.policies.config import PolicyConfig
 from policylink.policies.registry import default_config
@@ -120,19 +120,16 @@ def validate_config(cfg: TrainConfig) -> None:
             ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), or a bad policy config.
         FileNotFoundError: ``dataset.path`` does not exist.
     """
-    from policylink.policies.checkpoint import resolve_device  # torch: imported when a run starts, not for --help
-    from policylink.runtime.losses import available_losses
-
-    cfg.policy.validate()
-    d = cfg.dataset
+    d = cfg.dataset  # paths and names first, before torch is imported (a typo costs no waiting)
     if not d.path:
         raise ValueError(f"dataset.path: expected an episode store path, received {d.path!r}")
     if not Path(d.path).exists():
         raise FileNotFoundError(
             f"dataset.path: expected an episode store (policylink record --out), {d.path!r} not found"
         )
-    if d.env and d.env not in available_envs():
-        raise ValueError(f"dataset.env: expected a registered env ({', '.join(available_envs())}), received {d.env!r}")
+    if d.env:
+        check_env_name(d.env, "dataset.env")
+    cfg.policy.validate()
     if not d.env and cfg.eval.every and cfg.eval.episodes:
         raise ValueError(
             f"dataset.env: evaluation rollouts (eval.every={cfg.eval.every}) need a registered env, received '' "
@@ -147,13 +144,9 @@ def validate_config(cfg: TrainConfig) -> None:
             f"wandb_project: {cfg.wandb_project!r} needs wandb (pip install wandb; wandb login), which is not "
             "installed; leave it empty for metrics.csv and TensorBoard only"
         )
-    if cfg.loss not in available_losses():
-        raise ValueError(f"loss: expected one of {available_losses()}, received {cfg.loss!r}")
-    if d.obs_mode not in OBS_MODES:
-        raise ValueError(f"dataset.obs_mode: expected one of {OBS_MODES}, received {d.obs_mode!r}")
+    check_obs_mode(d.obs_mode, field="dataset.obs_mode")
     if not 0.0 <= d.val_fraction < 1.0:
         raise ValueError(f"dataset.val_fraction: expected a value in [0, 1), received {d.val_fraction}")
-    resolve_device(cfg.device)  # raises ValueError naming ``device`` (unknown, or CUDA missing)
     positive = {
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
@@ -181,6 +174,12 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ValueError(f"lr: expected a learning rate > 0, received {cfg.lr}")
     if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
         raise ValueError(f"betas: expected two values in [0, 1), received {cfg.betas}")
+    from policylink.policies.checkpoint import resolve_device  # torch: imported when a run starts, not for --help
+    from policylink.runtime.losses import available_losses
+
+    if cfg.loss not in available_losses():
+        raise UnknownNameError(unknown_name_message("loss", cfg.loss, available_losses()))
+    resolve_device(cfg.device)  # raises ValueError naming ``device`` (unknown, or CUDA missing)
 
 
 def main(argv: list[str]) -> int:
@@ -189,6 +188,7 @@ def main(argv: list[str]) -> int:
     from policylink.runtime.cli import parse_config
 
     cfg = parse_config(TrainConfig, argv, prog="policylink train")
+    validate_config(cfg)  # its paths and names before the trainer's imports (train() checks again, cheaply)
     from policylink.runtime.train import train
 
     path = train(cfg)

@@ -19,6 +19,35 @@ def test_unknown_name_lists_what_exists():
         registry.make_policy("nope")
 
 
+def test_unknown_names_name_the_field_the_choices_and_the_closest():
+    choices = ["diffusion", "flow", "act"]
+    assert registry.closest_name("diffuson", choices) == "diffusion"
+    assert registry.closest_name("flwo", choices) == "flow"
+    assert registry.closest_name("gan", choices) is None  # nothing close: no guess
+    assert (
+        registry.unknown_name_message("policy.type", "diffuson", choices)
+        == "policy.type: expected one of ['diffusion', 'flow', 'act'], received 'diffuson'; did you mean 'diffusion'?"
+    )
+    assert (
+        registry.unknown_name_message("policy", "gan", choices, other="a checkpoint folder")
+        == "policy: expected a checkpoint folder or one of ['diffusion', 'flow', 'act'], received 'gan'"
+    )
+    registry.register_env("test-push", dict, overwrite=True)
+    registry.check_env_name("test-push")  # registered: nothing raised
+    with pytest.raises(
+        registry.UnknownNameError,
+        match=r"^envs: expected one of \[.*\], received 'test-pushh'; did you mean 'test-push'\?$",
+    ):
+        registry.check_env_name("test-pushh", "envs")
+    with pytest.raises(ValueError, match=r"did you mean 'test-push'\?$"):  # also a ValueError (a bad value)
+        registry.make_env("test-pusj")
+    registry.register_policy("test-policy", dict, overwrite=True)
+    with pytest.raises(
+        KeyError, match=r"^policy: expected one of \[.*'test-policy'.*\], received 'test-polcy'; did you mean"
+    ):
+        registry.check_policy_name("test-polcy")
+
+
 def test_entry_points_are_loaded_lazily(monkeypatch):
     class FakeEP:
         name = "ep-env"

@@ -265,3 +265,37 @@ def test_a_broken_pipe_other_than_stdout_stays_an_error(monkeypatch, capsys):
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     assert cli.main(["pipe"]) == 2
     assert "policylink pipe: error: BrokenPipeError: [Errno 32] Broken pipe" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "bad", "close"),
+    [
+        (["train", "--policy.type", "diffuson"], "policy.type", "diffuson", "diffusion"),
+        (["train", "--dataset.path", "{store}", "--dataset.env", "pushh"], "dataset.env", "pushh", "push"),
+        (["eval", "--policies", "diffuson", "--envs", "push"], "policies", "diffuson", "diffusion"),
+        (["eval", "--policies", "flow", "--envs", "push,reahc"], "envs", "reahc", "reach"),
+        (["run", "--policy", "flwo", "--env", "push"], "policy", "flwo", "flow"),
+        (["run", "--policy", "flow", "--env", "pushh"], "env", "pushh", "push"),
+        (["record", "--env", "pick_plase", "--out", "{store}"], "env", "pick_plase", "pick_place"),
+        (["record", "--env", "push", "--expert", "noisey", "--out", "{store}"], "expert", "noisey", "noisy"),
+        (["serve", "--policy", "diffuson"], "policy", "diffuson", "diffusion"),
+        (["demo", "--envs", "pushh,reach"], "envs", "pushh", "push"),
+        (["demo", "--policies", "diffusion,flwo"], "policies", "flwo", "flow"),
+    ],
+)
+def test_a_bad_name_is_one_line_naming_field_value_choices_and_the_closest(
+    tmp_path, monkeypatch, capsys, argv, field, bad, close
+):
+    """No usage dump, no traceback hint: one stderr line, exit code 2, before anything is written."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demos.zarr").mkdir()
+    argv = [a.replace("{store}", str(tmp_path / "demos.zarr")) for a in argv]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"policylink {argv[0]}: error: {field}: expected ")
+    assert f"'{close}'" in lines[0].split(", received ")[0]  # the valid choices are listed
+    assert lines[0].endswith(f"received '{bad}'; did you mean '{close}'?")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demos.zarr"]  # nothing recorded, trained or written

@@ -42,10 +42,15 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
             dict(envs=["pick_place"]),
             r"demos: expected one count per env \(1: \['pick_place'\]\), received 2: \[200, 100\]",
         ),
-        (dict(envs=["moon", "push"]), r"envs: expected registered envs .*received \['moon'\]"),
+        (dict(envs=["moon", "push"]), r"^envs: expected one of \[.*'push'.*\], received 'moon'$"),
+        (dict(envs=["pushh"]), r"^envs: expected one of \[.*'push'.*\], received 'pushh'; did you mean 'push'\?$"),
         (
             dict(policies=["gan"]),
-            r"policies: expected registered policy types \[.*'diffusion', 'flow'.*\], received \['gan'\]",
+            r"^policies: expected one of \[.*'diffusion', 'flow'.*\], received 'gan'$",
+        ),
+        (
+            dict(policies=["diffusion", "flwo"]),
+            r"^policies: expected one of \[.*'diffusion', 'flow'.*\], received 'flwo'; did you mean 'flow'\?$",
         ),
         (dict(eval_episodes=0), r"demos, eval_episodes: expected counts >= 1, received \[200, 100\], 0"),
     ],

@@ -9,7 +9,7 @@ import pytest
 
 from policylink.adapters.env import EnvAdapter
 from policylink.adapters.policy import HistoryPolicy
-from policylink.adapters.registry import register_env, register_policy
+from policylink.adapters.registry import UnknownNameError, register_env, register_policy
 from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, IncompatibleSpecError, PolicySpec
 from policylink.runtime import evaluate as ev
 from policylink.runtime.executors import ExecutorConfig, LatencyConfig
@@ -266,9 +266,15 @@ def test_env_placeholder_picks_one_policy_per_env(tmp_path):
     register_env("line_b", Line, overwrite=True)
     register_policy("greedy_line_a", Greedy, overwrite=True)
     register_policy("still_line_b", Still, overwrite=True)
-    with pytest.raises(IncompatibleSpecError) as err:  # every missing per-env policy, in one error
+    with pytest.raises(UnknownNameError) as err:  # every missing per-env policy, in one error, before any load
+        ev.evaluate(
+            ["greedy_{env}", "x=nope_{env}"], ["line_a", "line_b"], episodes=2, workers=0, progress=False, out=tmp_path
+        )
+    assert str(err.value).startswith("policies: expected a checkpoint folder, a tcp:// address or one of [")
+    assert str(err.value).endswith("], received ['greedy_line_b', 'nope_line_a', 'nope_line_b']")
+    with pytest.raises(UnknownNameError) as err:  # one unknown name: the closest registered one
         ev.evaluate(["greedy_{env}"], ["line_a", "line_b"], episodes=2, workers=0, progress=False, out=tmp_path)
-    assert "greedy x line_b: cannot load policy 'greedy_line_b'" in str(err.value)
+    assert str(err.value).endswith("received 'greedy_line_b'; did you mean 'greedy_line_a'?")
     register_policy("greedy_line_b", Greedy, overwrite=True)
     rows = ev.evaluate(
         ["greedy_{env}"],

@@ -152,12 +152,23 @@ def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
         ("--episodes", "0", "episodes: expected an int >= 1, received 0"),
         ("--max_steps", "0", "max_steps: expected an int >= 1 (or omit it for the env's limit), received 0"),
         ("--max-steps", "-1", "max_steps: expected an int >= 1 (or omit it for the env's limit), received -1"),
-        ("--expert", "great", "expert: expected one of expert, noisy, poor, received 'great'"),
+        ("--expert", "great", "expert: expected one of ['expert', 'noisy', 'poor'], received 'great'"),
+        (
+            "--expert",
+            "expertt",
+            "expert: expected one of ['expert', 'noisy', 'poor'], received 'expertt'; did you mean 'expert'?",
+        ),
         (
             "--obs-mode",
             "depth",
-            "obs_mode: expected one of state, image, state+image, image+proprio, pointmap+proprio, "
-            "image+pointmap+proprio, received 'depth'",
+            "obs_mode: expected one of ['state', 'image', 'state+image', 'image+proprio', 'pointmap+proprio', "
+            "'image+pointmap+proprio'], received 'depth'",
+        ),
+        (
+            "--obs-mode",
+            "state_image",
+            "obs_mode: expected one of ['state', 'image', 'state+image', 'image+proprio', 'pointmap+proprio', "
+            "'image+pointmap+proprio'], received 'state_image'; did you mean 'state+image'?",
         ),
         ("--dart_noise", "1.5", "dart_noise: expected a value in [0, 1], received 1.5"),
         (
@@ -175,6 +186,15 @@ def test_cli_rejects_bad_values(tmp_path, point_env, flag, value, message):
         record_cli.main(["--env", "point_test", "--out", str(out), flag, value])
     assert str(e.value) == message
     assert not out.exists()  # nothing created
+
+
+def test_cli_names_the_closest_env_before_any_work(tmp_path, point_env):
+    out = tmp_path / "x.zarr"
+    with pytest.raises(registry.UnknownNameError) as e:
+        record_cli.main(["--env", "point_tset", "--out", str(out)])
+    expected = f"env: expected one of {registry.available_envs()}, received 'point_tset'; did you mean 'point_test'?"
+    assert str(e.value) == expected
+    assert not out.exists()
 
 
 def test_record_episode_rejects_zero_max_steps(tmp_path):
