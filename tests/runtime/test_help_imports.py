@@ -49,3 +49,25 @@ def test_old_import_paths_still_name_the_same_classes():
     assert encoders.EncoderConfig is encoder_config.EncoderConfig
     assert unet1d.UNetConfig is unet_config.UNetConfig
     assert unet1d.UNetPolicyConfig is unet_config.UNetPolicyConfig
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--policy", "no/such/checkpoints/last", "--env", "reach"],
+        ["eval", "--policies", "no/such/{env}/checkpoints/last", "--envs", "reach,push"],
+        ["serve", "--checkpoint", "no/such/checkpoints/last"],
+        ["train", "--dataset.path", "no/such.zarr", "--policy.type", "flow"],
+    ],
+)
+def test_a_missing_path_is_reported_before_torch_or_mujoco_is_imported(argv):
+    """A missing checkpoint or dataset is one error in a fraction of a second, not after seconds of imports."""
+    body = (
+        "import io, contextlib\n"
+        "from policylink.runtime.cli import main\n"
+        "err = io.StringIO()\n"
+        f"with contextlib.redirect_stderr(err):\n    code = main({argv!r})\n"
+        "assert code == 2, code\n"
+        "assert 'not found' in err.getvalue() and 'no/such' in err.getvalue(), err.getvalue()"
+    )
+    assert _imported(body) == "[]"
