@@ -132,7 +132,10 @@ class RecorderSubscriber(EpisodeSubscriber):
         recorder: the recorder (the caller opens and closes it).
         meta: template of each episode's :class:`~policylink.data.episode_meta.EpisodeMeta` (task, source, quality);
             its ``seed`` is replaced by the episode's reset seed and ``success`` by the episode's success (True
-            when ``info["is_success"]`` was True at the reset or at any step).
+            when ``info["is_success"]`` was True at the reset or at any step). Default: source ``policy``, as
+            :func:`rollout`'s own ``source`` (the loop runs an executor over a policy; a scripted source passes
+            its own meta, e.g. ``expert``), so a recorder built without one (``run --robot --record``'s
+            deployment recorder) does not tag its episodes ``unknown``.
 
     Attributes:
         committed: ``{episode index: (store index, success, n_steps)}`` of the episodes written.
@@ -142,7 +145,7 @@ class RecorderSubscriber(EpisodeSubscriber):
         from policylink.data.episode_meta import EpisodeMeta
 
         self.recorder = recorder
-        self.meta = meta if meta is not None else EpisodeMeta()
+        self.meta = meta if meta is not None else EpisodeMeta(source="policy")
         self.committed: dict[int, tuple[int, bool, int]] = {}
         self._reset_success: dict[int, bool] = {}
 

@@ -115,6 +115,18 @@ def test_rollout_records_episodes(tmp_path):
     np.testing.assert_array_equal(first[STATE][:, 1], [0, 1, 2])  # o_t that each action answered
 
 
+def test_a_recorder_without_meta_tags_its_episodes_policy_as_run_robot_records_them(tmp_path):
+    """``run --robot --record`` opens its DeployRecorder without a meta; its episodes were tagged ``unknown``."""
+    from policylink.runtime.deploy import DeployRecorder
+
+    for i, subscriber in enumerate((ro.RecorderSubscriber, DeployRecorder)):
+        rec = EpisodeRecorder(tmp_path / f"store{i}.zarr", env_spec=Countdown.env_spec)
+        _run(2, num_envs=1, subscribers=[subscriber(rec)])
+        rec.close()
+        metas = EpisodeStore(tmp_path / f"store{i}.zarr", "r").all_meta()
+        assert [(m.seed, m.source) for m in metas] == [(0, "policy"), (1, "policy")]
+
+
 class Log(ro.EpisodeSubscriber):
     """Logs every hook call as a tuple."""
 
