@@ -83,24 +83,32 @@ CAPTION_MIN_WIDTH = 64
 
 
 def caption_frames(
-    frames: Sequence[np.ndarray], texts: Sequence[str], colour: tuple[int, int, int] = (40, 40, 40)
+    frames: Sequence[np.ndarray],
+    texts: Sequence[str],
+    colour: tuple[int, int, int] | Sequence[tuple[int, int, int]] = (40, 40, 40),
 ) -> list[np.ndarray]:
     """Burn one line of text per frame into a caption strip added below it (the frame's pixels are untouched).
 
     Args:
         frames: ``T`` uint8 RGB frames ``(H, W, 3)`` of one shape.
         texts: ``T`` captions (ASCII; OpenCV's Hershey font), white on the strip.
-        colour: RGB of the strip (e.g. green for a success, red for a failure).
+        colour: RGB of the strip, one for every frame or ``T`` of them (e.g. grey while an episode runs, then green
+            for a success or red for a failure on its last frame).
 
     Returns:
         ``T`` uint8 frames ``(H + h, W, 3)`` with a strip of height ``h = max(12, round(0.09 W))`` px, or the frames
         unchanged when ``W`` < :data:`CAPTION_MIN_WIDTH`.
 
     Raises:
-        ValueError: ``len(texts) != len(frames)``.
+        ValueError: ``len(texts) != len(frames)``, or ``T`` colours of another count or not RGB triples.
     """
     if len(texts) != len(frames):
         raise ValueError(f"texts: expected one caption per frame ({len(frames)}), received {len(texts)}")
+    colours = np.asarray(colour, dtype=np.int64)
+    if colours.ndim == 1:
+        colours = np.broadcast_to(colours, (len(frames), colours.shape[0]))
+    if colours.shape != (len(frames), 3):
+        raise ValueError(f"colour: expected one RGB triple or {len(frames)} of them, received shape {colours.shape}")
     if not len(frames) or frames[0].shape[1] < CAPTION_MIN_WIDTH:
         return [np.asarray(f, np.uint8) for f in frames]
     import cv2
@@ -111,9 +119,9 @@ def caption_frames(
     widest = max(cv2.getTextSize(t, font, 1.0, 1)[0][0] for t in texts) or 1
     scale = min(h / 32.0, (w - 6) / widest)  # the longest caption fits the width
     out = []
-    for frame, text in zip(frames, texts):
+    for frame, text, rgb in zip(frames, texts, colours):
         strip = np.empty((h, w, 3), np.uint8)
-        strip[:] = colour
+        strip[:] = rgb
         cv2.putText(strip, text, (3, int(h * 0.72)), font, scale, (255, 255, 255), 1, cv2.LINE_AA)
         out.append(np.concatenate([np.asarray(frame, np.uint8), strip], axis=0))
     return out

@@ -172,11 +172,17 @@ class RecorderSubscriber(EpisodeSubscriber):
         self.recorder.abort_episode(slot=slot)
 
 
+RUNNING_COLOUR, SUCCESS_COLOUR, FAILURE_COLOUR = (60, 60, 60), (40, 160, 60), (200, 50, 40)
+"""RGB of a video caption strip: grey while the episode runs, then green (success) or red (failure) on its last
+frame."""
+
+
 class VideoSubscriber(EpisodeSubscriber):
     """Films the planned episodes ``episodes``: the reset frame, one frame per step, and the terminal state (the
     env must render ``rgb_array``; the terminal frame comes from :class:`EpisodePlan`'s ``final_info``). With
     ``video_dir`` each film is written to ``video_dir/episode_NNNN.mp4`` at ``fps`` Hz when its episode ends,
-    captioned with its episode, seed, step and outcome (:func:`policylink.data.video.caption_frames`);
+    captioned with its episode, seed and step, ``running`` on a grey strip until its last frame, which shows the
+    outcome (``success`` green, ``failure`` red; :func:`policylink.data.video.caption_frames`);
     otherwise the raw frames go to :attr:`EpisodeResult.frames`.
 
     Args:
@@ -246,14 +252,16 @@ class VideoSubscriber(EpisodeSubscriber):
         from policylink.data.video import caption_frames
         from policylink.runtime.report import write_video
 
+        last = len(frames) - 1  # the outcome is known on the terminal frame only: "running" before it
         outcome = "success" if result.success else "failure"
         texts = [
-            f"ep {result.index} | seed {result.seed} | step {min(t, result.n_steps)}/{result.n_steps} | {outcome}"
+            f"ep {result.index} | seed {result.seed} | step {min(t, result.n_steps)}/{result.n_steps} | "
+            + (outcome if t == last else "running")
             for t in range(len(frames))
         ]
         path = self.video_dir / f"episode_{result.index:04d}.mp4"
-        colour = (40, 160, 60) if result.success else (200, 50, 40)
-        self.paths[result.index] = write_video(path, caption_frames(frames, texts, colour), fps=float(self.fps))
+        colours = [RUNNING_COLOUR] * last + [SUCCESS_COLOUR if result.success else FAILURE_COLOUR]
+        self.paths[result.index] = write_video(path, caption_frames(frames, texts, colours), fps=float(self.fps))
 
     def on_abort(self, slot) -> None:
         """Drop the unfinished film."""

@@ -41,3 +41,17 @@ def test_encode_rejects_bad_frames(tmp_path):
         encode_video(np.zeros((2, 4, 4, 3), np.float32), tmp_path / "x.mp4", fps=10)
     with pytest.raises(ValueError, match="even"):
         encode_video(np.zeros((2, 5, 4, 3), np.uint8), tmp_path / "x.mp4", fps=10)
+
+
+def test_caption_strips_take_one_colour_or_one_per_frame():
+    from policylink.data.video import caption_frames
+
+    frames = [np.zeros((8, 64, 3), np.uint8)] * 3
+    one = caption_frames(frames, ["a", "b", "c"], (10, 20, 30))
+    per_frame = caption_frames(frames, ["a", "b", "c"], [(60, 60, 60), (60, 60, 60), (200, 50, 40)])
+    h = max(12, round(0.09 * 64))
+    assert [f.shape for f in per_frame] == [(8 + h, 64, 3)] * 3
+    assert [tuple(f[-1, -1]) for f in one] == [(10, 20, 30)] * 3  # a corner pixel of each strip: no text there
+    assert [tuple(f[-1, -1]) for f in per_frame] == [(60, 60, 60), (60, 60, 60), (200, 50, 40)]
+    with pytest.raises(ValueError, match=r"^colour: expected one RGB triple or 3 of them, received shape \(2, 3\)$"):
+        caption_frames(frames, ["a", "b", "c"], [(0, 0, 0), (1, 1, 1)])

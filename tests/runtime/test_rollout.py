@@ -178,13 +178,22 @@ def test_video_subscriber_writes_each_filmed_episode(tmp_path):
     assert np.abs(frames[:, 4, 4, 1].astype(int) - np.arange(6)).max() <= 3  # green = t, lossy codec
 
 
-def test_video_keeps_a_failure_and_captions_each_frame(tmp_path):
+def test_video_keeps_a_failure_and_captions_each_frame(tmp_path, monkeypatch):
+    from policylink.data import video as video_module
     from policylink.data.video import decode_video
 
     class Wide(Countdown):  # 96 px wide: captioned (Countdown's 8 px frames are too small for text)
         def render(self):
             return np.repeat(np.repeat(super().render(), 12, axis=0), 12, axis=1)
 
+    captions = {}
+    burn = video_module.caption_frames
+
+    def spy(frames, texts, colour):
+        captions[texts[0].split(" |")[0]] = list(texts)
+        return burn(frames, texts, colour)
+
+    monkeypatch.setattr(video_module, "caption_frames", spy)
     video = ro.VideoSubscriber([0], tmp_path / "videos", fps=10, failures=1)
     vec = ro.make_vector_env(Wide, ro.plan_episodes(5, 0, 2), max_episode_steps=50)
     try:
@@ -197,8 +206,14 @@ def test_video_keeps_a_failure_and_captions_each_frame(tmp_path):
     assert frames.shape == (results[1].n_steps + 1, 96 + 12, 96, 3) == (5, 108, 96, 3)  # + a 12 px caption strip
     assert np.abs(frames[:, 48, 48, 1].astype(int) - np.arange(5)).max() <= 3  # the frame itself is untouched
     strip = frames[:, 96:].astype(int)
-    assert (np.abs(strip[:, -2, 1] - [200, 50, 40]).max(axis=1) <= 30).all()  # red strip (200, 50, 40): a failure
+    # the outcome only on the terminal frame: grey (60, 60, 60) "running" strips, then red (200, 50, 40), a failure
+    assert (np.abs(strip[:-1, -2, 1] - [60, 60, 60]).max(axis=1) <= 30).all()
+    assert np.abs(strip[-1, -2, 1] - [200, 50, 40]).max() <= 30
     assert (strip.max(axis=(1, 2, 3)) >= 200).all()  # white caption text on every frame
+    assert captions["ep 1"] == [f"ep 1 | seed 1 | step {t}/4 | running" for t in range(4)] + [
+        "ep 1 | seed 1 | step 4/4 | failure"
+    ]
+    assert captions["ep 0"][-2:] == ["ep 0 | seed 0 | step 2/3 | running", "ep 0 | seed 0 | step 3/3 | success"]
     assert ro.VideoSubscriber([0], tmp_path, fps=10).failures == 0
     with pytest.raises(ValueError, match="^failures: expected an int >= 0, received -1$"):
         ro.VideoSubscriber([0], tmp_path, fps=10, failures=-1)
