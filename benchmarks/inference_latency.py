@@ -33,8 +33,7 @@ from policylink.data.normalize import Normalizer
 from policylink.policies.common import conv_paths
 from policylink.policies.common.encoders import EncoderConfig
 from policylink.policies.common.unet1d import GemmConv1d, UNetConfig
-from policylink.policies.policy import make_chunk_policy
-from policylink.policies.registry import make_config
+from policylink.policies.registry import make_config, make_policy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "inference_latency.md"
 STATE, ENV_STATE, IMAGE = "observation.state", "observation.environment_state", "observation.images.front"
@@ -162,7 +161,7 @@ def _ours(kind: str, variant: str, down: list[int]):
     modes = {k: ("identity" if f.is_image else "min_max") for k, f in feats.items()} | {"action": "min_max"}
     if variant == "image":
         stats[IMAGE] = {"mean": np.zeros((3, 1, 1))}
-    policy = make_chunk_policy(kind, spec=spec, normalizer=Normalizer(stats, modes), config=cfg, device="cpu")
+    policy = make_policy(kind, spec=spec, normalizer=Normalizer(stats, modes), config=cfg, device="cpu")
 
     def make_input(b: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(0)

@@ -11,8 +11,8 @@ from typing import Any
 
 
 def load_policy(path: Any, device: Any = "auto", seed: int = 0, cfg_scale: float | None = None):
-    """Load a checkpoint folder as a PolicyAdapter (see :func:`policylink.policies.checkpoint.load_policy`)."""
-    from policylink.policies.checkpoint import load_policy as _load
+    """Load a checkpoint folder as a PolicyAdapter (see :func:`policylink.policies.registry.load_policy`)."""
+    from policylink.policies.registry import load_policy as _load  # torch: only when called
 
     return _load(path, device=device, seed=seed, cfg_scale=cfg_scale)
 

@@ -27,9 +27,8 @@ import yaml
 from policylink.adapters.obs_modes import obs_mode_env_kwargs
 from policylink.adapters.schema import PolicySpec
 from policylink.data.normalize import Normalizer
-from policylink.policies.config import PolicyConfig
+from policylink.policies.config import PolicyConfig, build_model
 from policylink.policies.model import ChunkModel
-from policylink.policies.registry import build_model
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.safetensors"
@@ -131,8 +130,8 @@ def save_checkpoint(
 def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkModel, Normalizer]:
     """Read config, spec, model (weights loaded, on CPU, eval mode) and normaliser from a checkpoint folder.
 
-    The config's ``type`` selects the registered policy type (:mod:`policylink.policies.registry`), which builds
-    the model.
+    The config's ``type`` selects the registered policy type (:func:`policylink.policies.config.build_model`), which
+    builds the model; :func:`policylink.policies.registry.load_policy` wraps the parts in a PolicyAdapter.
 
     Raises:
         CheckpointError: a required file is missing, or the weights do not fit the config.
@@ -160,33 +159,6 @@ def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkMo
         raise CheckpointError(f"checkpoint {str(path)!r}: {MODEL_FILE} does not fit {CONFIG_FILE}: {e}") from e
     normalizer = Normalizer.from_state_dict(load_file(str(path / NORMALIZER_FILE)))
     return cfg, spec, model.eval(), normalizer
-
-
-def load_policy(path: str | Path, device: str | torch.device = "auto", seed: int = 0, cfg_scale: float | None = None):
-    """Load a checkpoint folder as a ready :class:`~policylink.policies.policy.ChunkPolicy` (a PolicyAdapter with
-    the capabilities its sampler supports, :func:`~policylink.policies.policy.policy_for_model`).
-
-    Args:
-        path: the checkpoint folder (needs nothing else: config, weights, normaliser and spec are inside).
-        device: ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda:0"``...
-        seed: seed of the sampler's noise.
-        cfg_scale: classifier-free guidance weight replacing the checkpoint's ``policy.cfg_scale`` (None = keep it).
-
-    Raises:
-        CheckpointError: missing or inconsistent files.
-        ValueError: a bad ``cfg_scale`` (see :meth:`~policylink.policies.policy.ChunkPolicy.set_cfg_scale`).
-    """
-    from policylink.policies.policy import policy_for_model
-
-    _, spec, model, normalizer = load_components(path)
-    policy = policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
-    if cfg_scale is not None and hasattr(policy, "set_cfg_scale"):
-        policy.set_cfg_scale(cfg_scale)
-    elif cfg_scale is not None:  # a model with its own adapter (ACT) has no label slot: only w = 1 is valid
-        from policylink.policies.config import check_cfg_scale
-
-        check_cfg_scale(cfg_scale, 0)
-    return policy
 
 
 def load_training_state(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:

@@ -1,22 +1,30 @@
 """The base configuration of every registered policy: the fields shared by all of them (observation keys,
-horizons, encoder, conditioning slot, EMA, normalisation), saved as ``config.yaml`` in every checkpoint and
-parsed from training YAML files with draccus.
+horizons, encoder, conditioning slot, EMA, normalisation), saved in every checkpoint's config file and parsed
+from training YAML files with draccus; and the table of policy types (name -> config class, model class) that
+the ``type`` key is looked up in, and :func:`build_model` (the model of a config's type).
 
 A policy folder subclasses :class:`PolicyConfig` and registers it by name with
-:func:`policylink.policies.registry.register_policy_type`; the ``type`` key of ``policy: {type: ..., ...}``
-selects the subclass (draccus choice types, as LeRobot's ``PreTrainedConfig.register_subclass``).
+:func:`policylink.policies.registry.register_policy_type` (which records it here with :func:`add_policy_type`);
+the ``type`` key of ``policy: {type: ..., ...}`` selects the subclass (draccus choice types, as LeRobot's
+``PreTrainedConfig.register_subclass``). A name not yet in the table is imported through its entry point in the
+``policylink.policies`` group the first time it is looked up.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 import draccus
 
 from policylink.adapters.capabilities import ConditioningSpec
+from policylink.adapters.registry import POLICY_GROUP
+from policylink.adapters.schema import FeatureSpec
 from policylink.policies.common.encoder_config import EncoderConfig
 from policylink.policies.temporal_config import SegaConfig
 
@@ -56,7 +64,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
         sega: the SEGA size and training chain (used when ``memory == "sega"``).
 
     Class attributes:
-        legacy_fields: top-level keys a subclass ignores when reading an older ``config.yaml`` (the original
+        legacy_fields: top-level keys a subclass ignores when reading an older checkpoint config (the original
             single config saved every head's section for every type).
     """
 
@@ -143,37 +151,28 @@ class PolicyConfig(draccus.ChoiceRegistry):
         except Exception as e:  # draccus raises several types; re-raise with the config's name
             raise ValueError(f"policy config ({name}): {e}") from e
 
-    # draccus choice-type hooks: every lookup goes through the policy registry, which imports a policy folder
-    # (entry point group ``policylink.policies``) the first time its name is asked for.
+    # draccus choice-type hooks: every lookup goes through the policy-type table below, which imports a policy
+    # folder (entry point group ``policylink.policies``) the first time its name is asked for.
 
     @classmethod
     def get_choice_class(cls, name: str) -> type[PolicyConfig]:
         """The config class registered as ``name``. Raises UnknownPolicyTypeError (a ValueError and KeyError)."""
-        from policylink.policies.registry import policy_type
-
         return policy_type(name).config_cls
 
     @classmethod
     def get_known_choices(cls) -> dict[str, type[PolicyConfig]]:
         """Every registered policy type's config class by name (imports each policy folder's config)."""
-        from policylink.policies.registry import known_policy_types
-
         return {name: t.config_cls for name, t in known_policy_types().items()}
 
     @classmethod
     def get_choice_name(cls, subcls: type) -> str:
         """The registry name of config class ``subcls``. Raises ValueError when it is not registered."""
-        from policylink.policies.registry import policy_type_of
-
         return policy_type_of(subcls).name
 
     @classmethod
     def default_choice_name(cls) -> str | None:
         """:data:`DEFAULT_POLICY_TYPE` for the base class (a concrete subclass decodes as itself)."""
         return DEFAULT_POLICY_TYPE if cls is PolicyConfig else None
-
-
-__all__ = ["DEFAULT_POLICY_TYPE", "PolicyConfig"]
 
 
 def check_cfg_scale(w: Any, num_labels: int, name: str = "cfg_scale") -> float:
@@ -198,3 +197,121 @@ def check_cfg_scale(w: Any, num_labels: int, name: str = "cfg_scale") -> float:
             f"trained with advantage conditioning), received {w}"
         )
     return value
+
+
+class UnknownPolicyTypeError(ValueError, KeyError):
+    """A policy type name that is neither registered nor an importable entry point of ``policylink.policies``."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class PolicyType:
+    """One registered policy type.
+
+    Attributes:
+        name: registry name (the ``type`` of ``policy: {type: ...}``).
+        config_cls: its :class:`PolicyConfig` subclass.
+        model: its model class (a :class:`policylink.policies.model.ChunkModel` subclass built as
+            ``model(cfg, features, action_dim)``), or ``"module:Class"`` imported on first use so that parsing a
+            config imports no network code.
+    """
+
+    name: str
+    config_cls: type[PolicyConfig]
+    model: type | str
+
+    def model_cls(self) -> type:
+        """The model class (imports ``"module:Class"`` on first use)."""
+        if isinstance(self.model, str):
+            module, _, attr = self.model.partition(":")
+            return getattr(importlib.import_module(module), attr)
+        return self.model
+
+
+_TYPES: dict[str, PolicyType] = {}
+
+
+def add_policy_type(
+    name: str, config_cls: type[PolicyConfig], model_cls: type | str, *, overwrite: bool = False
+) -> PolicyType:
+    """Record policy type ``name`` (config dataclass, model class or ``"module:Class"``) in the table that config
+    parsing looks types up in. Policy folders and plug-ins call
+    :func:`policylink.policies.registry.register_policy_type`, which also registers the type's PolicyAdapter
+    factory.
+
+    Raises:
+        TypeError: ``config_cls`` is not a dataclass subclass of :class:`PolicyConfig`.
+        ValueError: ``name`` is empty, or taken by another config class and ``overwrite`` is False.
+    """
+    if not (isinstance(config_cls, type) and issubclass(config_cls, PolicyConfig) and config_cls is not PolicyConfig):
+        raise TypeError(f"config_cls for {name!r}: expected a PolicyConfig subclass, received {config_cls!r}")
+    if not name or not isinstance(name, str):
+        raise ValueError(f"policy type name: expected a non-empty str, received {name!r}")
+    old = _TYPES.get(name)
+    if old is not None and not overwrite and (old.config_cls, old.model) != (config_cls, model_cls):
+        raise ValueError(f"policy type {name!r}: already registered; pass overwrite=True to replace it")
+    _TYPES[name] = PolicyType(name, config_cls, model_cls)
+    return _TYPES[name]
+
+
+def policy_type(name: str) -> PolicyType:
+    """The :class:`PolicyType` registered as ``name``, importing its folder through its entry point if needed.
+
+    Raises:
+        UnknownPolicyTypeError: no such type (the message lists the known ones).
+    """
+    if name not in _TYPES:
+        eps = {ep.name: ep for ep in entry_points(group=POLICY_GROUP)}
+        if name in eps:
+            eps[name].load()  # importing the policy folder registers its type
+    if name not in _TYPES:
+        raise UnknownPolicyTypeError(f"policy.type: expected one of {sorted(known_policy_types())}, received {name!r}")
+    return _TYPES[name]
+
+
+def policy_type_of(config_cls: type) -> PolicyType:
+    """The registered type whose config class is exactly ``config_cls``. Raises ValueError when none is."""
+    for t in _TYPES.values():
+        if t.config_cls is config_cls:
+            return t
+    raise ValueError(f"{getattr(config_cls, '__name__', config_cls)}: not a registered policy config class")
+
+
+def known_policy_types() -> dict[str, PolicyType]:
+    """Every registered type, after importing every entry point of ``policylink.policies`` (entry points that
+    register no type, e.g. plain PolicyAdapter factories, are skipped)."""
+    for ep in entry_points(group=POLICY_GROUP):
+        if ep.name not in _TYPES:
+            try:
+                ep.load()
+            except ImportError:  # an optional plug-in whose dependencies are not installed
+                continue
+    return dict(_TYPES)
+
+
+def build_model(cfg: PolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int) -> Any:
+    """The model of ``cfg``'s registered type, freshly initialised: ``model_cls(cfg, features, action_dim)`` (a
+    :class:`~policylink.policies.model.ChunkModel`; its module, and torch, are imported on first use).
+
+    Raises:
+        ValueError: the config is inconsistent, or an observation key is not in ``features``.
+        UnknownPolicyTypeError: ``cfg``'s type is not registered.
+    """
+    cfg.validate()
+    return policy_type(cfg.type).model_cls()(cfg, features, action_dim)
+
+
+__all__ = [
+    "DEFAULT_POLICY_TYPE",
+    "PolicyConfig",
+    "PolicyType",
+    "UnknownPolicyTypeError",
+    "add_policy_type",
+    "build_model",
+    "check_cfg_scale",
+    "known_policy_types",
+    "policy_type",
+    "policy_type_of",
+]

@@ -27,8 +27,10 @@ from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import PolicySpec
 from policylink.adapters.validation import batch_size_of
 from policylink.data.normalize import Normalizer
+from policylink.policies.checkpoint import save_checkpoint
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance
 from policylink.policies.common.frame_features import FrameFeatureCache, lean_latents
+from policylink.policies.config import check_cfg_scale
 from policylink.policies.model import ChunkModel
 from policylink.policies.processing import actions_to_normalized, actions_to_units, observation_tensors
 from policylink.policies.temporal import MemoryRows
@@ -91,8 +93,6 @@ class ModelPolicy(HistoryPolicy):
 
     def save(self, path: str | Path) -> Path:
         """Write an inference checkpoint folder (no training state). Returns the folder."""
-        from policylink.policies.checkpoint import save_checkpoint
-
         return save_checkpoint(path, model=self.model, normalizer=self.normalizer, spec=self.spec)
 
 
@@ -158,8 +158,6 @@ class ChunkPolicy(ModelPolicy):
         Raises:
             ValueError: ``w`` not finite or negative, or ``w != 1`` for a policy without a label slot.
         """
-        from policylink.policies.config import check_cfg_scale
-
         self.config.cfg_scale = check_cfg_scale(w, self.conditioning.num_labels)
 
     def reseed(self, seed: int) -> None:
@@ -452,11 +450,4 @@ def policy_for_model(
     return cls(model, normalizer, spec, device=device, seed=seed, validate=validate)
 
 
-def make_chunk_policy(kind: str, checkpoint: str | Path | None = None, **kwargs: Any) -> ChunkPolicy:
-    """Registry factory (kept name): :func:`policylink.policies.registry.make_policy`."""
-    from policylink.policies.registry import make_policy
-
-    return make_policy(kind, checkpoint, **kwargs)
-
-
-__all__ = ["ChunkPolicy", "PrefixChunkPolicy", "make_chunk_policy", "policy_for_model"]
+__all__ = ["ChunkPolicy", "PrefixChunkPolicy", "policy_for_model"]

@@ -1,58 +1,44 @@
-"""The policy-type registry: name -> (config dataclass, model class). Config parsing, model building,
-checkpoint loading and training dispatch through it, never through an if-else over type names.
+"""Policies by name: registering a policy type, and building a ready PolicyAdapter of a registered type from a
+checkpoint folder or from a config. Config parsing, checkpoint loading and training dispatch through the type
+table (:mod:`policylink.policies.config`), never through an if-else over type names.
 
 A policy folder registers itself when imported (``register_policy_type("flow", FlowPolicyConfig,
 "policylink.policies.flow.model:FlowModel")`` in its ``__init__.py``); the folder is imported the first time
 its name is looked up, through its entry point in the ``policylink.policies`` group (one line in
 ``pyproject.toml``). A plug-in or a test can also call :func:`register_policy_type` directly.
+
+Module layering (each imports only those before it): ``config`` (the type table, ``build_model``) -> ``model``
+-> ``checkpoint`` (the folder format) -> ``policy`` (the PolicyAdapters) -> ``registry`` (this module). Importing
+this module imports no torch (a policy folder registers itself while a config is parsed, e.g. for ``--help``);
+:func:`make_policy` and :func:`load_policy` import the checkpoint and adapter modules when called.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from policylink.adapters.registry import POLICY_GROUP, available_policies, register_policy
-from policylink.adapters.schema import FeatureSpec, PolicySpec
-from policylink.policies.config import DEFAULT_POLICY_TYPE, PolicyConfig
+from policylink.adapters.registry import available_policies, register_policy
+from policylink.adapters.schema import PolicySpec
+from policylink.policies.config import (
+    _TYPES,  # noqa: F401  (the table itself: tests unregister what they register)
+    DEFAULT_POLICY_TYPE,
+    PolicyConfig,
+    PolicyType,
+    UnknownPolicyTypeError,
+    add_policy_type,
+    build_model,
+    check_cfg_scale,
+    known_policy_types,
+    policy_type,
+    policy_type_of,
+)
 
+if TYPE_CHECKING:
+    import torch
 
-class UnknownPolicyTypeError(ValueError, KeyError):
-    """A policy type name that is neither registered nor an importable entry point of ``policylink.policies``."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0])
-
-
-@dataclass(frozen=True)
-class PolicyType:
-    """One registered policy type.
-
-    Attributes:
-        name: registry name (the ``type`` of ``policy: {type: ...}``).
-        config_cls: its :class:`PolicyConfig` subclass.
-        model: its model class (a :class:`policylink.policies.model.ChunkModel` subclass built as
-            ``model(cfg, features, action_dim)``), or ``"module:Class"`` imported on first use so that parsing a
-            config imports no network code.
-    """
-
-    name: str
-    config_cls: type[PolicyConfig]
-    model: type | str
-
-    def model_cls(self) -> type:
-        """The model class (imports ``"module:Class"`` on first use)."""
-        if isinstance(self.model, str):
-            module, _, attr = self.model.partition(":")
-            return getattr(importlib.import_module(module), attr)
-        return self.model
-
-
-_TYPES: dict[str, PolicyType] = {}
+    from policylink.policies.policy import ModelPolicy
 
 
 def register_policy_type(
@@ -60,59 +46,18 @@ def register_policy_type(
 ) -> PolicyType:
     """Register policy type ``name``: its config dataclass and its model class (or ``"module:Class"``).
 
-    Also registers ``name`` as a PolicyAdapter factory (:func:`make_policy` bound to ``name``) in
+    Records the type in the config's type table (:func:`~policylink.policies.config.add_policy_type`) and
+    registers ``name`` as a PolicyAdapter factory (:func:`make_policy` bound to ``name``) in
     :mod:`policylink.adapters.registry` when no entry point already provides one.
 
     Raises:
         TypeError: ``config_cls`` is not a dataclass subclass of :class:`PolicyConfig`.
         ValueError: ``name`` is empty, or taken by another config class and ``overwrite`` is False.
     """
-    if not (isinstance(config_cls, type) and issubclass(config_cls, PolicyConfig) and config_cls is not PolicyConfig):
-        raise TypeError(f"config_cls for {name!r}: expected a PolicyConfig subclass, received {config_cls!r}")
-    if not name or not isinstance(name, str):
-        raise ValueError(f"policy type name: expected a non-empty str, received {name!r}")
-    old = _TYPES.get(name)
-    if old is not None and not overwrite and (old.config_cls, old.model) != (config_cls, model_cls):
-        raise ValueError(f"policy type {name!r}: already registered; pass overwrite=True to replace it")
-    _TYPES[name] = PolicyType(name, config_cls, model_cls)
+    entry = add_policy_type(name, config_cls, model_cls, overwrite=overwrite)
     if name not in available_policies():
         register_policy(name, lambda checkpoint=None, **kw: make_policy(name, checkpoint, **kw), overwrite=True)
-    return _TYPES[name]
-
-
-def policy_type(name: str) -> PolicyType:
-    """The :class:`PolicyType` registered as ``name``, importing its folder through its entry point if needed.
-
-    Raises:
-        UnknownPolicyTypeError: no such type (the message lists the known ones).
-    """
-    if name not in _TYPES:
-        eps = {ep.name: ep for ep in entry_points(group=POLICY_GROUP)}
-        if name in eps:
-            eps[name].load()  # importing the policy folder registers its type
-    if name not in _TYPES:
-        raise UnknownPolicyTypeError(f"policy.type: expected one of {sorted(known_policy_types())}, received {name!r}")
-    return _TYPES[name]
-
-
-def policy_type_of(config_cls: type) -> PolicyType:
-    """The registered type whose config class is exactly ``config_cls``. Raises ValueError when none is."""
-    for t in _TYPES.values():
-        if t.config_cls is config_cls:
-            return t
-    raise ValueError(f"{getattr(config_cls, '__name__', config_cls)}: not a registered policy config class")
-
-
-def known_policy_types() -> dict[str, PolicyType]:
-    """Every registered type, after importing every entry point of ``policylink.policies`` (entry points that
-    register no type, e.g. plain PolicyAdapter factories, are skipped)."""
-    for ep in entry_points(group=POLICY_GROUP):
-        if ep.name not in _TYPES:
-            try:
-                ep.load()
-            except ImportError:  # an optional plug-in whose dependencies are not installed
-                continue
-    return dict(_TYPES)
+    return entry
 
 
 def make_config(name: str, **fields: Any) -> PolicyConfig:
@@ -134,16 +79,6 @@ def default_config() -> PolicyConfig:
     """The default config of :data:`~policylink.policies.config.DEFAULT_POLICY_TYPE` (a dataclass default factory
     for fields typed :class:`PolicyConfig`)."""
     return make_config(DEFAULT_POLICY_TYPE)
-
-
-def build_model(cfg: PolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
-    """The model of ``cfg``'s type, freshly initialised: ``model_cls(cfg, features, action_dim)``.
-
-    Raises:
-        ValueError: the config is inconsistent, or an observation key is not in ``features``.
-    """
-    cfg.validate()
-    return policy_type(cfg.type).model_cls()(cfg, features, action_dim)
 
 
 def make_policy(
@@ -168,8 +103,9 @@ def make_policy(
 
     Raises:
         ValueError: a checkpoint or config of another type, or missing ``spec``/``normalizer``.
+        CheckpointError: a missing or inconsistent checkpoint file, or an old (pickle) layout.
     """
-    from policylink.policies.checkpoint import load_components, resolve_device
+    from policylink.policies.checkpoint import load_components, resolve_device  # torch: only when called
     from policylink.policies.policy import policy_for_model
 
     if checkpoint is not None:
@@ -194,12 +130,41 @@ def make_policy(
     return policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
 
 
+def load_policy(
+    path: str | Path, device: str | torch.device = "auto", seed: int = 0, cfg_scale: float | None = None
+) -> ModelPolicy:
+    """Load a checkpoint folder as a ready :class:`~policylink.policies.policy.ChunkPolicy` (a PolicyAdapter with
+    the capabilities its sampler supports, :func:`~policylink.policies.policy.policy_for_model`).
+
+    Args:
+        path: the checkpoint folder (needs nothing else: config, weights, normaliser and spec are inside).
+        device: ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda:0"``...
+        seed: seed of the sampler's noise.
+        cfg_scale: classifier-free guidance weight replacing the checkpoint's ``policy.cfg_scale`` (None = keep it).
+
+    Raises:
+        CheckpointError: missing or inconsistent files, or an old (pickle) layout.
+        ValueError: a bad ``cfg_scale`` (see :meth:`~policylink.policies.policy.ChunkPolicy.set_cfg_scale`).
+    """
+    from policylink.policies.checkpoint import load_components, resolve_device  # torch: only when called
+    from policylink.policies.policy import policy_for_model
+
+    _, spec, model, normalizer = load_components(path)
+    policy = policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
+    if cfg_scale is not None and hasattr(policy, "set_cfg_scale"):
+        policy.set_cfg_scale(cfg_scale)
+    elif cfg_scale is not None:  # a model with its own adapter (ACT) has no label slot: only w = 1 is valid
+        check_cfg_scale(cfg_scale, 0)
+    return policy
+
+
 __all__ = [
     "PolicyType",
     "UnknownPolicyTypeError",
     "build_model",
     "default_config",
     "known_policy_types",
+    "load_policy",
     "make_config",
     "make_policy",
     "policy_type",

@@ -180,7 +180,8 @@ def _env_kwargs(train_doc: dict[str, Any]) -> dict[str, Any]:
 def load_eval_policy(path: str, critic_dir: str | Path | None = None, rerank_n: int = 32, seed: int = 0):
     """The checkpoint as a PolicyAdapter; with ``critic_dir`` a :class:`~policylink.policies.finetune.rerank.
     BestOfNPolicy` over it (the reference encoder is the checkpoint's own)."""
-    from policylink.policies.checkpoint import load_components, load_policy
+    from policylink.policies import load_policy
+    from policylink.policies.checkpoint import load_components
 
     if critic_dir is None:
         return load_policy(path, device="cpu", seed=seed)

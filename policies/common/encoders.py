@@ -1,6 +1,6 @@
-"""Observation encoders: ResNet-18 (GroupNorm, spatial softmax) and a small conv net for images, an MLP for
-state vectors, train-time random-crop augmentation, and :class:`ObservationEncoder` combining them per
-PolicySpec feature into one conditioning vector (Chi et al. 2023, Diffusion Policy, arXiv 2303.04137).
+"""Observation encoders: an image encoder (a trunk of :mod:`~policylink.policies.common.backbones`, spatial
+softmax), an MLP for state vectors, and :class:`ObservationEncoder` combining them (and the pointmap encoders)
+per PolicySpec feature into one conditioning vector (Chi et al. 2023, Diffusion Policy, arXiv 2303.04137).
 
 Images enter as float32 ``(..., 3, H, W)`` in ``[0, 1]`` (the ``policylink.adapters.images.to_float_chw``
 convention); state features enter already normalised (float32 ``(..., D)``).
@@ -12,96 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torchvision
 from torch import nn
 
 from policylink.adapters.pointmaps import is_pointmap_key
 from policylink.adapters.schema import FeatureSpec
+from policylink.policies.common.backbones import RandomCrop, SpatialSoftmax, resnet18_groupnorm, small_conv
 from policylink.policies.common.conv_paths import use_measured_convs
 from policylink.policies.common.encoder_config import VISION_BACKBONES, EncoderConfig
-
-
-class SpatialSoftmax(nn.Module):
-    """Spatial soft-argmax keypoints (Levine et al. 2016; Finn et al. 2016), as used by Diffusion Policy.
-
-    A 1x1 conv maps ``(N, C, h, w)`` features to ``K`` heat maps; each map's softmax over pixels gives an
-    expected ``(x, y)`` position in ``[-1, 1]``. Output: float32 ``(N, 2K)`` (x, y interleaved per keypoint).
-    """
-
-    def __init__(self, in_channels: int, num_keypoints: int):
-        super().__init__()
-        self.keypoints = nn.Conv2d(in_channels, num_keypoints, kernel_size=1)
-        self.num_keypoints = num_keypoints
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        n, _, h, w = features.shape
-        maps = self.keypoints(features).flatten(2)  # (N, K, h*w)
-        attn = torch.softmax(maps, dim=-1)
-        ys, xs = torch.meshgrid(
-            torch.linspace(-1.0, 1.0, h, device=features.device),
-            torch.linspace(-1.0, 1.0, w, device=features.device),
-            indexing="ij",
-        )
-        grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # (h*w, 2)
-        return (attn @ grid).reshape(n, 2 * self.num_keypoints)
-
-
-def resnet18_groupnorm() -> nn.Module:
-    """torchvision ResNet-18 trunk (no pooling/fc), random init, every BatchNorm replaced by GroupNorm.
-
-    GroupNorm with ``C // 16`` groups (Diffusion Policy): batch-independent, so EMA and DDP behave.
-    Input ``(N, 3, H, W)``; output ``(N, 512, ceil(H/32), ceil(W/32))``.
-    """
-    net = torchvision.models.resnet18(weights=None, norm_layer=lambda c: nn.GroupNorm(c // 16, c))
-    return nn.Sequential(*list(net.children())[:-2])
-
-
-def small_conv() -> nn.Module:
-    """A 3-layer conv trunk for fast CPU training: ``(N, 3, H, W)`` -> ``(N, 64, ~H/4, ~W/4)``."""
-    return nn.Sequential(
-        nn.Conv2d(3, 32, 5, stride=2, padding=2),
-        nn.GroupNorm(8, 32),
-        nn.Mish(),
-        nn.Conv2d(32, 64, 3, stride=2, padding=1),
-        nn.GroupNorm(8, 64),
-        nn.Mish(),
-        nn.Conv2d(64, 64, 3, stride=1, padding=1),
-        nn.GroupNorm(8, 64),
-        nn.Mish(),
-    )
-
-
-class RandomCrop(nn.Module):
-    """Random crop per image in training mode, centre crop in eval mode (Diffusion Policy's augmentation).
-
-    Input float ``(N, C, H, W)``; output ``(N, C, round(ratio*H), round(ratio*W))``. Each of the ``N`` images
-    gets its own offset, drawn from ``generator`` (or torch's global RNG).
-    """
-
-    def __init__(self, ratio: float):
-        super().__init__()
-        if not 0.0 < ratio <= 1.0:
-            raise ValueError(f"crop_ratio: expected a value in (0, 1], received {ratio}")
-        self.ratio = float(ratio)
-
-    def output_size(self, h: int, w: int) -> tuple[int, int]:
-        """Crop size ``(h', w')`` for an ``h x w`` input."""
-        return max(1, round(self.ratio * h)), max(1, round(self.ratio * w))
-
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        n, _, h, w = x.shape
-        ch, cw = self.output_size(h, w)
-        if (ch, cw) == (h, w):
-            return x
-        if not self.training:
-            top, left = (h - ch) // 2, (w - cw) // 2
-            return x[:, :, top : top + ch, left : left + cw]
-        top = torch.randint(0, h - ch + 1, (n,), generator=generator).to(x.device)
-        left = torch.randint(0, w - cw + 1, (n,), generator=generator).to(x.device)
-        rows = (top[:, None] + torch.arange(ch, device=x.device))[:, :, None]  # (N, ch, 1)
-        cols = (left[:, None] + torch.arange(cw, device=x.device))[:, None, :]  # (N, 1, cw)
-        batch = torch.arange(n, device=x.device)[:, None, None]
-        return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (N, C, ch, cw)
+from policylink.policies.common.pointmap_encoder import pointmap_encoders
 
 
 class ImageEncoder(nn.Module):
@@ -184,8 +102,6 @@ class ObservationEncoder(nn.Module):
 
     def __init__(self, features: Mapping[str, FeatureSpec], n_obs_steps: int, cfg: EncoderConfig):
         super().__init__()
-        from policylink.policies.common.pointmap_encoder import pointmap_encoders  # imports this module
-
         self.pointmap_encoders, self.stacked_images = pointmap_encoders(features, cfg)
         self.pointmap_keys = sorted(k for k in features if is_pointmap_key(k))
         self.image_keys = sorted(k for k, f in features.items() if f.is_image and k not in self.stacked_images.values())

@@ -24,8 +24,8 @@ from torch.nn import functional as F
 
 from policylink.adapters.pointmaps import POINTMAP_PREFIX, is_pointmap_key
 from policylink.adapters.schema import IMAGE_PREFIX, FeatureSpec
+from policylink.policies.common.backbones import RandomCrop, resnet18_groupnorm, small_conv
 from policylink.policies.common.encoder_config import POINTMAP_ENCODERS, VISION_BACKBONES, EncoderConfig
-from policylink.policies.common.encoders import RandomCrop, resnet18_groupnorm, small_conv
 
 
 class PointmapEncoder(nn.Module):

@@ -132,7 +132,7 @@ def reach_store(tmp_path_factory):
 
 
 def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tmp_path, served):
-    from policylink.policies.checkpoint import load_policy
+    from policylink.policies import load_policy
     from policylink.runtime.dataset_advantage import AdvantageReportConfig, advantage_report
     from policylink.runtime.evaluate import evaluate
     from policylink.runtime.finetune_advantage import AdvantageTrainConfig, LabelCommand, label_store, train_advantage

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from policylink.data.normalize import Normalizer
-from policylink.policies.policy import ChunkPolicy, make_chunk_policy
-from policylink.policies.registry import build_model
+from policylink.policies.policy import ChunkPolicy
+from policylink.policies.registry import build_model, make_policy
 
 STATE, IMAGE = "observation.state", "observation.images.front"
 
@@ -41,9 +41,7 @@ def window(b: int, t: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
 def test_sampler_returns_chunks_in_action_units(kind, kit):
     FEATURES, tiny_config, make_spec = kit.FEATURES, kit.tiny_config, kit.make_spec
     cfg = tiny_config(kind)
-    policy = make_chunk_policy(
-        kind, spec=make_spec(cfg, FEATURES), normalizer=known_normalizer(), config=cfg, device="cpu"
-    )
+    policy = make_policy(kind, spec=make_spec(cfg, FEATURES), normalizer=known_normalizer(), config=cfg, device="cpu")
     obs = window(3)
     chunk = policy.sample(obs)
     assert chunk.shape == (3, 8, 2) and chunk.dtype == np.float32
@@ -84,7 +82,7 @@ def test_policy_adapter_batched_and_seeded(kind, kit):
     FEATURES, tiny_config, make_spec = kit.FEATURES, kit.tiny_config, kit.make_spec
     cfg = tiny_config(kind, keys=(STATE, IMAGE))
     spec = make_spec(cfg, FEATURES)
-    a = make_chunk_policy(kind, spec=spec, normalizer=known_normalizer(), config=cfg, device="cpu", seed=3)
+    a = make_policy(kind, spec=spec, normalizer=known_normalizer(), config=cfg, device="cpu", seed=3)
     obs = window(4)
     a.update_observation({k: v[:, 0] for k, v in obs.items()})
     a.update_observation({k: v[:, 1] for k, v in obs.items()})
@@ -111,9 +109,7 @@ def test_spec_mismatch_names_the_field(kit):
 def test_noise_shape_is_checked(kit):
     FEATURES, tiny_config, make_spec = kit.FEATURES, kit.tiny_config, kit.make_spec
     cfg = tiny_config("flow")
-    policy = make_chunk_policy(
-        "flow", spec=make_spec(cfg, FEATURES), normalizer=known_normalizer(), config=cfg, device="cpu"
-    )
+    policy = make_policy("flow", spec=make_spec(cfg, FEATURES), normalizer=known_normalizer(), config=cfg, device="cpu")
     with pytest.raises(ValueError, match=r"noise: expected shape \(2, 8, 2\), received \(2, 4, 2\)"):
         policy.sample(window(2), noise=torch.zeros(2, 4, 2))
 
@@ -130,7 +126,7 @@ def test_flow_beta_time_sampling_range_and_mean(kit):
 
 def _policy(kit, kind, seed=0, **kw):
     cfg = kit.tiny_config(kind, **kw)
-    return make_chunk_policy(
+    return make_policy(
         kind, spec=kit.make_spec(cfg, kit.FEATURES), normalizer=known_normalizer(), config=cfg, device="cpu", seed=seed
     )
 

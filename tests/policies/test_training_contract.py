@@ -12,9 +12,8 @@ from policylink.data.buffer import EpisodeStore
 from policylink.data.sampler import SequenceDataset
 from policylink.policies import load_policy
 from policylink.policies.checkpoint import CheckpointError, save_checkpoint
-from policylink.policies.policy import make_chunk_policy
 from policylink.policies.processing import chunk_from_window, observation_tensors, window_horizon
-from policylink.policies.registry import build_model
+from policylink.policies.registry import build_model, make_policy
 
 STATE, IMAGE = "observation.state", "observation.images.front"
 
@@ -50,9 +49,7 @@ def test_tiny_policy_overfits_two_episodes(kind, kit, store_path, normalizer):
     print(f"{kind}: loss {first:.4f} -> {last:.4f}")
     assert first > 0.5 and last < 0.1 * first, (first, last)
     # The sampled chunks reproduce the demonstrated ones (normalised actions lie in [-1, 1]).
-    policy = make_chunk_policy(
-        kind, spec=kit.make_spec(cfg, kit.FEATURES), normalizer=normalizer, config=cfg, device="cpu"
-    )
+    policy = make_policy(kind, spec=kit.make_spec(cfg, kit.FEATURES), normalizer=normalizer, config=cfg, device="cpu")
     policy.model.load_state_dict(model.state_dict())
     with EpisodeStore(store_path) as store:
         ep = store.get_episode(0)
@@ -84,7 +81,7 @@ def test_normalisation_identical_at_train_and_inference(kit, store_path, normali
 def test_checkpoint_round_trip_gives_identical_actions(kind, kit, tmp_path, normalizer):
     cfg = kit.tiny_config(kind, keys=(STATE, IMAGE))
     spec = kit.make_spec(cfg, kit.FEATURES)
-    policy = make_chunk_policy(kind, spec=spec, normalizer=normalizer, config=cfg, device="cpu", seed=11)
+    policy = make_policy(kind, spec=spec, normalizer=normalizer, config=cfg, device="cpu", seed=11)
     with torch.no_grad():  # move off the init so that a silently skipped load would show
         for p in policy.model.parameters():
             p.add_(0.01 * torch.randn_like(p))

@@ -58,8 +58,7 @@ def _tiny_flow_policy():
     from policylink.adapters.schema import ActionSpec, FeatureSpec
     from policylink.data.normalize import Normalizer
     from policylink.policies.common.unet1d import UNetConfig
-    from policylink.policies.policy import make_chunk_policy
-    from policylink.policies.registry import make_config
+    from policylink.policies.registry import make_config, make_policy
 
     state = "observation.state"
     cfg = make_config(
@@ -81,7 +80,7 @@ def _tiny_flow_policy():
     stats = {state: {"min": np.zeros(3), "max": np.ones(3)}, "action": {"min": -np.ones(2), "max": np.ones(2)}}
     torch.manual_seed(0)
     norm = Normalizer(stats, {state: "min_max", "action": "min_max"})
-    return make_chunk_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu", seed=0)
+    return make_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu", seed=0)
 
 
 def test_rtc_prefix_over_the_wire_matches_in_process_for_a_flow_policy():

@@ -18,7 +18,8 @@ from policylink.data.buffer import EpisodeStore
 from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.normalize import Normalizer
 from policylink.data.stats import compute_stats
-from policylink.policies.checkpoint import load_policy, save_checkpoint
+from policylink.policies import load_policy
+from policylink.policies.checkpoint import save_checkpoint
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.processing import normalizer_modes
 from policylink.policies.registry import build_model, make_config

@@ -7,13 +7,8 @@ import torch
 from torch import nn
 
 from policylink.adapters.schema import FeatureSpec
-from policylink.policies.common.encoders import (
-    EncoderConfig,
-    ObservationEncoder,
-    RandomCrop,
-    SpatialSoftmax,
-    resnet18_groupnorm,
-)
+from policylink.policies.common.backbones import RandomCrop, SpatialSoftmax, resnet18_groupnorm
+from policylink.policies.common.encoders import EncoderConfig, ObservationEncoder
 from policylink.policies.common.unet1d import ConditionalUnet1D, UNetConfig
 from policylink.policies.registry import make_config
 
