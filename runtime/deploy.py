@@ -1,6 +1,6 @@
-"""The deployment loop for robots: fixed-rate control paced by absolute deadlines (diffusion_policy's real-robot
-timing: a precise sleep to ``t0 + k / f``; overruns are counted and skipped, never accumulated), actions stamped
-with the period they are for and dropped when late, human takeover, per-step timing, and crash-safe recording.
+"""The deployment loop for robots: fixed-rate control paced by absolute deadlines (:mod:`policylink.runtime.pacing`:
+overruns are counted and skipped, never accumulated), actions stamped with the period they are for and dropped when
+late, human takeover, per-step timing, and crash-safe recording.
 
 It is the one rollout loop (:func:`policylink.runtime.rollout.rollout`) over a one-slot vector env whose env is a
 :class:`DeployEnv`: ``step(a)`` sends ``a`` if its period has not ended, sleeps to the next deadline and reads
@@ -10,7 +10,6 @@ the next observation. ``policylink run --robot tcp://HOST:PORT`` runs it (:func:
 from __future__ import annotations
 
 import functools
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -22,84 +21,13 @@ import numpy as np
 from policylink.adapters.env import EnvAdapter
 from policylink.real.robot import Clock, Robot
 from policylink.real.teleop import STEP_SOURCES, Teleoperator
+from policylink.runtime.pacing import Pacer, precise_sleep
 from policylink.runtime.rollout import RecorderSubscriber
 
 DEPLOY_KEYS = ("deploy.latency_s", "deploy.period_error_s", "deploy.late", "deploy.source")
 """Per-step fields recorded with each deployed step: seconds from the observation to the action (float32), wake-up
 error of the period's deadline (float32, s), the action missed its period (bool), who acted (int8, index into
 :data:`~policylink.real.teleop.STEP_SOURCES`)."""
-
-
-def precise_sleep(until: float, clock: Clock = time.monotonic, spin_s: float = 0.0015) -> None:
-    """Sleep until ``clock() >= until``: ``time.sleep`` to ``spin_s`` before, then spin (OS sleeps overshoot)."""
-    left = until - clock()
-    if left > spin_s:
-        time.sleep(left - spin_s)
-    while clock() < until:
-        pass
-
-
-class Pacer:
-    """Absolute-deadline pacing: deadline ``k`` is ``t0 + k * period``; waking never drifts with the work time.
-
-    Two ways to handle an overrun (a wait that finds its deadline already passed; always counted):
-
-    - ``catch_up=False`` (the robot loop): move to the first deadline after now; the missed periods are skipped
-      (counted in ``skipped``), never run back to back, and the grid stays ``t0 + k * period``.
-    - ``catch_up=True`` (diffusion_policy's loop): return at once and keep every deadline, so ``N`` waits take
-      ``N * period`` in total whatever the overruns (periods after a stall run back to back until caught up).
-
-    Args:
-        period_s: control period, seconds (> 0).
-        clock: monotonic clock; sleep: ``sleep(until, clock)`` (default :func:`precise_sleep`).
-        catch_up: see above.
-
-    Attributes:
-        t0: start time; ``k``: the index of the last deadline reached; ``overruns``, ``skipped``: see above.
-
-    Raises:
-        ValueError: ``period_s <= 0`` or not finite.
-    """
-
-    def __init__(
-        self,
-        period_s: float,
-        clock: Clock = time.monotonic,
-        sleep: Callable[..., None] = precise_sleep,
-        catch_up: bool = False,
-    ):
-        if not (math.isfinite(period_s) and period_s > 0):
-            raise ValueError(f"period_s: expected a finite number of seconds > 0, received {period_s}")
-        self.period, self.clock, self._sleep, self.catch_up = float(period_s), clock, sleep, bool(catch_up)
-        self.start()
-        self.overruns = self.skipped = 0
-
-    def start(self, t0: float | None = None) -> None:
-        """Restart the grid at ``t0`` (default now)."""
-        self.t0 = self.clock() if t0 is None else float(t0)
-        self.k = 0
-
-    @property
-    def deadline(self) -> float:
-        """The next deadline, ``t0 + (k + 1) * period``."""
-        return self.t0 + (self.k + 1) * self.period
-
-    def wait(self) -> float:
-        """Sleep to the next deadline (see the class for overruns). Returns the wake-up error, seconds (how late
-        the loop resumes after the deadline it was waiting for)."""
-        now = self.clock()
-        self.k += 1
-        target = self.t0 + self.k * self.period
-        if now > target:
-            self.overruns += 1
-            if self.catch_up:
-                return now - target
-            missed = int((now - target) // self.period) + 1
-            self.skipped += missed
-            self.k += missed
-            target = self.t0 + self.k * self.period
-        self._sleep(target, self.clock)
-        return self.clock() - target
 
 
 @dataclass
