@@ -122,10 +122,11 @@ class EpisodeRecorder:
             lst.append(v)
         ep["n"] += 1
 
-    def end_episode(self, success: bool | None = None, slot: int = 0) -> int:
+    def end_episode(self, success: bool | None = None, slot: int = 0, quality: str | None = None) -> int:
         """Commit the episode of ``slot`` with its success flag; returns its index in the store.
 
-        The last step's ``done`` is set to True (an episode ends there, by termination or truncation).
+        The last step's ``done`` is set to True (an episode ends there, by termination or truncation). ``quality``
+        replaces the quality tag given to :meth:`start_episode` (``"aborted"`` for an interrupted deployment).
 
         Raises:
             RecorderError: nothing started in ``slot`` or the episode has no step.
@@ -137,7 +138,8 @@ class EpisodeRecorder:
         data[DONE_KEY][-1] = True
         meta = ep["meta"]
         task = meta.task or ep["task"] or ""
-        meta = EpisodeMeta(task=task, success=success, seed=meta.seed, source=meta.source, quality=meta.quality)
+        quality = meta.quality if quality is None else quality
+        meta = EpisodeMeta(task=task, success=success, seed=meta.seed, source=meta.source, quality=quality)
         del self._slots[slot]
         return self.store.add_episode(data, meta)
 

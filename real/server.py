@@ -7,7 +7,9 @@ Robot verbs (wire protocol of DESIGN.md section 3, schemas below): ``observe`` (
 the safety status), ``act`` (an action -> the command actually sent, whether it was held, why), ``estop`` /
 ``reset_estop`` (the latch, from the client side), ``rearm`` (after a watchdog trip), ``home``, and ``hold`` (a
 client's stop). ``send_action`` goes through the same safety layer. Actions are checked by the safety layer itself
-(a NaN action is held, not refused), and ``step`` is not offered: a robot runs in real time.
+(a NaN action is held, not refused), and ``step`` is not offered: a robot runs in real time. The safety status of
+the ``estop``/``reset_estop``/``rearm``/``home``/``hold`` replies includes the watchdog period ``watchdog_s``
+(seconds, None when off), so a client can stop its policy within it.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ class RobotServer(EnvServer):
                 r.home()
             except RuntimeError as e:
                 raise ProtocolError(ErrorCode.ENV_FAILED, str(e)) from None
-        return {"safety": r.safety.status()}
+        return {"safety": {**r.safety.status(), "watchdog_s": r.safety.config.watchdog_s}}
 
     def stop(self) -> None:
         """Stop serving, then stop and disconnect the robot."""
@@ -201,7 +203,7 @@ class RemoteRobot(Robot):
         return self._channel.request("reset_estop", {})["safety"]
 
     def rearm(self) -> dict[str, Any]:
-        """Re-arm a tripped watchdog; returns the safety status."""
+        """Re-arm a tripped watchdog; returns the safety status (with ``watchdog_s``, seconds or None)."""
         return self._channel.request("rearm", {})["safety"]
 
     def episode_info(self) -> dict[str, Any]:

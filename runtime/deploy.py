@@ -1,6 +1,7 @@
 """The deployment loop for robots: fixed-rate control paced by absolute deadlines (:mod:`policylink.runtime.pacing`:
 overruns are counted and skipped, never accumulated), actions stamped with the period they are for and dropped when
-late, human takeover, per-step timing, and crash-safe recording.
+late, human takeover, per-step timing, crash-safe recording, and a stop within the robot's watchdog (the robot
+holds, the run says why) when the policy stops answering.
 
 It is the one rollout loop (:func:`policylink.runtime.rollout.rollout`) over a one-slot vector env whose env is a
 :class:`DeployEnv`: ``step(a)`` sends ``a`` if its period has not ended, sleeps to the next deadline and reads
@@ -205,8 +206,8 @@ class DeployEnv(EnvAdapter):
 class DeployRecorder(RecorderSubscriber):
     """The rollout loop's recorder subscriber for deployments: records the command the robot actually executed
     (the human's, the policy's after safety, or the hold for a late action) with the :data:`DEPLOY_KEYS` per-step
-    fields, and commits an interrupted episode (Ctrl-C, a dead policy server) with success unknown instead of
-    discarding it.
+    fields, and commits an interrupted episode (Ctrl-C, a dead policy server) with success unknown and quality
+    ``aborted`` instead of discarding it.
 
     Args:
         recorder: an ``EpisodeRecorder`` whose keys include :data:`DEPLOY_KEYS` (see :func:`open_deploy_recorder`).
@@ -230,9 +231,10 @@ class DeployRecorder(RecorderSubscriber):
         self.recorder.add_step(row, action, reward, done, slot=slot)
 
     def on_abort(self, slot: int) -> None:
-        """Commit the unfinished episode (success unknown) when it has steps."""
+        """Commit the unfinished episode when it has steps: success unknown, ``aborted`` added to its quality tag."""
         if self.recorder.n_steps(slot) > 0:
-            self.recorder.end_episode(success=None, slot=slot)
+            quality = "+".join(q for q in (self.meta.quality, "aborted") if q)
+            self.recorder.end_episode(success=None, slot=slot, quality=quality)
             self._reset_success.pop(slot, None)
         else:
             self.recorder.abort_episode(slot=slot)
@@ -289,16 +291,22 @@ def print_status(stats: DeployStats, period_s: float, stream: Any = sys.stderr) 
     stream.flush()
 
 
+DEFAULT_REPLY_TIMEOUT_S = 0.5
+"""Reply timeout of a deployment whose robot reports no watchdog, seconds (``SafetyConfig.watchdog_s``'s default)."""
+
+
 @dataclass
 class DeployOutcome:
-    """What :func:`deploy` returns: the exit ``code`` (0 done, 1 a server stopped answering, 130 Ctrl-C), the
-    finished episodes' ``results`` (:class:`~policylink.runtime.rollout.EpisodeResult`), the :class:`DeployStats`
-    and the control ``period_s``."""
+    """What :func:`deploy` returns: the exit ``code`` (0 done, 1 the policy or a server stopped answering or the
+    robot's watchdog tripped, 130 Ctrl-C), the finished episodes' ``results``
+    (:class:`~policylink.runtime.rollout.EpisodeResult`), the :class:`DeployStats`, the control ``period_s``
+    (seconds) and the ``reason`` the run ended early (one line; ``""`` when every episode finished)."""
 
     code: int
     results: list[Any]
     stats: DeployStats
     period_s: float
+    reason: str = ""
 
 
 def run_on_robot(cfg: Any) -> int:
@@ -314,24 +322,21 @@ def run_on_robot(cfg: Any) -> int:
 
 def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
     """Run ``cfg.episodes`` episodes of ``cfg.policy`` on the robot served at ``cfg.robot`` through the rollout
-    loop (``cfg``: a :class:`~policylink.runtime.run.RunConfig`), recording to ``cfg.record`` when set. Ctrl-C and a
-    dead policy or robot server end the run with one message on stderr; the robot holds at the end either way.
+    loop (``cfg``: a :class:`~policylink.runtime.run.RunConfig`), recording to ``cfg.record`` when set, with
+    :func:`run_deployment`; an asynchronous executor stops when a chunk request goes unanswered for longer than
+    the robot's watchdog (:func:`reply_timeout_s`).
 
     Raises:
         IncompatibleSpecError: the policy, robot and executor do not fit (before anything moves).
         TimeoutError: the robot server does not answer ``hello``.
-
-    A tripped robot watchdog (:class:`WatchdogTripped`) ends the run with one message and exit code 1.
     """
-    from policylink.adapters.protocol import RemoteError
     from policylink.adapters.schema import IncompatibleSpecError
     from policylink.real.server import RemoteRobot
     from policylink.runtime.executors import make_executor
-    from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
     from policylink.runtime.run import cell_problems, limit_threads
 
     robot = RemoteRobot(cfg.robot)
-    robot.rearm()  # starting a run is the operator's explicit re-arm after an earlier watchdog trip
+    safety = robot.rearm()  # starting a run is the operator's explicit re-arm after an earlier watchdog trip
     spec = robot.env_spec
     period = 1.0 / float(cfg.hz or spec.control_frequency)
     policy = _load_deploy_policy(cfg, period)
@@ -339,35 +344,62 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
     problems = cell_problems(cfg.policy, policy.spec, cfg.robot, spec, cfg.executor)
     if problems:
         raise IncompatibleSpecError(problems)
-    stats = DeployStats()
     line = (lambda st: print_status(st, period)) if status else None
-    env = DeployEnv(robot, 1.0 / period, teleop=_teleop(cfg, spec.action.dim), stats=stats, status=line)
-    vec = make_vector_env(lambda: BorrowedEnv(env), plan_episodes(cfg.episodes, cfg.seed, 1), spec.max_episode_steps)
+    env = DeployEnv(robot, 1.0 / period, teleop=_teleop(cfg, spec.action.dim), stats=DeployStats(), status=line)
     executor = make_executor(policy, cfg.executor)
     recorder = open_deploy_recorder(cfg.record, spec) if cfg.record else None
+    timeout = reply_timeout_s(safety)
+    return run_deployment(
+        robot, env, executor, cfg.episodes, seed=cfg.seed, recorder=recorder, reply_timeout_s=timeout, status=status
+    )
+
+
+def run_deployment(
+    robot: Robot,
+    env: DeployEnv,
+    executor: Any,
+    episodes: int,
+    *,
+    seed: int = 0,
+    recorder: Any = None,
+    reply_timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S,
+    status: bool = False,
+) -> DeployOutcome:
+    """Run ``episodes`` episodes (reset seeds ``seed + i``) of ``executor`` on ``env``, a :class:`DeployEnv` of
+    ``robot``, through the rollout loop, recording to ``recorder`` (from :func:`open_deploy_recorder`) when given.
+
+    An :class:`~policylink.runtime.executors.AsyncExecutor` stops at a chunk request unanswered for more than
+    ``reply_timeout_s`` seconds of ``env.clock`` (None = never): after the policy's last reply the robot executes
+    the planned actions up to the next request, then at most ``reply_timeout_s`` more. Ctrl-C, a policy that
+    stops answering, a dead policy or robot server and a tripped robot watchdog end the run with one message on
+    stderr, also in the outcome's ``code`` and ``reason``. Whatever ends it, the robot is asked to hold, an
+    unfinished episode is committed (success unknown, quality ``aborted``), and the executor, the recorder and
+    the robot connection are closed.
+
+    Raises:
+        Exception: any other error (after the same clean-up).
+    """
+    from policylink.adapters.protocol import RemoteError
+    from policylink.runtime.executors import AsyncExecutor
+    from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
+
+    if reply_timeout_s is not None and isinstance(executor, AsyncExecutor):
+        executor.watch_replies(reply_timeout_s, env.clock)
+    vec = make_vector_env(lambda: BorrowedEnv(env), plan_episodes(episodes, seed, 1), env.env_spec.max_episode_steps)
     subs = [DeployRecorder(recorder)] if recorder is not None else []
-    out = DeployOutcome(0, [], stats, period)
+    out = DeployOutcome(0, [], env.stats, env.period)
 
     def progress(r: Any) -> None:
         out.results.append(r)
         if status:
-            print(f"\repisode {r.index} seed {r.seed}: success={r.success} steps={r.n_steps} | {stats.line(period)}")
+            line = env.stats.line(env.period)
+            print(f"\repisode {r.index} seed {r.seed}: success={r.success} steps={r.n_steps} | {line}")
 
     try:
-        rollout(vec, executor, cfg.episodes, subscribers=subs, progress=progress)
-    except KeyboardInterrupt:
-        print("\ninterrupted: the robot is holding", file=sys.stderr)
-        out.code = 130
-    except WatchdogTripped as e:
-        print(
-            f"\n{e}: the run ends here; start it again to re-arm (a longer --watchdog-ms on the robot server "
-            "tolerates slower inference)",
-            file=sys.stderr,
-        )
-        out.code = 1
-    except (TimeoutError, RemoteError, ConnectionError) as e:
-        print(f"\npolicy or robot server stopped answering ({type(e).__name__}: {e}); the robot holds", file=sys.stderr)
-        out.code = 1
+        rollout(vec, executor, episodes, subscribers=subs, progress=progress)
+    except (KeyboardInterrupt, WatchdogTripped, TimeoutError, RemoteError, ConnectionError) as e:
+        out.code, out.reason = _ending(e)
+        print(f"\n{out.reason}", file=sys.stderr)
     finally:
         _hold_quietly(robot)
         executor.close()
@@ -376,6 +408,33 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
             recorder.close()
         robot.disconnect()
     return out
+
+
+def reply_timeout_s(safety: dict[str, Any]) -> float:
+    """The longest a deployment waits for a chunk it asked for while the robot executes the old one, seconds: the
+    robot's watchdog ``watchdog_s`` from the safety status ``safety`` (a robot server's ``rearm`` reply), or
+    :data:`DEFAULT_REPLY_TIMEOUT_S` when it reports none (watchdog off, or an older server)."""
+    w = safety.get("watchdog_s")
+    return float(w) if w else DEFAULT_REPLY_TIMEOUT_S
+
+
+def _ending(e: BaseException) -> tuple[int, str]:
+    """The exit code and the one-line reason of a deployment ended by ``e``."""
+    from policylink.runtime.executors import PolicyStoppedAnswering
+
+    if isinstance(e, KeyboardInterrupt):
+        return 130, "interrupted: the robot is holding"
+    if isinstance(e, PolicyStoppedAnswering):
+        return 1, (
+            f"{e}; the robot holds (the limit is the robot's watchdog: a longer --watchdog-ms on the robot server "
+            "tolerates slower inference)"
+        )
+    if isinstance(e, WatchdogTripped):
+        return 1, (
+            f"{e}: the run ends here; start it again to re-arm (a longer --watchdog-ms on the robot server "
+            "tolerates slower inference)"
+        )
+    return 1, f"policy or robot server stopped answering ({type(e).__name__}: {e}); the robot holds"
 
 
 def _load_deploy_policy(cfg: Any, period: float) -> Any:

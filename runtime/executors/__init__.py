@@ -5,7 +5,7 @@ chosen by :class:`ExecutorConfig`, all built on one per-row :class:`ChunkQueue`.
 from __future__ import annotations
 
 from policylink.adapters.policy import PolicyAdapter
-from policylink.runtime.executors.asynchronous import AsyncExecutor
+from policylink.runtime.executors.asynchronous import AsyncExecutor, PolicyStoppedAnswering
 from policylink.runtime.executors.base import (
     ChunkExecutor,
     ExecutorConfig,
@@ -32,6 +32,7 @@ __all__ = [
     "ExecutorKind",
     "LatencyConfig",
     "LatencyMode",
+    "PolicyStoppedAnswering",
     "RecedingHorizonExecutor",
     "TemporalEnsembleExecutor",
     "executor_problems",

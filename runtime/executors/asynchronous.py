@@ -5,9 +5,10 @@ arXiv 2506.07339)."""
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,27 @@ class _Request:
     rows: np.ndarray  # (B',) the rows planned
     epoch: np.ndarray  # (B',) queue epochs at the trigger; rows whose epoch changed discard the result
     delay: int  # simulated delay in steps (sim mode); -1 when measured
+    sent_t: float  # the executor's clock at the trigger, seconds
     age: int = 0  # actions executed since the trigger
+
+
+class PolicyStoppedAnswering(TimeoutError):
+    """A chunk request went unanswered for longer than the reply timeout set by
+    :meth:`AsyncExecutor.watch_replies` (the policy or its server died or hangs); the executor hands out no
+    further action.
+
+    Attributes:
+        waited_s: how long the request has gone unanswered, seconds.
+        timeout_s: the reply timeout, seconds.
+        since_reply_s: time since the policy's last reply (the planned actions executed meanwhile), seconds.
+    """
+
+    def __init__(self, waited_s: float, timeout_s: float, since_reply_s: float):
+        self.waited_s, self.timeout_s, self.since_reply_s = waited_s, timeout_s, since_reply_s
+        super().__init__(
+            f"the policy stopped answering: no reply to a chunk request for {1e3 * waited_s:.0f} ms (limit "
+            f"{1e3 * timeout_s:.0f} ms); its last reply came {1e3 * since_reply_s:.0f} ms ago"
+        )
 
 
 class AsyncExecutor(ChunkExecutor):
@@ -53,6 +74,11 @@ class AsyncExecutor(ChunkExecutor):
     (the current chunk's unread actions, weights ``rtc_weights(H, d, s)`` times their validity, ``beta =
     config.rtc_max_guidance``), ``d`` being the sampled delay or the last measured one.
 
+    Reply timeout (deployment, off by default): after :meth:`watch_replies`, a chunk request unanswered for longer
+    than the timeout raises :class:`PolicyStoppedAnswering` from :meth:`act` instead of executing more of the old
+    chunk (the robot then holds). After the policy's last reply the rows execute their chunk up to the next
+    trigger (``s - d`` steps) and then at most the timeout while that request goes unanswered.
+
     Raises:
         ExecutorConfigError: simulated delays with ``max_delay > s`` or ``s + max_delay > H`` (RTC's
             ``d <= s <= H - d``).
@@ -66,14 +92,32 @@ class AsyncExecutor(ChunkExecutor):
         self._ops: list[tuple[str, Any]] = []  # policy calls deferred to the worker, applied in order
         self._requests: list[_Request] = []  # periodic requests in flight, in submission order
         self._last_delay = 0
+        self._reply_timeout: float | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._last_reply_t: float | None = None
+        self._stopped = False  # a request went unanswered: close() does not wait for it
 
     @property
     def uses_rtc(self) -> bool:
         """True when periodic chunks are requested with a real-time-chunking prefix."""
         return self._rtc
 
+    def watch_replies(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """Stop at a chunk request unanswered for more than ``timeout_s`` seconds of ``clock`` (see the class).
+
+        Raises:
+            ValueError: ``timeout_s`` is not a finite number > 0.
+        """
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"reply timeout_s: expected a finite number of seconds > 0, received {timeout_s}")
+        self._reply_timeout, self._clock = float(timeout_s), clock
+
     def act(self, obs_batch: Mapping[str, Any]) -> np.ndarray:
-        """Return float32 ``(B, A)``: each episode's action for this step (never blocks on a ready chunk)."""
+        """Return float32 ``(B, A)``: each episode's action for this step (never blocks on a ready chunk).
+
+        Raises:
+            PolicyStoppedAnswering: with :meth:`watch_replies`, a request is unanswered for longer than the timeout.
+        """
         self._begin_step(obs_batch)
         fresh = np.flatnonzero(~self.queue.valid)
         if fresh.size:  # first chunk of an episode (or after truncate): blocking, from index 0
@@ -81,6 +125,7 @@ class AsyncExecutor(ChunkExecutor):
         self._collect()  # a chunk that arrives now frees the row for its next trigger (d = s)
         self._trigger()
         self._collect()  # d = 0: ready at once
+        self._check_replies()
         self.stall_steps += self._wait_exhausted()
         action = self.queue.pop()
         self._since_trigger += 1
@@ -89,8 +134,9 @@ class AsyncExecutor(ChunkExecutor):
         return self._end_step(action)
 
     def close(self) -> None:
-        """Wait for the inference in flight and stop the worker."""
-        self._worker.shutdown(wait=True)
+        """Wait for the inference in flight and stop the worker (without waiting after
+        :class:`PolicyStoppedAnswering`: the unanswered call is left to finish or time out on its own)."""
+        self._worker.shutdown(wait=not self._stopped, cancel_futures=self._stopped)
 
     # -- every policy call goes through the worker ---------------------------------------------------------------
 
@@ -105,7 +151,9 @@ class AsyncExecutor(ChunkExecutor):
     def _infer(
         self, ids: np.ndarray, guidance: Guidance | GuidanceFn | None = None, prefix: ChunkPrefix | None = None
     ) -> tuple[np.ndarray, bool]:
-        return self._submit(request_chunk, self.policy, self._policy_ids(ids), guidance, prefix).result()
+        out = self._submit(request_chunk, self.policy, self._policy_ids(ids), guidance, prefix).result()
+        self._last_reply_t = self._clock()
+        return out
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         ops, self._ops = self._ops, []
@@ -142,7 +190,7 @@ class AsyncExecutor(ChunkExecutor):
         prefix = self._prefix(ids, delay) if self._rtc else None
         future = self._submit(request_chunk, self.policy, self._policy_ids(ids), None, prefix)
         sim = self.config.latency.simulated
-        self._requests.append(_Request(future, ids, self.queue.epoch[ids].copy(), delay if sim else -1))
+        self._requests.append(_Request(future, ids, self.queue.epoch[ids].copy(), delay if sim else -1, self._clock()))
         self._in_flight[ids] = True
         self._since_trigger[ids] = 0
 
@@ -171,7 +219,9 @@ class AsyncExecutor(ChunkExecutor):
     def _finish(self, req: _Request, ready: bool) -> int:
         """Install ``req``'s chunk in its rows that have not changed since the trigger; returns the wait."""
         before = time.perf_counter()
+        self._await(req)
         chunk, _ = req.future.result()
+        self._last_reply_t = self._clock()
         if req.delay >= 0:
             stalled = max(req.delay - req.age, 0)
         else:
@@ -185,6 +235,29 @@ class AsyncExecutor(ChunkExecutor):
             self.queue.install(rows, chunk[same], offset=min(age, self.chunk_size - 1), limit=self.chunk_size)
             self.inferences[rows] += 1
         return stalled
+
+    def _check_replies(self) -> None:
+        """Raise :class:`PolicyStoppedAnswering` when a request in flight is older than the reply timeout."""
+        if self._reply_timeout is None:
+            return
+        for req in self._requests:
+            if not req.future.done() and self._clock() - req.sent_t > self._reply_timeout:
+                raise self._stopped_answering(req)
+
+    def _await(self, req: _Request) -> None:
+        """Wait for ``req``'s reply, at most until its reply timeout (none without :meth:`watch_replies`)."""
+        if self._reply_timeout is None or req.future.done():
+            return
+        left = self._reply_timeout - (self._clock() - req.sent_t)
+        done, _ = wait([req.future], timeout=max(left, 0.0))
+        if not done:
+            raise self._stopped_answering(req)
+
+    def _stopped_answering(self, req: _Request) -> PolicyStoppedAnswering:
+        self._stopped = True
+        now = self._clock()
+        last = req.sent_t if self._last_reply_t is None else self._last_reply_t
+        return PolicyStoppedAnswering(now - req.sent_t, self._reply_timeout, now - last)
 
     def _wait_exhausted(self) -> int:
         """Wait for the requests of rows that ran out of actions; returns the stall steps."""

@@ -1,9 +1,12 @@
-"""Deployment with a slow policy: a first chunk slower than a control period starts at its first action (the robot
-holds until the reply), later chunks stay latency-aligned. In process with a fake clock (exact values), and through
-the policy and robot servers on loopback in real time (invariants only)."""
+"""Deployment with a policy that is slow or gone: a first chunk slower than a control period starts at its first
+action (the robot holds until the reply), later chunks stay latency-aligned; a policy that stops answering stops
+the robot within the watchdog (it holds, the run says why, the recording keeps the episode marked aborted).
+In process with a fake clock (exact values), and through the policy and robot servers on loopback in real time
+(invariants and generous margins only)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -11,8 +14,9 @@ import pytest
 
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import ActionSpec, ControlMode, EnvSpec, FeatureSpec, PolicySpec
+from policylink.data.buffer import EpisodeStore
 from policylink.real.robot import Robot
-from policylink.runtime.deploy import DeployEnv
+from policylink.runtime.deploy import DeployEnv, open_deploy_recorder, run_deployment
 from policylink.runtime.executors import ExecutorConfig, LatencyConfig, make_executor
 from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
 
@@ -190,3 +194,55 @@ def test_through_the_servers_a_slow_first_chunk_starts_at_a0_and_later_chunks_st
     assert [c[2][1] for c in cmds] == [c[0] for c in cmds]  # every action executed at the step it is planned for
     starts = _chunk_starts(cmds)
     assert len(starts) >= 3 and starts[0] == 0 and min(starts[1:]) >= 1  # passed actions of later chunks dropped
+
+
+@pytest.mark.parametrize("n_action_steps", [1, 2])
+def test_a_policy_that_stops_answering_stops_the_robot_within_the_watchdog(tmp_path, n_action_steps):
+    clock, hang = FakeClock(), threading.Event()
+    robot = StepRobot(clock, steps=64)
+    policy = StepPolicy(clock, chunk_size=16, n_action_steps=n_action_steps, hang=hang)  # a chunk lasts 2 s
+    ex = make_executor(policy, ExecutorConfig(kind="async"))
+    rec = open_deploy_recorder(str(tmp_path / "run.zarr"), robot.env_spec)
+    try:
+        out = run_deployment(robot, _fake_env(robot, clock), ex, 1, recorder=rec, reply_timeout_s=0.5)
+    finally:
+        hang.set()
+    (last_reply,) = policy.replies  # it answered the first request only
+    cmds = robot.policy_commands()
+    # the next request goes out n_action_steps periods after the reply; actions run while it is unanswered for
+    # at most 0.5 s (times are binary fractions: exact)
+    assert cmds[-1][1] - last_reply == 0.5 + n_action_steps * PERIOD
+    assert [c[2][1] for c in cmds] == list(range(len(cmds)))  # the planned actions, one per period, none skipped
+    held_k, held_t, held = robot.commands[-1]  # then the robot is told to hold, at the next period
+    assert held.tolist() == [0.0, 0.0] and held_t == cmds[-1][1] + PERIOD
+    assert out.code == 1 and out.results == []
+    waited, since = 1e3 * (0.5 + PERIOD), 1e3 * (0.5 + (n_action_steps + 1) * PERIOD)
+    assert out.reason.startswith(
+        f"the policy stopped answering: no reply to a chunk request for {waited:.0f} ms (limit 500 ms); its last "
+        f"reply came {since:.0f} ms ago; the robot holds"
+    )
+    store = EpisodeStore(tmp_path / "run.zarr", "r")  # the episode so far is kept, marked aborted
+    assert store.n_episodes == 1 and store.episode_lengths.tolist() == [len(cmds)]
+    assert store.episode_meta(0).success is None and store.episode_meta(0).quality == "aborted"
+
+
+def test_through_the_servers_a_policy_that_stops_answering_stops_the_robot_within_the_watchdog(servers, tmp_path):
+    from policylink.runtime.deploy import deploy
+
+    hz, watchdog = 25.0, 0.3
+    hang = threading.Event()
+    robot = StepRobot(time.monotonic, hz=hz, steps=200)
+    policy = StepPolicy(time.monotonic, hz=hz, chunk_size=32, n_action_steps=1, hang=hang)  # a chunk lasts 1.28 s
+    paddr, raddr = servers(policy, robot, watchdog)
+    try:
+        out = deploy(_run_config(paddr, raddr, tmp_path, 1))
+    finally:
+        hang.set()
+    (last_reply,) = policy.replies
+    cmds = robot.policy_commands()
+    stale = cmds[-1][1] - last_reply  # watchdog + one period = 0.34 s here (the old executor ran on for 1.24 s)
+    assert watchdog - 1 / hz <= stale <= watchdog + 1 / hz + 0.25, stale
+    assert not robot.commands[-1][2].any()  # held
+    assert out.code == 1 and "stopped answering" in out.reason and "(limit 300 ms)" in out.reason  # the robot's
+    store = EpisodeStore(tmp_path / "run.zarr", "r")
+    assert store.n_episodes == 1 and store.episode_meta(0).quality == "aborted"

@@ -18,6 +18,7 @@ from policylink.runtime.executors import (
     ExecutorConfig,
     ExecutorConfigError,
     LatencyConfig,
+    PolicyStoppedAnswering,
     RecedingHorizonExecutor,
     TemporalEnsembleExecutor,
     make_executor,
@@ -231,6 +232,29 @@ def test_async_thread_aligns_by_measured_delay():
     lag = acts[:, 1] - acts[:, 0]  # steps between the planning observation and execution
     switched = np.nonzero(np.diff(acts[:, 0]))[0] + 1
     assert len(switched) >= 2 and np.all(lag[switched] >= 1)  # the first actions of each new chunk were dropped
+
+
+def test_async_stops_at_a_request_unanswered_past_the_reply_timeout_and_closes_without_waiting_for_it():
+    class Hangs(ClockPolicy):  # answers the first request only, then waits for `hang`
+        def _predict(self, history, pad_mask, tasks):
+            if self.calls:
+                hang.wait(10.0)
+            return super()._predict(history, pad_mask, tasks)
+
+    hang, now = threading.Event(), [0.0]
+    ex = make_executor(Hangs(chunk_size=16, n_action_steps=2), ExecutorConfig(kind="async"))
+    with pytest.raises(ValueError, match=r"timeout_s: expected a finite number of seconds > 0, received 0"):
+        ex.watch_replies(0.0)
+    ex.watch_replies(0.5, clock=lambda: now[0])
+    acts = []
+    with pytest.raises(PolicyStoppedAnswering, match=r"for 625 ms \(limit 500 ms\); its last reply came 875 ms ago"):
+        for t in range(16):  # steps of 0.125 s; the request sent at 0.25 s is overdue at 0.875 s
+            acts.append(ex.act(_obs([0], t))[0, 1])
+            now[0] += 0.125
+    started = time.monotonic()
+    ex.close()
+    hang.set()
+    assert acts == list(range(7)) and time.monotonic() - started < 5.0
 
 
 @pytest.mark.parametrize("kind", ["receding_horizon", "temporal_ensemble", "async"])
