@@ -188,7 +188,8 @@ def is_user_error(e: BaseException) -> bool:
 
 
 def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
-    """Parse a dataclass config from ``argv``: optional ``--config FILE.yaml`` then field overrides.
+    """Parse a dataclass config from ``argv``: optional ``--config FILE.yaml`` (a file, or a shipped config's name:
+    :func:`resolve_config_path`) then field overrides.
 
     Overrides use the field path (``--policy.lr 1e-4`` or ``--policy.lr=1e-4``), spelled with underscores or
     dashes; every subcommand's flags go through :func:`normalise_flags` (dashes, bare booleans, comma lists).
@@ -212,6 +213,8 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
                 config_path = a.split("=", 1)[1]
                 del args[i]
                 break
+    if config_path is not None:
+        config_path = resolve_config_path(config_path)
     if any(a in ("-h", "--help") for a in args):
         from policylink.runtime.cli_help import format_help, help_instance
 
@@ -325,15 +328,32 @@ def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:
     return out
 
 
+def resolve_config_path(path: str) -> str:
+    """``path`` when it exists; else the shipped config it names (:func:`policylink.configs.shipped_config`:
+    ``configs/train/x.yaml``, ``train/x.yaml`` or ``x``), so the README's ``--config configs/train/...`` works in any
+    working directory and from an installed wheel; else ``path`` unchanged (:func:`check_yaml_file` reports it)."""
+    from policylink.configs import shipped_config
+
+    if Path(path).expanduser().exists():
+        return path
+    found = shipped_config(path)
+    return str(found) if found is not None else path
+
+
 def check_yaml_file(path: str) -> None:
     """Raise :class:`ConfigError` naming ``path`` (and the line and column, 1-based) when it cannot be read or is
-    not valid YAML; do nothing otherwise."""
+    not valid YAML (a missing file names the closest shipped config, when one is close); do nothing otherwise."""
     import yaml
 
     try:
         text = Path(path).read_text()
     except OSError as e:
-        raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+        from policylink.configs import shipped_config_names
+
+        names = {Path(n).stem: n for n in shipped_config_names()}
+        close = closest_name(Path(path).stem, names) if isinstance(e, FileNotFoundError) else None
+        hint = f"; did you mean {names[close]!r}?" if close is not None else ""
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e}){hint}") from None
     try:
         yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "train"
+from policylink.configs import CONFIG_ROOT
+
+CONFIG_DIR = CONFIG_ROOT / "train"  # the shipped train configs: package data, found from a wheel install too
 
 
 @dataclass

@@ -119,14 +119,7 @@ def test_fresh_venv_with_the_light_install_calls_a_server(tmp_path):
     train` names the extra. The server runs here, in the full environment, on loopback."""
     from policylink.adapters.transport import PolicyServer
 
-    src = tmp_path / "src"  # a copy: building in the checkout would write build/ and *.egg-info there
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.decode()
-    for rel in filter(None, files.split("\0")):
-        if (ROOT / rel).is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            (src / rel).write_bytes((ROOT / rel).read_bytes())
+    src = _copy_checkout(tmp_path / "src")
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
@@ -165,3 +158,63 @@ def test_fresh_venv_with_the_light_install_calls_a_server(tmp_path):
     assert (train.returncode, train.stdout) == (2, "")
     assert train.stderr.splitlines() == [train.stderr.strip()]  # one line, no traceback
     assert "pip install 'policylink[train]'" in train.stderr
+
+
+def _copy_checkout(src: Path) -> Path:
+    """The checkout's files (tracked and untracked, not ignored) copied to ``src``: building in the checkout would
+    write build/ and *.egg-info there."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    for rel in filter(None, files.split("\0")):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes((ROOT / rel).read_bytes())
+    return src
+
+
+def test_the_wheel_carries_assets_and_configs_and_names_resolve_from_the_install(tmp_path):
+    """`pip wheel .` builds without setuptools' "absent from the packages configuration" warnings; the wheel holds the
+    MJCF assets and the shipped YAML configs; installed (not editable), `--config configs/train/...`, the demo's
+    train configs and the MJCF files resolve inside the installed package, from a directory without configs/."""
+    import zipfile
+
+    src = _copy_checkout(tmp_path / "src")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "whl"), "."],
+        capture_output=True, text=True, cwd=src, timeout=600,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "absent from the `packages` configuration" not in build.stdout + build.stderr
+    (wheel,) = (tmp_path / "whl").glob("policylink-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*") if p.suffix in (".yaml", ".json")}
+    assets = {p.relative_to(ROOT).as_posix() for p in (ROOT / "sim").rglob("assets/*.xml")}
+    assert len(shipped) > 20 and len(assets) == 10
+    assert {f"policylink/{name}" for name in shipped | assets} <= names
+
+    target = tmp_path / "site"
+    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=600)
+    probe = textwrap.dedent(
+        """
+        from policylink import configs
+        from policylink.runtime.cli import parse_config
+        from policylink.runtime.demo import CONFIG_DIR, DemoConfig, validate_demo
+        from policylink.runtime.train_config import TrainConfig
+        from policylink.sim.mujoco.base import asset_path
+
+        cfg = parse_config(TrainConfig, ["--config", "configs/train/diffusion_push_state.yaml"])
+        by_name = parse_config(TrainConfig, ["--config", "flow_push_state_fast"])
+        validate_demo(DemoConfig())  # every train config template of the demo is found
+        print(configs.__file__, CONFIG_DIR, asset_path("push.xml"), sep="\\n")
+        print(cfg.steps, cfg.policy.type, by_name.steps, by_name.policy.type)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}  # ahead of the editable install of this checkout
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    *paths, values = run.stdout.splitlines()
+    assert [Path(p).is_relative_to(target / "policylink") for p in paths] == [True, True, True], paths
+    assert Path(paths[2]).is_file()
+    assert values == "10000 diffusion 2000 flow"

@@ -13,8 +13,9 @@ ALLOWED = {
     "real": {"adapters"},
     "data": {"adapters"},
     "policies": {"adapters", "data"},
-    "runtime": {"adapters", "data", "policies", "sim", "real", "runtime", "train"},
+    "runtime": {"adapters", "data", "policies", "sim", "real", "runtime", "train", "configs"},
     "train": {"adapters", "data", "policies"},
+    "configs": set(),  # the shipped YAML configs (package data) and the function that finds them
 }
 
 

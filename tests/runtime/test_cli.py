@@ -299,3 +299,22 @@ def test_a_bad_name_is_one_line_naming_field_value_choices_and_the_closest(
     assert f"'{close}'" in lines[0].split(", received ")[0]  # the valid choices are listed
     assert lines[0].endswith(f"received '{bad}'; did you mean '{close}'?")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demos.zarr"]  # nothing recorded, trained or written
+
+
+def test_config_names_resolve_to_the_shipped_configs_from_any_directory(tmp_path, monkeypatch):
+    from policylink.configs import CONFIG_ROOT
+    from policylink.runtime.train_config import TrainConfig
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    for name in ("configs/train/flow_push_state.yaml", "train/flow_push_state.yaml", "flow_push_state"):
+        assert cli.resolve_config_path(name) == str(CONFIG_ROOT / "train" / "flow_push_state.yaml")
+        cfg = cli.parse_config(TrainConfig, ["--config", name, "--steps", "7"])
+        assert (cfg.policy.type, cfg.steps, cfg.dataset.path) == ("flow", 7, "outputs/data/push_state.zarr")
+    (tmp_path / "flow_push_state.yaml").write_text("steps: 3\n")  # a file of the user's own wins
+    assert cli.parse_config(TrainConfig, ["--config", "flow_push_state.yaml"]).steps == 3
+    with pytest.raises(cli.ConfigError) as e:
+        cli.parse_config(TrainConfig, ["--config", "configs/train/diffusion_push_stat.yaml"])
+    assert str(e.value) == (
+        "--config configs/train/diffusion_push_stat.yaml: cannot read it (No such file or directory); "
+        "did you mean 'configs/train/diffusion_push_state.yaml'?"
+    )
