@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SEED = 100_000
 MIX = (("expert", 0.3, 0), ("noisy", 0.4, 10_000), ("poor", 0.3, 20_000))  # quality, share, first seed
@@ -145,10 +143,20 @@ def _with_cfg_scale(ckpt: Path, w: float, dest: Path) -> Path:
     """A copy of checkpoint ``ckpt`` whose recorded default CFG weight is ``w`` (``policy.cfg_scale``)."""
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(ckpt, dest, ignore=shutil.ignore_patterns("training_state.pt"))
-    doc = yaml.safe_load((dest / "config.yaml").read_text())
+    from policylink.policies.checkpoint import (
+        CONFIG_FILE,
+        LEGACY_CONFIG_FILE,
+        LEGACY_TRAINING_STATE_FILE,
+        TRAINING_STATE,
+        read_checkpoint_config,
+    )
+    from policylink.policies.serialization import save_json
+
+    skip = (f"{TRAINING_STATE}.*", LEGACY_TRAINING_STATE_FILE, LEGACY_CONFIG_FILE)
+    shutil.copytree(ckpt, dest, ignore=shutil.ignore_patterns(*skip))
+    doc = read_checkpoint_config(ckpt)
     doc["policy"]["cfg_scale"] = w
-    (dest / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    save_json(dest / CONFIG_FILE, doc)
     return dest
 
 

@@ -1,40 +1,61 @@
-"""Checkpoint folders: everything needed to rebuild a policy, and to resume its training.
+"""Checkpoint folders: everything needed to rebuild a policy, and to resume its training. Tensors are safetensors,
+everything else JSON, all written through :mod:`policylink.policies.serialization` (never pickle).
 
 Layout::
 
-    <dir>/config.yaml             {"policy": {"type": name, ...PolicyConfig}, "train": training config (optional)}
-    <dir>/model.safetensors       model weights (the EMA weights during training)
-    <dir>/normalizer.safetensors  Normalizer.state_dict() arrays
-    <dir>/policy_spec.json        PolicySpec.to_dict()
-    <dir>/training_state.pt       optional: optimizer, LR scheduler, step, RNG states, raw and EMA weights
+    <dir>/config.json                  {"policy": {"type": name, ...PolicyConfig}, "train": training config (optional)}
+    <dir>/model.safetensors            model weights (the EMA weights during training)
+    <dir>/normalizer.safetensors       Normalizer.state_dict() arrays
+    <dir>/policy_spec.json             PolicySpec.to_dict()
+    <dir>/training_state.safetensors   optional, for resume: the tensors and arrays of the training state (optimizer,
+    <dir>/training_state.json            LR scheduler, EMA, RNG states, raw weights) and its JSON skeleton (save_tree)
 
 A folder is written under a temporary name and renamed into place, so a killed trainer never leaves a
-half-written checkpoint behind.
+half-written checkpoint behind. Folders of the previous layout (``config.yaml``, ``training_state.pt``) still load
+for inference (their YAML is read with ``yaml.safe_load``); their pickled ``training_state.pt`` is refused with a
+:class:`~policylink.policies.serialization.LegacyFormatError` that says what to do. Importing this module imports
+no torch.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
 import yaml
 
 from policylink.adapters.obs_modes import obs_mode_env_kwargs
 from policylink.adapters.schema import PolicySpec
 from policylink.data.normalize import Normalizer
 from policylink.policies.config import PolicyConfig, build_model
-from policylink.policies.model import ChunkModel
+from policylink.policies.serialization import (
+    load_json,
+    load_tensors,
+    load_tree,
+    refuse_legacy,
+    save_json,
+    save_tensors,
+    save_tree,
+)
 
-CONFIG_FILE = "config.yaml"
+if TYPE_CHECKING:
+    import torch
+
+    from policylink.policies.model import ChunkModel
+
+CONFIG_FILE = "config.json"
 MODEL_FILE = "model.safetensors"
 NORMALIZER_FILE = "normalizer.safetensors"
 SPEC_FILE = "policy_spec.json"
-TRAINING_STATE_FILE = "training_state.pt"
+TRAINING_STATE = "training_state"
+"""Stem of the training state: ``training_state.safetensors`` + ``training_state.json``."""
+TRAINING_STATE_FILES = (f"{TRAINING_STATE}.safetensors", f"{TRAINING_STATE}.json")
+LEGACY_CONFIG_FILE = "config.yaml"
+"""The config file of folders written before :data:`CONFIG_FILE` (safe YAML: still read)."""
+LEGACY_TRAINING_STATE_FILE = "training_state.pt"
+"""The pickled training state of folders written before :data:`TRAINING_STATE_FILES` (refused)."""
 
 
 class CheckpointError(FileNotFoundError):
@@ -48,6 +69,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         ValueError: an unknown device string, or CUDA requested on a machine without a usable CUDA device
             (names ``device``, the expected and the received value).
     """
+    import torch  # the folder format itself needs no torch: reading a config stays light
+
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -63,16 +86,36 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
+def read_checkpoint_config(path: str | Path) -> dict[str, Any] | None:
+    """The config document of checkpoint folder ``path``, ``{"policy": {...}, "train": {...}}`` (``train`` only
+    when the trainer wrote it), from ``config.json`` (or the older layout's ``config.yaml``); None when ``path``
+    holds neither. Imports no torch.
+
+    Raises:
+        CheckpointError: the file is not a JSON (YAML) mapping.
+    """
+    path = Path(path)
+    try:
+        if (path / CONFIG_FILE).is_file():
+            doc, name = load_json(path / CONFIG_FILE), CONFIG_FILE
+        elif (path / LEGACY_CONFIG_FILE).is_file():
+            doc, name = yaml.safe_load((path / LEGACY_CONFIG_FILE).read_text()), LEGACY_CONFIG_FILE
+        else:
+            return None
+    except (ValueError, yaml.YAMLError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: unreadable config: {e}") from e
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r}: {name}: expected a mapping, received {type(doc).__name__}")
+    return doc
+
+
 def checkpoint_env_kwargs(path: str | Path) -> dict[str, Any] | None:
     """The env observation settings a checkpoint was trained with: ``{"obs_mode": str}`` plus ``image_size``
-    (pixels) for image modes, from ``config.yaml``'s ``train.dataset``; None when ``path`` is not a checkpoint
-    folder or its config does not say."""
-    cfg = Path(path) / CONFIG_FILE
-    if not cfg.is_file():
-        return None
+    (pixels) for image modes, from the config's ``train.dataset``; None when ``path`` is not a checkpoint folder or
+    its config does not say."""
     try:
-        dataset = dict((yaml.safe_load(cfg.read_text()) or {}).get("train", {}).get("dataset", {}))
-    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        dataset = dict(((read_checkpoint_config(path) or {}).get("train") or {}).get("dataset") or {})
+    except (CheckpointError, AttributeError, TypeError, ValueError):
         return None
     mode = dataset.get("obs_mode")
     if not isinstance(mode, str):
@@ -95,11 +138,14 @@ def save_checkpoint(
         model: the weights to serve (pass the EMA model during training).
         normalizer: the normaliser used in training.
         spec: the PolicySpec.
-        training_state: optional dict saved with ``torch.save`` as ``training_state.pt`` (for resume).
-        train_config: optional plain dict stored under ``train`` in ``config.yaml``.
-    """
-    from safetensors.torch import save_file
+        training_state: optional nested state for resume (optimizer / scheduler / EMA ``state_dict()``, RNG states,
+            step...), written with :func:`~policylink.policies.serialization.save_tree` as
+            ``training_state.safetensors`` + ``training_state.json``.
+        train_config: optional plain dict stored under ``train`` in ``config.json``.
 
+    Raises:
+        SerializationError: ``training_state`` or ``train_config`` holds a value that cannot be saved without pickle.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
@@ -108,16 +154,12 @@ def save_checkpoint(
     doc = {"policy": model.cfg.to_dict()}
     if train_config is not None:
         doc["train"] = dict(train_config)
-    (tmp / CONFIG_FILE).write_text(yaml.safe_dump(doc, sort_keys=False))
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, str(tmp / MODEL_FILE))
-    save_file(
-        {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in normalizer.state_dict().items()},
-        str(tmp / NORMALIZER_FILE),
-    )
-    (tmp / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=1))
+    save_json(tmp / CONFIG_FILE, doc)
+    save_tensors(tmp / MODEL_FILE, model.state_dict())
+    save_tensors(tmp / NORMALIZER_FILE, normalizer.state_dict())
+    save_json(tmp / SPEC_FILE, spec.to_dict())
     if training_state is not None:
-        torch.save(dict(training_state), tmp / TRAINING_STATE_FILE)
+        save_tree(tmp / TRAINING_STATE, dict(training_state))
     old = path.with_name(path.name + ".old")
     if path.exists():
         path.rename(old)
@@ -136,36 +178,51 @@ def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkMo
     Raises:
         CheckpointError: a required file is missing, or the weights do not fit the config.
     """
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(
             f"checkpoint folder not found: {str(path)!r} (policylink train writes <output_dir>/checkpoints/last)"
         )
-    for name in (CONFIG_FILE, MODEL_FILE, NORMALIZER_FILE, SPEC_FILE):
-        if not (path / name).is_file():
-            raise CheckpointError(
-                f"checkpoint {str(path)!r}: missing {name} (expected {CONFIG_FILE}, "
-                f"{MODEL_FILE}, {NORMALIZER_FILE}, {SPEC_FILE})"
-            )
-    doc = yaml.safe_load((path / CONFIG_FILE).read_text())
+    doc = read_checkpoint_config(path)
+    missing = [name for name in (MODEL_FILE, NORMALIZER_FILE, SPEC_FILE) if not (path / name).is_file()]
+    if doc is None or missing:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: missing {', '.join(([CONFIG_FILE] if doc is None else []) + missing)} "
+            f"(expected {CONFIG_FILE}, {MODEL_FILE}, {NORMALIZER_FILE}, {SPEC_FILE})"
+        )
+    if "policy" not in doc:
+        raise CheckpointError(f"checkpoint {str(path)!r}: config: expected a 'policy' section, received {sorted(doc)}")
     cfg = PolicyConfig.from_dict(doc["policy"])
-    spec = PolicySpec.from_dict(json.loads((path / SPEC_FILE).read_text()))
+    spec = PolicySpec.from_dict(load_json(path / SPEC_FILE))
     model = build_model(cfg, spec.observation_features, spec.action.dim)
     try:
-        model.load_state_dict(load_file(str(path / MODEL_FILE)))
+        model.load_state_dict(load_tensors(path / MODEL_FILE))
     except RuntimeError as e:
-        raise CheckpointError(f"checkpoint {str(path)!r}: {MODEL_FILE} does not fit {CONFIG_FILE}: {e}") from e
-    normalizer = Normalizer.from_state_dict(load_file(str(path / NORMALIZER_FILE)))
+        raise CheckpointError(f"checkpoint {str(path)!r}: {MODEL_FILE} does not fit the config: {e}") from e
+    normalizer = Normalizer.from_state_dict(load_tensors(path / NORMALIZER_FILE))
     return cfg, spec, model.eval(), normalizer
 
 
 def load_training_state(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """The ``training_state.pt`` dict of a checkpoint folder. Raises CheckpointError when absent."""
-    f = Path(path) / TRAINING_STATE_FILE
-    if not f.is_file():
+    """The training state saved in checkpoint folder ``path`` (what ``save_checkpoint(training_state=...)`` got, with
+    the same nesting and types; tensors on ``device``). Keep the default ``"cpu"`` for a state holding
+    ``torch.get_rng_state()``: ``torch.set_rng_state`` refuses a tensor elsewhere, while ``load_state_dict`` of a
+    module or optimizer moves CPU tensors to the parameters' device itself.
+
+    Raises:
+        LegacyFormatError: the folder holds only the old pickled ``training_state.pt`` (it is never unpickled).
+        CheckpointError: no training state (an inference-only checkpoint; cannot resume).
+    """
+    refuse_legacy(
+        path,
+        TRAINING_STATE_FILES[0],
+        LEGACY_TRAINING_STATE_FILE,
+        "Resuming from it is not possible: train again without --resume (or into a new --output_dir); the weights "
+        f"in {MODEL_FILE} still load for evaluation.",
+    )
+    if not all((Path(path) / name).is_file() for name in TRAINING_STATE_FILES):
         raise CheckpointError(
-            f"checkpoint {str(path)!r}: missing {TRAINING_STATE_FILE} (not a training checkpoint; cannot resume)"
+            f"checkpoint {str(path)!r}: missing {' + '.join(TRAINING_STATE_FILES)} (not a training checkpoint; "
+            "cannot resume)"
         )
-    return torch.load(f, map_location=device, weights_only=False)
+    return load_tree(Path(path) / TRAINING_STATE, device)

@@ -13,7 +13,6 @@ target heads follow by Polyak averaging after every gradient step.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,8 +21,12 @@ from typing import Any
 import torch
 from torch import nn
 
-CRITIC_WEIGHTS = "critic.pt"
+from policylink.policies.serialization import load_json, load_tensors, refuse_legacy, save_json, save_tensors
+
+CRITIC_WEIGHTS = "critic.safetensors"
 CRITIC_CONFIG = "critic.json"
+LEGACY_CRITIC_WEIGHTS = "critic.pt"
+"""The pickled weights of critic folders written before :data:`CRITIC_WEIGHTS` (refused)."""
 
 
 @dataclass(frozen=True)
@@ -181,22 +184,30 @@ class ChunkCritic(nn.Module):
         return self.v_net(s).squeeze(-1)
 
     def save(self, folder: str | Path) -> Path:
-        """Write ``critic.pt`` and ``critic.json`` into ``folder``. Returns the folder."""
+        """Write ``critic.safetensors`` (every weight, targets included) and ``critic.json`` (the
+        :class:`CriticConfig`) into ``folder`` (created if needed; other files in it are left alone). Returns the
+        folder."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), folder / CRITIC_WEIGHTS)
-        (folder / CRITIC_CONFIG).write_text(json.dumps(asdict(self.cfg), indent=2))
+        save_tensors(folder / CRITIC_WEIGHTS, self.state_dict())
+        save_json(folder / CRITIC_CONFIG, asdict(self.cfg))
         return folder
 
     @classmethod
     def load(cls, folder: str | Path, device: torch.device | str = "cpu") -> ChunkCritic:
-        """Inverse of :meth:`save`. Raises FileNotFoundError naming the missing file."""
+        """Inverse of :meth:`save`.
+
+        Raises:
+            LegacyFormatError: the folder holds the old pickled ``critic.pt`` instead (it is never unpickled).
+            FileNotFoundError: a missing file (named).
+        """
         folder = Path(folder)
+        remedy = f"Train the critic again: policylink finetune critic --policy CKPT --buffer STORE --out {folder}"
+        refuse_legacy(folder, CRITIC_WEIGHTS, LEGACY_CRITIC_WEIGHTS, remedy)
         for name in (CRITIC_WEIGHTS, CRITIC_CONFIG):
             if not (folder / name).exists():
                 raise FileNotFoundError(f"critic: expected {folder / name} (policylink finetune critic --out)")
-        critic = cls(CriticConfig(**json.loads((folder / CRITIC_CONFIG).read_text())))
-        critic.load_state_dict(torch.load(folder / CRITIC_WEIGHTS, map_location=device, weights_only=True))
+        critic = cls(CriticConfig(**load_json(folder / CRITIC_CONFIG)))
+        critic.load_state_dict(load_tensors(folder / CRITIC_WEIGHTS))
         return critic.to(device)
 
 

@@ -105,21 +105,19 @@ def checkpoint_env_kwargs_of(pols: list[tuple[str, Any]], env_labels: list[str])
 
 def warn_recorded_seed_overlap(refs: Sequence[Any], seed: int, episodes: int) -> list[int]:
     """Warn (one line on stderr per checkpoint) when evaluation seeds ``seed .. seed + episodes - 1`` include seeds
-    that the demonstrations of a checkpoint among ``refs`` were recorded with (its ``config.yaml`` names the
+    that the demonstrations of a checkpoint among ``refs`` were recorded with (its config names the
     training store; that store's ``meta/episode_seed``). Returns the overlapping seeds, sorted; other references,
     and stores that are gone, are skipped."""
-    import yaml
-
     from policylink.data.buffer import EpisodeStore, StoreError
+    from policylink.policies.checkpoint import CheckpointError, read_checkpoint_config
 
     wanted, overlap = set(range(seed, seed + episodes)), set()
     for ref in dict.fromkeys(r for r in refs if isinstance(r, str)):
-        config = Path(ref) / "config.yaml"
         try:
-            store_path = yaml.safe_load(config.read_text())["train"]["dataset"]["path"]
+            store_path = read_checkpoint_config(ref)["train"]["dataset"]["path"]
             with EpisodeStore(store_path, "r") as store:
                 recorded = {m.seed for m in store.all_meta() if m.seed is not None}
-        except (OSError, KeyError, TypeError, yaml.YAMLError, StoreError):
+        except (OSError, KeyError, TypeError, CheckpointError, StoreError):
             continue
         both = sorted(wanted & recorded)
         if both:

@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from policylink.policies.serialization import load_json, save_json
 from policylink.runtime.finetune_qvgm import CriticCmdConfig, QVGMCmdConfig, finetune_policy, train_critic
 
 BASELINES = ("rerank", "bc", "awr")
@@ -101,7 +101,7 @@ def run_loop(cfg: LoopConfig) -> list[dict[str, Any]]:
 
         merge(MergeConfig(inputs=[cfg.demos], out=buffer))
     state_file = out / "rounds.json"
-    rows: list[dict[str, Any]] = json.loads(state_file.read_text()) if state_file.exists() else []
+    rows: list[dict[str, Any]] = load_json(state_file) if state_file.exists() else []
     if not rows:
         rows.append({"round": 0, "method": "base", **_evaluate(cfg, cfg.policy, env_kwargs)})
     current = cfg.policy
@@ -124,14 +124,14 @@ def run_loop(cfg: LoopConfig) -> list[dict[str, Any]]:
         if "rerank" in cfg.baselines:
             new.append({"round": r, "method": "rerank", **_evaluate(cfg, cfg.policy, env_kwargs, critic_dir)})
         rows.extend(new)
-        state_file.write_text(json.dumps(rows, indent=1))
+        save_json(state_file, rows)
     _report(out, rows)
     return rows
 
 
 def check_loop(cfg: LoopConfig) -> dict[str, Any]:
     """Check every option of the loop, its ``critic`` and ``qvgm`` sections included, against the base policy and
-    the demos store; reads, writes nothing. Returns the train section of the policy's config.yaml.
+    the demos store; reads, writes nothing. Returns the train section of the policy's checkpoint config.
 
     Raises:
         FileNotFoundError: ``demos`` given but not found.

@@ -13,7 +13,6 @@ Examples::
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import types
@@ -24,9 +23,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from policylink.adapters.capabilities import Prediction
+from policylink.policies.serialization import load_json, save_json
 from policylink.train.trainer import OptimConfig, Optimization, fit, tty_progress
 
 METHODS = ("qvgm", "bc", "awr")
@@ -44,7 +43,7 @@ class CriticCmdConfig:
     Attributes:
         policy: checkpoint folder of the frozen policy whose encoder gives the critic's latents.
         buffer: episode store with per-step reward / done (/ terminated) of that policy's env.
-        out: folder for critic.pt, critic.json and critic_metrics.csv.
+        out: folder for critic.safetensors, critic.json and critic_metrics.csv.
         horizon: executed steps H per chunk transition (0 = the policy's n_action_steps).
         gamma: per-step discount.
         expectile: IQL expectile tau in (0, 1).
@@ -208,14 +207,14 @@ def main(argv: Sequence[str]) -> int:
 
 
 def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-    """``(config, spec, model, normalizer, train section of config.yaml)`` of checkpoint ``path``.
+    """``(config, spec, model, normalizer, train section of the checkpoint's config)`` of checkpoint ``path``.
 
     Raises:
         ValueError: ``require_flow`` and the checkpoint's sampler does not predict a velocity (a diffusion
             checkpoint), or an empty path.
         CheckpointError / FileNotFoundError: not a checkpoint folder.
     """
-    from policylink.policies.checkpoint import CONFIG_FILE, load_components
+    from policylink.policies.checkpoint import load_components, read_checkpoint_config
 
     if not path:
         raise ValueError("policy: expected a checkpoint folder (--policy CKPT), received ''")
@@ -225,7 +224,7 @@ def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[s
             f"policy: expected a flow policy (velocity sampler) for Q-VGM, received a {cfg.type!r} checkpoint "
             f"({model.sampler.prediction.value} prediction) at {path}"
         )
-    doc = yaml.safe_load((Path(path) / CONFIG_FILE).read_text()) or {}
+    doc = read_checkpoint_config(path) or {}
     return cfg, spec, model, normalizer, dict(doc.get("train") or {})
 
 
@@ -273,7 +272,7 @@ def train_critic(cfg: CriticCmdConfig) -> Path:
             rows.append({"step": done.step, **done.metrics})
     critic.save(out)
     _write_csv(out / "critic_metrics.csv", rows)
-    (out / SOURCE_FILE).write_text(json.dumps({"policy": cfg.policy, "buffer": cfg.buffer}, indent=1))
+    save_json(out / SOURCE_FILE, {"policy": cfg.policy, "buffer": cfg.buffer})
     return out
 
 
@@ -340,7 +339,7 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     }
     train_config = {**train_doc, "finetune": asdict(cfg)}
     out = save_checkpoint(cfg.out, model=model.eval(), normalizer=normalizer, spec=spec, train_config=train_config)
-    (out / LINEAGE_FILE).write_text(json.dumps(lineage, indent=1))
+    save_json(out / LINEAGE_FILE, lineage)
     _write_csv(out / "finetune_metrics.csv", rows)
     return out
 
@@ -359,7 +358,7 @@ def check_critic(path: str, model: Any, spec: Any, policies: Sequence[str] = ())
     file = Path(path) / CRITIC_CONFIG
     if not file.is_file():
         raise FileNotFoundError(f"critic: expected {file} (policylink finetune critic --out)")
-    saved = json.loads(file.read_text())
+    saved = load_json(file)
     for name, want in (("state_dim", critic_state_dim(model)), ("action_dim", spec.action.dim)):
         if saved.get(name) != want:
             raise ValueError(f"critic: expected {name} {want} (the policy's), received {saved.get(name)} in "
@@ -368,7 +367,7 @@ def check_critic(path: str, model: Any, spec: Any, policies: Sequence[str] = ())
         raise ValueError(f"critic: expected horizon <= {spec.chunk_size} (the policy's chunk_size), received "
                          f"{saved.get('horizon')} in {str(path)!r}")  # fmt: skip
     source = Path(path) / SOURCE_FILE
-    trained_with = json.loads(source.read_text()).get("policy") if source.is_file() else None
+    trained_with = load_json(source).get("policy") if source.is_file() else None
     known = {Path(p).resolve() for p in policies if p}
     if trained_with and known and Path(trained_with).resolve() not in known:
         print(f"warning: critic {str(path)!r} was trained with policy {trained_with!r}, not "

@@ -62,7 +62,8 @@ def train(cfg: TrainConfig) -> Path:
     spec, normalizer, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
     model = build_model(cfg.policy, spec.observation_features, spec.action.dim).to(device)
     run = Optimization(model, optim_config(cfg), device=device)
-    step = _load_state(run, load_training_state(ckpt_dir, device)) if cfg.resume and ckpt_dir.exists() else 0
+    # the saved state loads on the CPU: torch.set_rng_state takes a CPU tensor, load_state_dict moves the rest
+    step = _load_state(run, load_training_state(ckpt_dir)) if cfg.resume and ckpt_dir.exists() else 0
     train_model: torch.nn.Module = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel

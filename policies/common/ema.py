@@ -62,7 +62,7 @@ class EMA:
             ema_b.copy_(b)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"model": averaged weights, "step": int}`` (for ``training_state.pt``)."""
+        """``{"model": averaged weights, "step": int}`` (part of a checkpoint's training state)."""
         return {"model": self.model.state_dict(), "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

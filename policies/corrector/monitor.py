@@ -15,7 +15,6 @@ It is saved in its own folder beside the policy checkpoint (never inside it): ``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,11 @@ import torch
 from torch import nn
 
 from policylink.policies.corrector.calibration import ConformalThresholds, cosine_deviation
+from policylink.policies.serialization import load_json, load_tensors, save_json, save_tensors
+
+MONITOR_WEIGHTS = "monitor.safetensors"
+MONITOR_INFO = "monitor.json"
+CALIBRATION_FILE = "calibration.json"
 
 SCORES = ("cosine", "residual")
 
@@ -205,16 +209,18 @@ def monitor_dir(checkpoint: str | Path) -> Path:
 def save_monitor(
     path: str | Path, monitor: LatentMonitor, thresholds: ConformalThresholds | None = None, meta: dict | None = None
 ) -> Path:
-    """Write ``monitor.safetensors`` + ``monitor.json`` (+ ``calibration.json``) to folder ``path``."""
-    from safetensors.torch import save_file
+    """Write ``monitor.safetensors`` (the weights and statistics) + ``monitor.json`` (sizes, config, ``meta``:
+    plain JSON data) (+ ``calibration.json``) to folder ``path`` (created if needed). Returns ``path``.
 
+    Raises:
+        SerializationError: ``meta`` holds something JSON cannot represent.
+    """
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in monitor.state_dict().items()}, str(path / "monitor.safetensors"))
+    save_tensors(path / MONITOR_WEIGHTS, monitor.state_dict())
     info = {"latent_dim": monitor.latent_dim, "action_dim": monitor.action_dim, "config": asdict(monitor.config)}
-    (path / "monitor.json").write_text(json.dumps({**info, "meta": meta or {}}, indent=2))
+    save_json(path / MONITOR_INFO, {**info, "meta": meta or {}})
     if thresholds is not None:
-        (path / "calibration.json").write_text(json.dumps(thresholds.to_dict(), indent=2))
+        save_json(path / CALIBRATION_FILE, thresholds.to_dict())
     return path
 
 
@@ -227,19 +233,17 @@ def load_monitor(
     Raises:
         FileNotFoundError: ``path`` is not a monitor folder.
     """
-    from safetensors.torch import load_file
-
     path = Path(path)
-    if not (path / "monitor.json").is_file():
-        raise FileNotFoundError(f"corrective.monitor: expected a monitor folder with monitor.json, received {path}")
-    info = json.loads((path / "monitor.json").read_text())
+    if not (path / MONITOR_INFO).is_file():
+        raise FileNotFoundError(f"corrective.monitor: expected a monitor folder with {MONITOR_INFO}, received {path}")
+    info = load_json(path / MONITOR_INFO)
     mon = LatentMonitor(info["latent_dim"], info["action_dim"], MonitorConfig(**info["config"]))
-    state = load_file(str(path / "monitor.safetensors"))
+    state = load_tensors(path / MONITOR_WEIGHTS)
     state.setdefault("res_std", torch.ones(mon.latent_dim))  # monitors saved before the residual score
     mon.load_state_dict(state)
     mon.policy_probe = info.get("meta", {}).get("probe_latent")  # the trained-on policy's probe_latent, if saved
-    cal = path / "calibration.json"
-    thr = ConformalThresholds.from_dict(json.loads(cal.read_text())) if cal.is_file() else None
+    cal = path / CALIBRATION_FILE
+    thr = ConformalThresholds.from_dict(load_json(cal)) if cal.is_file() else None
     return mon.to(device).eval(), thr
 
 

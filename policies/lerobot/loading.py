@@ -17,7 +17,6 @@ the observation mode it was trained with; written by :func:`write_policylink_spe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from policylink.adapters.obs_modes import check_obs_mode, obs_mode_env_kwargs
 from policylink.adapters.schema import IMAGE_PREFIX, ActionSpec, FeatureSpec, PolicySpec
+from policylink.policies.serialization import load_json, save_json
 
 LEROBOT_SCHEME = "lerobot:"
 """Prefix of a LeRobot checkpoint reference: ``lerobot:/path/to/pretrained_model``."""
@@ -131,7 +131,7 @@ def check_lerobot_folder(folder: Path) -> None:
             f"LeRobot checkpoint {str(folder)!r}: missing {missing} (a pretrained_model/ folder holds config.json, "
             "model.safetensors and the saved policy_preprocessor/policy_postprocessor pipelines)"
         )
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
+    cfg = load_json(folder / CONFIG_FILE)
     if not isinstance(cfg.get("type"), str):
         raise LeRobotCheckpointError(
             f"{folder / CONFIG_FILE}: expected a 'type' field (the LeRobot policy type: diffusion, act, pi0, pi05, "
@@ -146,7 +146,7 @@ def read_policylink_spec(folder: Path) -> dict[str, Any]:
         LeRobotCheckpointError: the file is missing or lacks ``action`` / ``control_frequency``.
     """
     file = folder / SPEC_FILE
-    doc = json.loads(file.read_text()) if file.is_file() else {}
+    doc = load_json(file) if file.is_file() else {}
     missing = [k for k in ("action", "control_frequency") if k not in doc]
     if missing:
         raise LeRobotCheckpointError(
@@ -174,9 +174,7 @@ def write_policylink_spec(
     doc: dict[str, Any] = {"action": action.to_dict(), "control_frequency": float(control_frequency)}
     if obs_mode is not None:
         doc["env_kwargs"] = obs_mode_env_kwargs(check_obs_mode(obs_mode), image_size)
-    file = Path(folder) / SPEC_FILE
-    file.write_text(json.dumps(doc, indent=1))
-    return file
+    return save_json(Path(folder) / SPEC_FILE, doc)
 
 
 def lerobot_env_kwargs(folder: str | Path) -> dict[str, Any] | None:
@@ -184,7 +182,7 @@ def lerobot_env_kwargs(folder: str | Path) -> dict[str, Any] | None:
     when ``folder`` has none (not a LeRobot checkpoint, or written without ``obs_mode``)."""
     file = Path(folder) / SPEC_FILE
     try:
-        kw = json.loads(file.read_text()).get("env_kwargs") if file.is_file() else None
+        kw = load_json(file).get("env_kwargs") if file.is_file() else None
     except (OSError, ValueError, AttributeError):
         return None
     return dict(kw) if isinstance(kw, dict) and isinstance(kw.get("obs_mode"), str) else None

@@ -202,5 +202,5 @@ def test_critic_state_is_latent_then_newest_state_and_save_load(tmp_path):
     back = ChunkCritic.load(critic.save(tmp_path / "c"))
     b = _batch()
     torch.testing.assert_close(back.q(b["state"], b["action"]), critic.q(b["state"], b["action"]))
-    with pytest.raises(FileNotFoundError, match="critic.pt"):
+    with pytest.raises(FileNotFoundError, match="critic.safetensors"):
         ChunkCritic.load(tmp_path / "missing")

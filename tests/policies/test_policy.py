@@ -3,6 +3,8 @@ capabilities (GuidedSampler, Embedder with the latent cache, Conditionable, Pref
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -268,14 +270,16 @@ def test_rtc_prefix_pulls_the_frozen_steps_onto_the_committed_actions(kit):
 
 
 def test_a_checkpoint_in_the_old_config_format_loads(kit, tmp_path):
-    """config.yaml written before the registry: every head's section for every type, no conditioning field."""
+    """config.yaml written before the registry (every head's section for every type, no conditioning field) and
+    before config.json: the older layout's YAML is still read."""
     import yaml
 
     from policylink.policies import load_policy
 
     policy = _policy(kit, "flow", seed=2)
     path = policy.save(tmp_path / "ckpt")
-    doc = yaml.safe_load((path / "config.yaml").read_text())
+    doc = json.loads((path / "config.json").read_text())
+    (path / "config.json").unlink()
     old = {k: v for k, v in doc["policy"].items() if k != "conditioning"}
     old["diffusion"] = {"num_train_timesteps": 100, "beta_schedule": "squaredcos_cap_v2", "num_inference_steps": 10,
                         "prediction_type": "epsilon", "clip_sample": True, "clip_sample_range": 1.0}  # fmt: skip

@@ -4,6 +4,7 @@ shared code dispatches on type names."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 from torch import nn
 
 from policylink.adapters import registry as adapter_registry
@@ -82,7 +82,7 @@ def test_third_policy_parses_builds_saves_loads_and_runs(kit, tmp_path):
     assert isinstance(policy, PolicyAdapter)
     assert capabilities_of(policy) == ["conditionable", "embedder", "guided_sampler", "prefix"]  # velocity sampler
     path = policy.save(tmp_path / "ckpt")
-    doc = yaml.safe_load((path / "config.yaml").read_text())
+    doc = json.loads((path / "config.json").read_text())
     assert doc["policy"]["type"] == NAME and doc["policy"]["hidden"] == 16
     loaded = load_policy(path, device="cpu", seed=4)
     via_adapters = adapter_registry.make_policy(NAME, checkpoint=path, device="cpu", seed=4)

@@ -87,7 +87,7 @@ def test_checkpoint_round_trip_gives_identical_actions(kind, kit, tmp_path, norm
             p.add_(0.01 * torch.randn_like(p))
     path = policy.save(tmp_path / "ckpt")
     assert sorted(f.name for f in path.iterdir()) == [
-        "config.yaml",
+        "config.json",
         "model.safetensors",
         "normalizer.safetensors",
         "policy_spec.json",

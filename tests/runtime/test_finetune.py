@@ -11,7 +11,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
 from policylink.data.buffer import EpisodeStore
@@ -107,12 +106,18 @@ def test_critic_then_qvgm_gives_an_ordinary_checkpoint_with_lineage(tmp_path):
     critic = train_critic(CriticCmdConfig(policy=str(base), buffer=str(buf), out=str(tmp_path / "critic"),
                                           steps=4, batch_size=8, hidden_dim=16))  # fmt: skip
     assert json.loads((critic / "critic.json").read_text())["horizon"] == 2  # the policy's n_action_steps
+    assert sorted(f.name for f in critic.iterdir()) == [
+        "critic.json",
+        "critic.safetensors",
+        "critic_metrics.csv",
+        "critic_source.json",
+    ]
     out = finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic),
                                         out=str(tmp_path / "ft"), steps=3, batch_size=8, round=1))  # fmt: skip
     lineage = json.loads((out / "lineage.json").read_text())
     assert lineage["base"] == str(base) and lineage["buffer"] == str(buf) and lineage["round"] == 1
     assert lineage["method"] == "qvgm" and lineage["critic"] == str(critic)
-    assert not (out / "critic.pt").exists()
+    assert not (out / "critic.safetensors").exists()
     policy = load_policy(out, device="cpu")  # no critic needed
     policy.update_observation({STATE: np.zeros((2, 3), np.float32)})
     assert policy.predict_action_chunk().shape == (2, 4, 2)
@@ -121,7 +126,7 @@ def test_critic_then_qvgm_gives_an_ordinary_checkpoint_with_lineage(tmp_path):
     pess = finetune_policy(QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic), pessimism=1.0,
                                          bc_only_success=True, anchor="reference", out=str(tmp_path / "ft2"), steps=2,
                                          batch_size=8))  # fmt: skip
-    saved = yaml.safe_load((pess / "config.yaml").read_text())["train"]["finetune"]
+    saved = json.loads((pess / "config.json").read_text())["train"]["finetune"]
     assert saved["pessimism"] == 1.0 and saved["bc_only_success"] is True and saved["anchor"] == "reference"
     demos = _buffer(tmp_path / "demos.zarr", rewards=False)  # the BC store needs no rewards
     q = QVGMCmdConfig(policy=str(base), buffer=str(buf), critic=str(critic), bc_buffer=str(demos), steps=2,

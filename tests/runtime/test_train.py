@@ -137,9 +137,14 @@ def test_train_writes_checkpoint_and_metrics(reach_store, tmp_path):
     full = tmp_path / "full"
     ckpt = train(_cfg(reach_store, full))
     assert ckpt == full / "checkpoints" / "last"
-    assert {"config.yaml", "model.safetensors", "normalizer.safetensors", "policy_spec.json", "training_state.pt"} <= {
-        f.name for f in ckpt.iterdir()
-    }
+    assert sorted(f.name for f in ckpt.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "normalizer.safetensors",
+        "policy_spec.json",
+        "training_state.json",
+        "training_state.safetensors",
+    ]
     losses = _losses(full)
     assert sorted(losses) == list(range(1, 13))
     rows = list(csv.DictReader((full / "metrics.csv").open()))
