@@ -301,17 +301,23 @@ def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:
     - ``--obs-mode x`` -> ``--obs_mode x`` (dashed spellings of field names, dotted paths too);
     - a bare boolean flag (last, or followed by another flag) -> ``--flag=true``;
     - a comma list for a list field -> draccus' bracket form: ``--envs a,b`` -> ``--envs ["a", "b"]`` for
-      lists of str (quoted, so ``{env}`` placeholders and ``label=ref`` stay plain strings), ``[1,2]`` otherwise.
+      lists of str (quoted, so ``{env}`` placeholders and ``label=ref`` stay plain strings), ``[1,2]`` otherwise;
+    - a str field's value that YAML (draccus reads every value as YAML) would not read back as that text, such as
+      ``--train_config {policy}_{env}_state.yaml`` (a broken flow mapping) or ``true`` -> a single-quoted YAML
+      string (``null`` stays None).
 
-    Values, ``--``, ``-h`` and bracketed lists are left as they are.
+    Other values, ``--``, ``-h`` and bracketed lists are left as they are.
     """
     args = list(argv)
     out: list[str] = []
     list_type: Any = None
+    str_value = False
     for i, a in enumerate(args):
         if list_type is not None and not a.startswith(("--", "[")):
             a = _bracket(a, list_type)
-        list_type = None
+        elif str_value and not a.startswith("--"):
+            a = _yaml_text(a)
+        list_type, str_value = None, False
         if a.startswith("--") and len(a) > 2:
             key, eq, value = a[2:].partition("=")
             key = key.replace("-", "_")
@@ -324,8 +330,26 @@ def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:
                     a = f"--{key}={_bracket(value, _list_item(kind))}"
                 elif not eq:
                     list_type = _list_item(kind)
+            elif kind is str:
+                if eq:
+                    a = f"--{key}={_yaml_text(value)}"
+                else:
+                    str_value = True
         out.append(a)
     return out
+
+
+def _yaml_text(value: str) -> str:
+    """``value`` as draccus should read it for a str field: unchanged when YAML reads it as that text (``push``,
+    ``outputs/x``) or as null (an optional field's None), else single-quoted (``'{policy}_{env}.yaml'``, ``'a: b'``,
+    ``'true'``, which YAML would turn into a mapping, an error or a bool)."""
+    import yaml
+
+    try:
+        plain = yaml.safe_load(value) in (value, None)
+    except yaml.YAMLError:
+        plain = False
+    return value if plain else "'" + value.replace("'", "''") + "'"
 
 
 def resolve_config_path(path: str) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 MARKER = re.compile(r"<!-- (example|not run): ([^>]*?) -->")
 
 
@@ -221,3 +222,38 @@ def test_readme_executor_loop_runs_the_byo_policy_on_four_envs():
     assert len(successes) == 400  # 100 steps of 4 envs
     # from |x0| <= 1 m at 0.1 m per step every episode succeeds within 10 steps: >= 4 x 100 // 11 episodes
     assert sum(successes) >= 36
+
+
+def test_readme_demo_figures_carry_their_intervals_and_name_the_full_configs():
+    """Each measured demo rate (50 episodes) stands with its 95% Wilson interval, the figures are the committed ones
+    of benchmarks/results/learning.md, and the full-config command (the 99%) parses and names existing configs."""
+    import shlex
+
+    import yaml
+
+    from policylink.configs import CONFIG_ROOT
+    from policylink.runtime import demo
+    from policylink.runtime.cli import parse_config
+    from policylink.runtime.report import wilson_interval
+
+    (section,) = re.findall(r"<!-- section: demo-results -->(.*?)<!-- end: demo-results -->", README.read_text(), re.S)
+    figures = re.findall(r"(\d+)% \[([\d.]+), ([\d.]+)\]", section)
+    assert len(figures) == 7  # 2 runs x (DP push, flow push) + DP reach + flow reach + the new user's flow push
+    for pct, low, high in figures:
+        k = int(pct) * 50 // 100
+        assert k * 100 == int(pct) * 50  # a rate of 50 episodes
+        lo, hi = wilson_interval(k, 50)
+        assert (low, high) == (f"{100 * lo:.1f}", f"{100 * hi:.1f}"), pct
+    committed = (ROOT / "benchmarks/results/learning.md").read_text()
+    assert "**74% / 100%** and **66% / 98%**" in committed  # the demo row of the summary
+    assert {"74", "100", "66", "98"} <= {pct for pct, _, _ in figures}
+    assert "| diffusion | push | state | 10000 steps x 64, 13.3 min | **99%** |" in committed
+    assert "99%" in section and demo.FULL_COMMAND in section
+    (args,) = re.findall(r'DEMO_ARGS="([^"]+)"', demo.FULL_COMMAND)
+    cfg = parse_config(demo.DemoConfig, shlex.split(args))
+    demo.validate_demo(cfg)  # the full train configs exist for every (policy, env)
+    assert cfg.out != demo.DemoConfig().out and cfg.eval_episodes == 100
+    steps = {f.name: yaml.safe_load(f.read_text())["steps"] for f in (CONFIG_ROOT / "train").glob("*_state*.yaml")}
+    assert steps["diffusion_push_state.yaml"] == steps["flow_push_state.yaml"] == 10_000
+    assert steps["diffusion_push_state_fast.yaml"] == steps["flow_push_state_fast.yaml"] == 2_000
+    assert steps["diffusion_reach_state_fast.yaml"] == steps["flow_reach_state_fast.yaml"] == 1_000

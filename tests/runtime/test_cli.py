@@ -318,3 +318,18 @@ def test_config_names_resolve_to_the_shipped_configs_from_any_directory(tmp_path
         "--config configs/train/diffusion_push_stat.yaml: cannot read it (No such file or directory); "
         "did you mean 'configs/train/diffusion_push_state.yaml'?"
     )
+
+
+@dataclass
+class Texts:
+    template: str = "x"
+    record: str | None = "y"
+
+
+def test_text_values_stay_text_where_yaml_would_read_something_else():
+    """draccus reads every value as YAML: ``{policy}_{env}.yaml`` was a broken flow mapping (a traceback), ``true`` a
+    bool; a str field now gets the text as typed, and ``null`` still means None for an optional one."""
+    for value in ("{policy}_{env}_state.yaml", "true", "123", "a: b", "it's", "[x, y]", "push", "tcp://127.0.0.1:5555"):
+        assert cli.parse_config(Texts, ["--template", value]).template == value
+        assert cli.parse_config(Texts, [f"--template={value}"]).template == value
+    assert cli.parse_config(Texts, ["--record", "null"]).record is None

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from policylink.runtime import demo
 from policylink.runtime.demo import DemoConfig, run_demo, validate_demo
 
 
@@ -24,6 +25,7 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
     assert (tmp_path / "eval" / "cells" / "flow__push" / "videos" / "episode_0000.mp4").stat().st_size > 0
     out = capsys.readouterr().out
     assert "| policy | push | reach |" in out
+    assert demo.FAST_NOTE in out  # the fast configs' figures point to their range and to the full configs
     # a second run reuses data, checkpoints and evaluation cells
     again = run_demo(cfg)
     assert [s["pc_success"] for s in again] == [s["pc_success"] for s in summaries]
