@@ -216,28 +216,45 @@ class PolicyType:
         model: its model class (a :class:`policylink.policies.model.ChunkModel` subclass built as
             ``model(cfg, features, action_dim)``), or ``"module:Class"`` imported on first use so that parsing a
             config imports no network code.
+        adapter: its PolicyAdapter class (``adapter(model, normalizer, spec, device=, seed=, validate=)``) or
+            ``"module:Class"``; None = the generic :class:`~policylink.policies.policy.ChunkPolicy` (or
+            :class:`~policylink.policies.policy.PrefixChunkPolicy` for a velocity sampler).
     """
 
     name: str
     config_cls: type[PolicyConfig]
     model: type | str
+    adapter: type | str | None = None
 
     def model_cls(self) -> type:
         """The model class (imports ``"module:Class"`` on first use)."""
-        if isinstance(self.model, str):
-            module, _, attr = self.model.partition(":")
-            return getattr(importlib.import_module(module), attr)
-        return self.model
+        return _resolve(self.model)
+
+    def adapter_cls(self) -> type | None:
+        """The PolicyAdapter class, or None for the generic one (imports ``"module:Class"`` on first use)."""
+        return None if self.adapter is None else _resolve(self.adapter)
+
+
+def _resolve(ref: type | str) -> type:
+    if isinstance(ref, str):
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return ref
 
 
 _TYPES: dict[str, PolicyType] = {}
 
 
 def add_policy_type(
-    name: str, config_cls: type[PolicyConfig], model_cls: type | str, *, overwrite: bool = False
+    name: str,
+    config_cls: type[PolicyConfig],
+    model_cls: type | str,
+    *,
+    adapter: type | str | None = None,
+    overwrite: bool = False,
 ) -> PolicyType:
-    """Record policy type ``name`` (config dataclass, model class or ``"module:Class"``) in the table that config
-    parsing looks types up in. Policy folders and plug-ins call
+    """Record policy type ``name`` (config dataclass, model class or ``"module:Class"``, optional PolicyAdapter
+    class, see :class:`PolicyType`) in the table that config parsing looks types up in. Policy folders and plug-ins call
     :func:`policylink.policies.registry.register_policy_type`, which also registers the type's PolicyAdapter
     factory.
 
@@ -250,9 +267,10 @@ def add_policy_type(
     if not name or not isinstance(name, str):
         raise ValueError(f"policy type name: expected a non-empty str, received {name!r}")
     old = _TYPES.get(name)
-    if old is not None and not overwrite and (old.config_cls, old.model) != (config_cls, model_cls):
+    same = old is not None and (old.config_cls, old.model, old.adapter) == (config_cls, model_cls, adapter)
+    if old is not None and not overwrite and not same:
         raise ValueError(f"policy type {name!r}: already registered; pass overwrite=True to replace it")
-    _TYPES[name] = PolicyType(name, config_cls, model_cls)
+    _TYPES[name] = PolicyType(name, config_cls, model_cls, adapter)
     return _TYPES[name]
 
 

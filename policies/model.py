@@ -1,7 +1,9 @@
-"""The base class of the generative chunk models: observation encoder -> latent (+ the optional label/vector
-conditioning offset) -> a denoising network sampled by a :class:`~policylink.adapters.capabilities.DenoisingSampler`.
-A registered policy type supplies a subclass with its network, its sampler and its training loss. Works in
-normalised units throughout.
+"""The base classes of the chunk models. :class:`ChunkModel`: observation encoder -> latent (+ the optional
+label/vector conditioning offset) and a training loss over action chunks (every policy type: ACT decodes its chunk
+directly). :class:`GenerativeChunkModel` adds a denoising network sampled by a
+:class:`~policylink.adapters.capabilities.DenoisingSampler` (Diffusion Policy, flow matching, the VLA): only these
+can ``generate`` with guidance and trajectories. A registered policy type supplies a subclass with its network (and
+sampler) and its training loss. Works in normalised units throughout.
 """
 
 from __future__ import annotations
@@ -20,32 +22,48 @@ from policylink.policies.config import PolicyConfig
 from policylink.policies.temporal import observation_encoder
 
 
+def policy_features(cfg: PolicyConfig, features: Mapping[str, FeatureSpec]) -> dict[str, FeatureSpec]:
+    """The features a policy reads: ``cfg.observation_keys`` of ``features``, in that order.
+
+    Raises:
+        ValueError: an observation key is not in ``features`` (names the keys and the available ones).
+    """
+    missing = [k for k in cfg.observation_keys if k not in features]
+    if missing:
+        raise ValueError(f"policy.observation_keys: {missing} not among the available features {sorted(features)}")
+    return {k: features[k] for k in cfg.observation_keys}
+
+
 class ChunkModel(nn.Module, ABC):
-    """Encoder + conditioning slot; subclasses add the network (``self.net``), the sampler and the loss.
+    """Encoder + conditioning slot + a training loss over action chunks; subclasses add the network and the loss.
 
     Args:
         cfg: the policy's config (validated here).
         features: observation features by key; only ``cfg.observation_keys`` are used.
         action_dim: ``A``.
+        encoder: the observation encoder (a module with ``out_dim`` and ``forward(obs[, memory]) -> (B, D)``);
+            default: the shared window encoder (+ SEGA memory when configured) of
+            :func:`~policylink.policies.temporal.observation_encoder`.
 
-    Subclasses set :attr:`sampler` in ``__init__`` and implement :meth:`draw_noise` and :meth:`loss_terms`.
+    Subclasses implement :meth:`draw_noise` and :meth:`loss_terms`.
 
     Raises:
         ValueError: the config is inconsistent, or an observation key is not in ``features``.
     """
 
-    sampler: DenoisingSampler
-
-    def __init__(self, cfg: PolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        features: Mapping[str, FeatureSpec],
+        action_dim: int,
+        encoder: nn.Module | None = None,
+    ):
         super().__init__()
         self.cfg = cfg.validate()
-        missing = [k for k in cfg.observation_keys if k not in features]
-        if missing:
-            raise ValueError(f"policy.observation_keys: {missing} not among the available features {sorted(features)}")
-        self.features = {k: features[k] for k in cfg.observation_keys}
+        self.features = policy_features(cfg, features)
         self.action_dim = int(action_dim)
         self.horizon = cfg.chunk_size
-        self.encoder = observation_encoder(self.features, cfg.n_obs_steps, cfg)  # window encoder, or + SEGA
+        self.encoder = encoder if encoder is not None else observation_encoder(self.features, cfg.n_obs_steps, cfg)
         self.extra_conditioning = ConditioningEmbedding(cfg.conditioning, self.encoder.out_dim)
 
     @property
@@ -134,19 +152,6 @@ class ChunkModel(nn.Module, ABC):
             err = err * valid[..., None].to(err.dtype)
         return err.mean(dim=tuple(range(1, err.dim())))
 
-    def generate(
-        self,
-        cond: torch.Tensor,
-        noise: torch.Tensor,
-        num_steps: int | None = None,
-        guidance: Guidance | GuidanceFn | None = None,
-        return_trajectory: bool = False,
-    ):
-        """Sample normalised chunks ``(B, H, A)`` from ``noise`` ``(B, H, A)`` given ``cond`` ``(B, D)`` with
-        :attr:`sampler` (see :meth:`~policylink.policies.common.samplers.Sampler.sample`). Deterministic given
-        ``noise``; ``num_steps`` defaults to the sampler's."""
-        return self.sampler.sample(cond, noise, num_steps, guidance, return_trajectory)
-
     @abstractmethod
     def draw_noise(
         self, batch_size: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
@@ -160,4 +165,26 @@ class ChunkModel(nn.Module, ABC):
         """``(prediction, target)``, both ``(B, H, A)``, from conditioning ``(B, D)``, normalised actions and noise."""
 
 
-__all__ = ["ChunkModel"]
+class GenerativeChunkModel(ChunkModel):
+    """A :class:`ChunkModel` whose chunks come from a denoising network: subclasses set :attr:`sampler` (a
+    :class:`~policylink.adapters.capabilities.DenoisingSampler` over ``self.net``) in ``__init__``. This is the
+    capability guidance, trajectories, Q-VGM and RTC need; callers check ``isinstance(model,
+    GenerativeChunkModel)``."""
+
+    sampler: DenoisingSampler
+
+    def generate(
+        self,
+        cond: torch.Tensor,
+        noise: torch.Tensor,
+        num_steps: int | None = None,
+        guidance: Guidance | GuidanceFn | None = None,
+        return_trajectory: bool = False,
+    ):
+        """Sample normalised chunks ``(B, H, A)`` from ``noise`` ``(B, H, A)`` given ``cond`` ``(B, D)`` with
+        :attr:`sampler` (see :meth:`~policylink.policies.common.samplers.Sampler.sample`). Deterministic given
+        ``noise``; ``num_steps`` defaults to the sampler's."""
+        return self.sampler.sample(cond, noise, num_steps, guidance, return_trajectory)
+
+
+__all__ = ["ChunkModel", "GenerativeChunkModel", "policy_features"]

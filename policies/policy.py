@@ -30,8 +30,8 @@ from policylink.data.normalize import Normalizer
 from policylink.policies.checkpoint import save_checkpoint
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance
 from policylink.policies.common.frame_features import FrameFeatureCache, lean_latents
-from policylink.policies.config import check_cfg_scale
-from policylink.policies.model import ChunkModel
+from policylink.policies.config import check_cfg_scale, policy_type
+from policylink.policies.model import ChunkModel, GenerativeChunkModel
 from policylink.policies.processing import actions_to_normalized, actions_to_units, observation_tensors
 from policylink.policies.temporal import MemoryRows
 
@@ -441,12 +441,21 @@ def policy_for_model(
     seed: int = 0,
     validate: bool = True,
 ) -> ChunkPolicy:
-    """The PolicyAdapter for ``model``: a :class:`PrefixChunkPolicy` when its sampler predicts a velocity
-    (``sampler.prediction == "velocity"``), else a :class:`ChunkPolicy`; a model without a denoising sampler
-    supplies its own adapter through ``make_adapter`` (ACT). Arguments as :class:`ChunkPolicy`."""
-    if hasattr(model, "make_adapter"):
-        return model.make_adapter(normalizer, spec, device=device, seed=seed, validate=validate)
-    cls = PrefixChunkPolicy if model.sampler.prediction == Prediction.VELOCITY else ChunkPolicy
+    """The PolicyAdapter for ``model``: the adapter its policy type registered (ACT, the VLA), else a
+    :class:`PrefixChunkPolicy` when its sampler predicts a velocity (``sampler.prediction == "velocity"``), else a
+    :class:`ChunkPolicy`. Arguments as :class:`ChunkPolicy`.
+
+    Raises:
+        TypeError: a model that is no :class:`GenerativeChunkModel` and whose type registered no adapter.
+    """
+    cls = policy_type(model.cfg.type).adapter_cls()
+    if cls is None:
+        if not isinstance(model, GenerativeChunkModel):
+            raise TypeError(
+                f"policy type {model.cfg.type!r}: a {type(model).__name__} has no denoising sampler, so it needs "
+                "its own PolicyAdapter (register_policy_type(..., adapter=...))"
+            )
+        cls = PrefixChunkPolicy if model.sampler.prediction == Prediction.VELOCITY else ChunkPolicy
     return cls(model, normalizer, spec, device=device, seed=seed, validate=validate)
 
 

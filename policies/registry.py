@@ -42,9 +42,15 @@ if TYPE_CHECKING:
 
 
 def register_policy_type(
-    name: str, config_cls: type[PolicyConfig], model_cls: type | str, *, overwrite: bool = False
+    name: str,
+    config_cls: type[PolicyConfig],
+    model_cls: type | str,
+    *,
+    adapter: type | str | None = None,
+    overwrite: bool = False,
 ) -> PolicyType:
-    """Register policy type ``name``: its config dataclass and its model class (or ``"module:Class"``).
+    """Register policy type ``name``: its config dataclass, its model class (or ``"module:Class"``) and, when it
+    needs its own, its PolicyAdapter class (``adapter``, or ``"module:Class"``; None = the generic chunk policy).
 
     Records the type in the config's type table (:func:`~policylink.policies.config.add_policy_type`) and
     registers ``name`` as a PolicyAdapter factory (:func:`make_policy` bound to ``name``) in
@@ -54,7 +60,7 @@ def register_policy_type(
         TypeError: ``config_cls`` is not a dataclass subclass of :class:`PolicyConfig`.
         ValueError: ``name`` is empty, or taken by another config class and ``overwrite`` is False.
     """
-    entry = add_policy_type(name, config_cls, model_cls, overwrite=overwrite)
+    entry = add_policy_type(name, config_cls, model_cls, adapter=adapter, overwrite=overwrite)
     if name not in available_policies():
         register_policy(name, lambda checkpoint=None, **kw: make_policy(name, checkpoint, **kw), overwrite=True)
     return entry

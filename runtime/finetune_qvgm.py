@@ -215,14 +215,17 @@ def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[s
         CheckpointError / FileNotFoundError: not a checkpoint folder.
     """
     from policylink.policies.checkpoint import load_components, read_checkpoint_config
+    from policylink.policies.model import GenerativeChunkModel
 
     if not path:
         raise ValueError("policy: expected a checkpoint folder (--policy CKPT), received ''")
     cfg, spec, model, normalizer = load_components(path)
-    if require_flow and model.sampler.prediction != Prediction.VELOCITY:
+    prediction = model.sampler.prediction if isinstance(model, GenerativeChunkModel) else None
+    if require_flow and prediction != Prediction.VELOCITY:
+        what = "no sampler" if prediction is None else f"{prediction.value} prediction"
         raise ValueError(
             f"policy: expected a flow policy (velocity sampler) for Q-VGM, received a {cfg.type!r} checkpoint "
-            f"({model.sampler.prediction.value} prediction) at {path}"
+            f"({what}) at {path}"
         )
     doc = read_checkpoint_config(path) or {}
     return cfg, spec, model, normalizer, dict(doc.get("train") or {})

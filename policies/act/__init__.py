@@ -11,7 +11,9 @@ from typing import Any
 from policylink.policies.act.config import ACTConfig, ACTPolicyConfig
 from policylink.policies.registry import register_policy_type
 
-register_policy_type("act", ACTPolicyConfig, "policylink.policies.act.model:ACTModel")
+register_policy_type(
+    "act", ACTPolicyConfig, "policylink.policies.act.model:ACTModel", adapter="policylink.policies.act.policy:ACTPolicy"
+)
 
 
 def make_act_policy(checkpoint: Any = None, **kwargs: Any):

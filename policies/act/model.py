@@ -161,19 +161,5 @@ class ACTModel(ChunkModel):
         """``(reconstruction with z from the posterior, actions)``, both ``(B, H, A)``."""
         return self.loss_parts(cond, actions, noise)["pred"], actions
 
-    def generate(self, cond, noise, num_steps=None, guidance=None, return_trajectory=False):
-        """Not available: ACT decodes one deterministic chunk (:meth:`predict`); it has no denoising sampler.
-
-        Raises:
-            TypeError: always.
-        """
-        raise TypeError("act: no denoising sampler (guidance, trajectories); use ACTModel.predict(cond)")
-
-    def make_adapter(self, normalizer, spec, *, device="cpu", seed: int = 0, validate: bool = True):
-        """The PolicyAdapter of this model: :class:`~policylink.policies.act.policy.ACTPolicy`."""
-        from policylink.policies.act.policy import ACTPolicy
-
-        return ACTPolicy(self, normalizer, spec, device=device, seed=seed, validate=validate)
-
 
 __all__ = ["ACTModel"]

@@ -12,10 +12,10 @@ from policylink.adapters.schema import FeatureSpec
 from policylink.policies.common.samplers import DDIMSampler
 from policylink.policies.common.unet1d import ConditionalUnet1D
 from policylink.policies.diffusion.config import DiffusionPolicyConfig
-from policylink.policies.model import ChunkModel
+from policylink.policies.model import GenerativeChunkModel
 
 
-class DiffusionModel(ChunkModel):
+class DiffusionModel(GenerativeChunkModel):
     """Noise-prediction U-Net trained with DDPM (Ho et al. 2020) and sampled with DDIM (Song et al. 2021).
 
     Training: ``k ~ U{0, K-1}``, ``x_k = sqrt(abar_k) a + sqrt(1 - abar_k) eps``, loss ``||net(x_k, k) - eps||^2``

@@ -49,7 +49,7 @@ class TransitionCache:
         return int(self.state.shape[0])
 
     def batch(self, idx: torch.Tensor | np.ndarray) -> dict[str, torch.Tensor]:
-        """The :class:`~policylink.policies.critics.IQLTrainer` batch of rows ``idx``."""
+        """The :class:`~policylink.policies.critics.IQLLoss` batch of rows ``idx``."""
         i = torch.as_tensor(np.asarray(idx), dtype=torch.long)
         return {
             "state": self.state[i],

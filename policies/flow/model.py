@@ -7,28 +7,46 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from torch import nn
 
 from policylink.adapters.schema import FeatureSpec
 from policylink.policies.common.samplers import FlowEulerSampler
 from policylink.policies.common.unet1d import ConditionalUnet1D
 from policylink.policies.flow.config import FlowPolicyConfig
-from policylink.policies.model import ChunkModel
+from policylink.policies.model import GenerativeChunkModel
 
 _BETA_ALPHA = 1.5  # pi0's Beta(1.5, 1) on tau = 1 - t
 
 
-class FlowModel(ChunkModel):
+class FlowModel(GenerativeChunkModel):
     """Velocity field ``v(x_t, t, obs)`` on the shared U-Net, trained by conditional flow matching.
 
     Training: ``t ~ U[0, 1]`` (or ``t = 1 - s``, ``s ~ Beta(1.5, 1)``), ``x_t = t a + (1 - t) eps``, loss
     ``||v - (a - eps)||^2``. Sampling: :class:`~policylink.policies.common.samplers.FlowEulerSampler` (``K`` Euler
     steps ``x <- x + v / K`` from ``x_0 = eps``; clean estimate ``a_hat = x_t + (1 - t) v``). The network sees
     ``t * flow.time_scale``.
+
+    Args:
+        cfg, features, action_dim: as :class:`~policylink.policies.model.ChunkModel`.
+        encoder: the observation encoder (default: the shared window encoder).
+        net: the velocity network ``net(x_t, t * time_scale, cond) -> (B, H, A)`` (default: the U-Net of
+            ``cfg.unet``); built after ``encoder`` when given as a callable ``net(model) -> nn.Module``, so that it
+            can size itself from the encoder (the VLA's action expert).
     """
 
-    def __init__(self, cfg: FlowPolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
-        super().__init__(cfg, features, action_dim)
-        self.net = ConditionalUnet1D.from_config(cfg.unet, self.action_dim, self.latent_dim)
+    def __init__(
+        self,
+        cfg: FlowPolicyConfig,
+        features: Mapping[str, FeatureSpec],
+        action_dim: int,
+        encoder: nn.Module | None = None,
+        net=None,
+    ):
+        super().__init__(cfg, features, action_dim, encoder)
+        if net is None:
+            self.net = ConditionalUnet1D.from_config(cfg.unet, self.action_dim, self.latent_dim)
+        else:
+            self.net = net(self) if not isinstance(net, nn.Module) else net
         self.sampler = FlowEulerSampler(self.net, cfg.flow.num_steps, cfg.flow.time_scale)
 
     def draw_noise(

@@ -11,7 +11,9 @@ from typing import Any
 from policylink.policies.registry import register_policy_type
 from policylink.policies.vla.config import ExpertConfig, LanguageConfig, VLAPolicyConfig
 
-register_policy_type("vla", VLAPolicyConfig, "policylink.policies.vla.model:VLAModel")
+register_policy_type(
+    "vla", VLAPolicyConfig, "policylink.policies.vla.model:VLAModel", adapter="policylink.policies.vla.policy:VLAPolicy"
+)
 
 
 def make_vla_policy(checkpoint: Any = None, **kwargs: Any):

@@ -17,11 +17,10 @@ import torch
 from torch import nn
 
 from policylink.adapters.schema import TASK_KEY, FeatureSpec
-from policylink.policies.common.conditioning import ConditioningEmbedding
 from policylink.policies.common.encoders import camera_encoders, module_name
-from policylink.policies.common.samplers import FlowEulerSampler
 from policylink.policies.common.unet1d import SinusoidalTimeEmbedding
 from policylink.policies.flow.model import FlowModel
+from policylink.policies.model import policy_features
 from policylink.policies.vla.config import VLAPolicyConfig
 from policylink.policies.vla.language import augment_words, check_instruction, make_language_encoder
 
@@ -222,7 +221,7 @@ class VLAModel(FlowModel):
     """The VLA as a :class:`~policylink.policies.model.ChunkModel`: :class:`ContextEncoder` as the observation
     encoder, :class:`ActionExpert` as the velocity network, the flow policy's noise draws, loss and sampler.
 
-    Its policy adapter is :class:`~policylink.policies.vla.policy.VLAPolicy` (:meth:`make_adapter`, the hook of
+    Its policy adapter is :class:`~policylink.policies.vla.policy.VLAPolicy` (registered with the type, see
     :func:`~policylink.policies.policy.policy_for_model`), which passes each row's instruction to the encoder.
 
     Raises:
@@ -230,17 +229,12 @@ class VLAModel(FlowModel):
     """
 
     def __init__(self, cfg: VLAPolicyConfig, features: Mapping[str, FeatureSpec], action_dim: int):
-        super(FlowModel, self).__init__(cfg, features, action_dim)  # ChunkModel: config checks, features
-        self.encoder = ContextEncoder(self.features, cfg)
-        self.extra_conditioning = ConditioningEmbedding(cfg.conditioning, self.encoder.out_dim)
-        self.net = ActionExpert(self.action_dim, self.horizon, self.encoder.num_tokens, cfg)
-        self.sampler = FlowEulerSampler(self.net, cfg.flow.num_steps, cfg.flow.time_scale)
+        encoder = ContextEncoder(policy_features(cfg.validate(), features), cfg)
 
-    def make_adapter(self, normalizer, spec, *, device="cpu", seed: int = 0, validate: bool = True):
-        """The :class:`~policylink.policies.vla.policy.VLAPolicy` of this model (arguments as ``ChunkPolicy``)."""
-        from policylink.policies.vla.policy import VLAPolicy
+        def expert(model: FlowModel) -> ActionExpert:
+            return ActionExpert(model.action_dim, model.horizon, model.encoder.num_tokens, cfg)
 
-        return VLAPolicy(self, normalizer, spec, device=device, seed=seed, validate=validate)
+        super().__init__(cfg, features, action_dim, encoder=encoder, net=expert)
 
     @property
     def language(self):

@@ -22,7 +22,7 @@ from policylink.data.normalize import Normalizer
 from policylink.policies import load_policy
 from policylink.policies.common.samplers import FlowEulerSampler
 from policylink.policies.config import PolicyConfig
-from policylink.policies.model import ChunkModel
+from policylink.policies.model import GenerativeChunkModel
 from policylink.policies.registry import make_config, make_policy, policy_type, register_policy_type
 
 STATE = "observation.state"
@@ -47,7 +47,7 @@ class MlpVelocity(nn.Module):
         return self.body(torch.cat([x.reshape(b, -1), t.reshape(b, 1).to(x.dtype), cond], 1)).reshape(x.shape)
 
 
-class MlpFlowModel(ChunkModel):
+class MlpFlowModel(GenerativeChunkModel):
     def __init__(self, cfg: MlpFlowConfig, features, action_dim: int):
         super().__init__(cfg, features, action_dim)
         self.net = MlpVelocity(self.horizon * self.action_dim, self.latent_dim, cfg.hidden)
