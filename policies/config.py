@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import draccus
 
 from policylink.adapters.capabilities import ConditioningSpec
-from policylink.adapters.registry import POLICY_GROUP
+from policylink.adapters.registry import POLICY_GROUP, UnknownNameError, unknown_name_message
 from policylink.adapters.schema import FeatureSpec
 from policylink.policies.common.encoder_config import EncoderConfig
 from policylink.policies.temporal_config import SegaConfig
@@ -199,11 +199,9 @@ def check_cfg_scale(w: Any, num_labels: int, name: str = "cfg_scale") -> float:
     return value
 
 
-class UnknownPolicyTypeError(ValueError, KeyError):
-    """A policy type name that is neither registered nor an importable entry point of ``policylink.policies``."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0])
+class UnknownPolicyTypeError(UnknownNameError):
+    """A policy type name that is neither registered nor an importable entry point of ``policylink.policies`` (a
+    ValueError and a KeyError; its message names the closest registered type, and the CLI prints it as one line)."""
 
 
 @dataclass(frozen=True)
@@ -285,7 +283,7 @@ def policy_type(name: str) -> PolicyType:
         if name in eps:
             eps[name].load()  # importing the policy folder registers its type
     if name not in _TYPES:
-        raise UnknownPolicyTypeError(f"policy.type: expected one of {sorted(known_policy_types())}, received {name!r}")
+        raise UnknownPolicyTypeError(unknown_name_message("policy.type", name, sorted(known_policy_types())))
     return _TYPES[name]
 
 

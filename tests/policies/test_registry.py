@@ -136,8 +136,10 @@ def test_third_policy_trains_through_the_train_path(tmp_path):
 
 
 def test_unknown_type_and_no_dispatch_on_type_names():
-    with pytest.raises(ValueError, match=r"policy.type: expected one of \[.*'diffusion', 'flow'.*\], received 'gan'"):
+    with pytest.raises(ValueError, match=r"policy.type: expected one of \[.*'diffusion', 'flow'.*\], received 'gan'$"):
         make_config("gan")
+    with pytest.raises(KeyError, match=r"received 'difusion'; did you mean 'diffusion'\?$"):  # the closest type
+        make_config("difusion")
     root = Path(__file__).resolve().parents[2]
     # a comparison with a type name, or a config's type compared with a string literal
     pattern = re.compile(r"""(==|!=)\s*["'](flow|diffusion)["']|(cfg|config)\.type\s*(==|!=|in)\s*[("'\[]""")
