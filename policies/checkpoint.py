@@ -173,7 +173,7 @@ def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkMo
     """Read config, spec, model (weights loaded, on CPU, eval mode) and normaliser from a checkpoint folder.
 
     The config's ``type`` selects the registered policy type (:func:`policylink.policies.config.build_model`), which
-    builds the model; :func:`policylink.policies.registry.load_policy` wraps the parts in a PolicyAdapter.
+    builds the model; :func:`policylink.policies.registry.load_checkpoint` wraps the parts in a PolicyAdapter.
 
     Raises:
         CheckpointError: a required file is missing, or the weights do not fit the config.

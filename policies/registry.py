@@ -136,11 +136,12 @@ def make_policy(
     return policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
 
 
-def load_policy(
+def load_checkpoint(
     path: str | Path, device: str | torch.device = "auto", seed: int = 0, cfg_scale: float | None = None
 ) -> ModelPolicy:
-    """Load a checkpoint folder as a ready :class:`~policylink.policies.policy.ChunkPolicy` (a PolicyAdapter with
-    the capabilities its sampler supports, :func:`~policylink.policies.policy.policy_for_model`).
+    """Load a checkpoint folder as a ready PolicyAdapter (:func:`~policylink.policies.policy.policy_for_model`:
+    the adapter of its type, with the capabilities its model supports). Use :func:`policylink.policies.load_policy`,
+    which takes any policy reference; this is its checkpoint-folder case.
 
     Args:
         path: the checkpoint folder (needs nothing else: config, weights, normaliser and spec are inside).
@@ -153,11 +154,11 @@ def load_policy(
         ValueError: a bad ``cfg_scale`` (see :meth:`~policylink.policies.policy.ChunkPolicy.set_cfg_scale`).
     """
     from policylink.policies.checkpoint import load_components, resolve_device  # torch: only when called
-    from policylink.policies.policy import policy_for_model
+    from policylink.policies.policy import ChunkPolicy, policy_for_model
 
     _, spec, model, normalizer = load_components(path)
     policy = policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
-    if cfg_scale is not None and hasattr(policy, "set_cfg_scale"):
+    if cfg_scale is not None and isinstance(policy, ChunkPolicy):
         policy.set_cfg_scale(cfg_scale)
     elif cfg_scale is not None:  # a model with its own adapter (ACT) has no label slot: only w = 1 is valid
         check_cfg_scale(cfg_scale, 0)
@@ -170,7 +171,7 @@ __all__ = [
     "build_model",
     "default_config",
     "known_policy_types",
-    "load_policy",
+    "load_checkpoint",
     "make_config",
     "make_policy",
     "policy_type",

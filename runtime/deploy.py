@@ -440,7 +440,7 @@ def _ending(e: BaseException) -> tuple[int, str]:
 def _load_deploy_policy(cfg: Any, period: float) -> Any:
     """The policy of ``cfg.policy`` (a server address gets a short timeout: a dead server ends the run within
     ``max(5 s, 20 periods)``), with ``cfg.inject_latency_ms`` added to its inference."""
-    from policylink.runtime.run import load_policy_ref
+    from policylink.policies import load_policy
 
     ref = str(cfg.policy)
     if ref.startswith(("tcp://", "ipc://")):
@@ -448,7 +448,7 @@ def _load_deploy_policy(cfg: Any, period: float) -> Any:
 
         policy = RemotePolicy(ref, timeout_s=max(5.0, 20 * period))
     else:
-        policy = load_policy_ref(ref, cfg.device, cfg.seed, cfg.cfg_scale)
+        policy = load_policy(ref, cfg.device, cfg.seed, cfg.cfg_scale)
     return inject_inference_latency(policy, float(cfg.inject_latency_ms) / 1e3)
 
 

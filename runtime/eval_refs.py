@@ -11,19 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from policylink.policies.loading import kind_ref
+
 ENV_PLACEHOLDER = "{env}"  # in a policy reference: one checkpoint per env, e.g. outputs/train/{env}/diffusion
-
-
-def kind_ref(ref: Any) -> tuple[str, str] | None:
-    """``(kind, folder)`` of a typed checkpoint reference ``kind:folder`` (``lerobot:/path/to/pretrained_model``):
-    ``kind`` is a policy registry name whose factory takes ``checkpoint=folder``; None for any other reference
-    (plain folders, names, ``tcp://`` / ``ipc://`` addresses)."""
-    if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")):
-        return None
-    kind, sep, folder = ref.partition(":")
-    if not sep or not folder or not kind.isidentifier():
-        return None
-    return kind, folder
 
 
 def labelled(item: Any) -> tuple[str, Any]:
@@ -131,7 +121,7 @@ def warn_recorded_seed_overlap(refs: Sequence[Any], seed: int, episodes: int) ->
 
 
 def require_policy_refs(pols: list[tuple[str, Any]], env_labels: Sequence[str], field: str = "policies") -> None:
-    """Check policy references as :func:`~policylink.runtime.run.load_policy_ref` will resolve them, before anything
+    """Check policy references as :func:`~policylink.policies.load_policy` will resolve them, before anything
     heavy (torch, a simulator) is imported, so a typo costs no waiting: a checkpoint folder (``{env}`` filled in for
     each of ``env_labels``) or ``kind:folder`` must exist, a plain name must be registered; server addresses and
     callables are not checked here.

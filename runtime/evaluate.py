@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.schema import IncompatibleSpecError
+from policylink.policies import load_policy
 from policylink.runtime import report
 from policylink.runtime.eval_refs import (  # noqa: F401 - ENV_PLACEHOLDER re-exported for callers
     ENV_PLACEHOLDER,
@@ -43,7 +44,7 @@ from policylink.runtime.rollout import (
     plan_episodes,
     rollout,
 )
-from policylink.runtime.run import cell_problems, limit_threads, load_policy_ref, require_counts
+from policylink.runtime.run import cell_problems, limit_threads, require_counts
 
 EVAL_INFO = "eval_info.json"
 
@@ -299,7 +300,7 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
     start = time.perf_counter()
     limit_threads(1)  # parallelism comes from workers, not from oversubscribed thread pools
     shard_seed = task.seed + task.first
-    policy = load_policy_ref(task.policy_ref, task.device, shard_seed, task.cfg_scale)
+    policy = load_policy(task.policy_ref, task.device, shard_seed, task.cfg_scale)
     limit_threads(1)
     np.random.seed(shard_seed % 2**32)
     if "torch" in sys.modules:
@@ -406,7 +407,7 @@ def _probe_cells(pols, env_fns, cfg: EvalConfig) -> tuple[dict[str, Any], list[s
             key = cell_ref if isinstance(cell_ref, str) else id(cell_ref)
             if key not in loaded:
                 try:
-                    policy = load_policy_ref(cell_ref, cfg.device, cfg_scale=cfg.cfg_scale)
+                    policy = load_policy(cell_ref, cfg.device, cfg_scale=cfg.cfg_scale)
                 except (KeyError, OSError, ValueError) as e:
                     loaded[key] = f"cannot load policy {cell_ref!r}: {e}"
                 else:

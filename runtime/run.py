@@ -129,60 +129,6 @@ def limit_threads(n: int = 1) -> None:
         sys.modules["torch"].set_num_threads(n)
 
 
-def load_policy_ref(ref: Any, device: str = "auto", seed: int = 0, cfg_scale: float | None = None) -> Any:
-    """A PolicyAdapter from a reference: a server address (``tcp://``, ``ipc://``), a checkpoint folder, a typed
-    checkpoint ``kind:folder`` (the factory of registry name ``kind`` with ``checkpoint=folder``, e.g.
-    ``lerobot:/path/to/pretrained_model``), a policy registry name, or a zero-argument callable returning a policy.
-    ``cfg_scale`` (None = the checkpoint's) replaces a checkpoint folder's classifier-free guidance weight.
-
-    Raises:
-        FileNotFoundError: the reference looks like a path (contains ``/``) but no such folder exists.
-        UnknownNameError: neither an address, a path, nor a registered name.
-        ValueError: a registered name that cannot be built without a checkpoint (``diffusion``, ``flow``); a bad
-            ``cfg_scale``, or one given for a reference that is not a checkpoint folder (a served policy uses the
-            server's: ``policylink serve --cfg_scale``).
-    """
-    path = Path(str(ref)).expanduser()
-    if cfg_scale is not None and (callable(ref) or not path.is_dir()):
-        raise ValueError(
-            f"cfg_scale: applies to a checkpoint folder loaded here, received it with policy {ref!r} (a served "
-            f"policy uses the server's: policylink serve --checkpoint DIR --cfg_scale W)"
-        )
-    if callable(ref):
-        return ref()
-    ref = str(ref)
-    if ref.startswith(("tcp://", "ipc://")):
-        from policylink.adapters.transport import RemotePolicy
-
-        return RemotePolicy(ref)
-    from policylink.runtime.eval_refs import kind_ref
-
-    if kind_ref(ref) is not None:  # kind:folder, e.g. lerobot:/path/to/pretrained_model
-        from policylink.adapters.registry import policy_factory
-
-        kind, folder = kind_ref(ref)
-        return policy_factory(kind)(checkpoint=str(Path(folder).expanduser()), device=device, seed=seed)
-    if path.is_dir():
-        from policylink.policies import load_policy
-
-        return load_policy(str(path), device=device, seed=seed, cfg_scale=cfg_scale)
-    if "/" in ref or os.sep in ref or path.exists():
-        kind = "not a folder" if path.exists() else "not found"
-        raise FileNotFoundError(
-            f"checkpoint folder {kind}: {ref} (policylink train writes <output_dir>/checkpoints/last)"
-        )
-    from policylink.adapters.registry import policy_factory
-
-    factory = policy_factory(ref)  # UnknownNameError lists the available names
-    try:
-        return factory()
-    except (TypeError, ValueError) as e:
-        raise ValueError(
-            f"policy {ref!r} needs a checkpoint: pass the checkpoint folder instead of the name (policylink train "
-            f"writes <output_dir>/checkpoints/last); building it without one failed: {e}"
-        ) from None
-
-
 def cell_problems(
     label: str, policy_spec: Any, env_label: str, env_spec: EnvSpec, executor: ExecutorConfig
 ) -> list[str]:
@@ -223,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"env={cfg.env!r}"
         )
     limit_threads(cfg.threads)
+    from policylink.policies import load_policy
     from policylink.runtime.eval_refs import checkpoint_env_kwargs_of, warn_recorded_seed_overlap
 
     env_kwargs = dict(cfg.env_kwargs)
@@ -233,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     probe = env_fn()
     spec = env_spec_of(probe)
     probe.close()
-    policy = load_policy_ref(cfg.policy, cfg.device, cfg.seed, cfg.cfg_scale)
+    policy = load_policy(cfg.policy, cfg.device, cfg.seed, cfg.cfg_scale)
     limit_threads(cfg.threads)  # torch may have been imported by the load
     problems = cell_problems(cfg.policy, policy.spec, cfg.env, spec, cfg.executor)
     if problems:

@@ -150,15 +150,9 @@ def _check_reference(cfg: ServeConfig) -> None:
 
 
 def _load(cfg: ServeConfig):
-    from policylink.runtime.eval_refs import kind_ref
+    from policylink.policies import load_policy
 
-    if kind_ref(cfg.checkpoint) is not None:  # kind:folder (lerobot:PATH), resolved as policylink eval/run do
-        from policylink.runtime.run import load_policy_ref
-
-        return load_policy_ref(cfg.checkpoint, device=cfg.device, cfg_scale=cfg.cfg_scale)
-    if cfg.checkpoint is not None:
-        from policylink.policies import load_policy
-
+    if cfg.checkpoint is not None:  # a folder, or kind:folder (lerobot:PATH), resolved as policylink eval/run do
         return load_policy(cfg.checkpoint, device=cfg.device, cfg_scale=cfg.cfg_scale)
     if cfg.cfg_scale is not None:
         raise ValueError(f"cfg_scale: applies to --checkpoint, received it with --policy {cfg.policy!r}")

@@ -220,10 +220,10 @@ def test_cfg_scale_needs_a_label_slot(tmp_path):
     with pytest.raises(ValueError, match="cfg_scale: expected 1.0 for a policy without a label slot"):
         check_cfg_scale(2.0, num_labels=0)
     assert check_cfg_scale("1.5", num_labels=2) == 1.5
-    from policylink.runtime.run import load_policy_ref
+    from policylink.policies import load_policy
 
     with pytest.raises(ValueError, match="cfg_scale: applies to a checkpoint folder loaded here"):
-        load_policy_ref("tcp://127.0.0.1:1", cfg_scale=2.0)
+        load_policy("tcp://127.0.0.1:1", cfg_scale=2.0)
     with pytest.raises(ValueError, match="policy.default_label"):
         make_config("flow", conditioning=ConditioningSpec(num_labels=2), default_label=2).validate()
 

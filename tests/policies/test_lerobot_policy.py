@@ -226,8 +226,9 @@ def test_missing_files_and_fields_are_named(torch_mod, diffusion, tmp_path):
 
 def test_eval_runs_a_lerobot_checkpoint_by_reference(torch_mod, diffusion, tmp_path, capsys):
     """``policylink eval --policies dp=lerobot:PATH`` on ``reach`` (2 episodes; success is irrelevant, untrained)."""
+    from policylink.policies.loading import kind_ref
     from policylink.runtime import evaluate as ev
-    from policylink.runtime.eval_refs import kind_ref, reference_label
+    from policylink.runtime.eval_refs import reference_label
 
     ref = f"lerobot:{diffusion.path}"
     assert kind_ref(ref) == ("lerobot", str(diffusion.path)) and kind_ref("tcp://h:1") is None

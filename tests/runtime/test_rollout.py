@@ -12,6 +12,7 @@ from policylink.adapters.registry import register_env, register_policy
 from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, IncompatibleSpecError, PolicySpec
 from policylink.data.buffer import EpisodeStore
 from policylink.data.recorder import EpisodeRecorder
+from policylink.policies import load_policy
 from policylink.runtime import rollout as ro
 from policylink.runtime import run as run_cmd
 from policylink.runtime.executors import ExecutorConfig, make_executor
@@ -345,11 +346,11 @@ def test_run_checks_the_pair_and_the_executor_before_running(monkeypatch):
 def test_policy_references_that_cannot_load_say_why(tmp_path):
     missing = str(tmp_path / "nonexistent" / "checkpoints" / "last")
     with pytest.raises(FileNotFoundError, match=f"^checkpoint folder not found: {re.escape(missing)} "):
-        run_cmd.load_policy_ref(missing)
+        load_policy(missing)
     with pytest.raises(ValueError, match=r"^policy 'diffusion' needs a checkpoint: pass the checkpoint folder"):
-        run_cmd.load_policy_ref("diffusion")
+        load_policy("diffusion")
     with pytest.raises(KeyError, match="no_such_policy"):
-        run_cmd.load_policy_ref("no_such_policy")
+        load_policy("no_such_policy")
 
 
 def test_limit_threads_caps_torch():
