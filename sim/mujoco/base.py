@@ -35,6 +35,7 @@ from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_qual
 CONTROL_FREQUENCY_HZ = 10.0
 MAX_DEPTH_M = 2.0  # pointmap range, metres; farther pixels (beyond the 1 m table, background) are invalid
 MAX_IMAGE_SIDE = 4096  # pixels; camera frames and the offscreen buffer are allocated at this size
+_mj_step, _mj_kinematics = mujoco.mj_step, mujoco.mj_kinematics  # module-level names: the step's hot path
 
 
 def asset_path(filename: str) -> str:
@@ -144,6 +145,8 @@ class MujocoTaskEnv(EnvAdapter):
         self._use_state = obs_mode != "image"
         self._n_state = self.n_proprio if "proprio" in parts else len(self.state_names)
         self._use_images, self._use_pointmaps = "image" in parts, "pointmap" in parts
+        self._state_only = self._use_state and not (self._use_images or self._use_pointmaps)  # step's fast path
+        self._full_state = self._n_state == len(self.state_names)
         self.camera_pose_shift = CameraPoseShift.coerce(camera_pose_shift)
         if self.camera_pose_shift is not None:
             apply_camera_pose_shift(self.model, self.camera_pose_shift, np.asarray(self.workspace_center))
@@ -156,6 +159,7 @@ class MujocoTaskEnv(EnvAdapter):
         self.perturbation = perturbation
         action = self._action_spec()
         self._low, self._high = action.low_array, action.high_array
+        self._low_list, self._high_list = self._low.tolist(), self._high.tolist()  # float32 values as floats
         self._has_goal_distance = type(self).goal_distance is not MujocoTaskEnv.goal_distance
         self._start_distance = 0.0
         self._perturber = (
@@ -214,17 +218,24 @@ class MujocoTaskEnv(EnvAdapter):
         """Set object, goal and robot poses in ``self.data`` for a new episode (after ``mj_resetData``)."""
         raise NotImplementedError
 
-    def _apply_action(self, action: np.ndarray) -> None:
-        """Turn a clipped action ``(A,)`` into actuator commands."""
+    def _apply_action(self, action: list[float] | np.ndarray) -> None:
+        """Turn a clipped action ``(A,)`` into actuator commands: ``A`` Python floats (the per-step path) or a float32
+        array (callers outside :meth:`step`)."""
+        raise NotImplementedError
+
+    def _observe(self) -> tuple[list[float], bool]:
+        """The full ``observation.state`` as ``D`` Python floats (float64, before the float32 cast) in the order of
+        ``state_names``, and the task's success predicate, both from one read of the physics state (the per-step
+        path computes them once and shares them)."""
         raise NotImplementedError
 
     def _state(self) -> np.ndarray:
         """The ``observation.state`` vector, float32 ``(D,)`` in the order of ``state_names``."""
-        raise NotImplementedError
+        return np.array(self._observe()[0], np.float32)
 
     def _is_success(self) -> bool:
         """The task's success predicate on the current state."""
-        raise NotImplementedError
+        return self._observe()[1]
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray | None:
         """Dimensionless distance to the goal of ``observation.state`` rows float ``(N, D)`` -> float64 ``(N,)``
@@ -241,18 +252,19 @@ class MujocoTaskEnv(EnvAdapter):
         d = self.goal_distance(np.array([state]))
         return None if d is None else float(d[0])
 
-    def _progress_info(self, start: bool = False, state: np.ndarray | None = None) -> dict[str, float]:
-        """``{"progress": 1 - d_t / d_0}`` (``d_0`` at reset; 1 when the episode starts at the goal), or ``{}``.
-        ``state``: the current full state vector when the caller has it (saves computing it again)."""
+    def _info(self, success: bool, state: np.ndarray, start: bool = False) -> dict[str, Any]:
+        """The step/reset info: ``{"is_success": success}`` plus, for tasks with a goal distance,
+        ``"progress": 1 - d_t / d_0`` (``d_0`` at reset, ``start=True``; 1 when the episode starts at the goal).
+        ``state``: the current full float32 state vector ``(D,)`` (the distance is taken on its float32 values)."""
         if not self._has_goal_distance:
-            return {}
-        d = self.goal_distance_now((self._state() if state is None else state).tolist())
+            return {"is_success": success}
+        d = self.goal_distance_now(state.tolist())
         if d is None:
-            return {}
+            return {"is_success": success}
         if start:
             self._start_distance = d
         d0 = self._start_distance
-        return {"progress": 1.0 - d / d0 if d0 > 0 else 1.0}
+        return {"is_success": success, "progress": 1.0 - d / d0 if d0 > 0 else 1.0}
 
     # ---------------------------------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -268,9 +280,9 @@ class MujocoTaskEnv(EnvAdapter):
         super().reset(seed=seed)
         self._reset_physics(dict(options or {}))
         self._needs_reset = False
-        state = self._state()
-        info = {"is_success": self._is_success(), **self._progress_info(start=True, state=state)}
-        return self._observation(state), info
+        values, success = self._observe()
+        state = np.array(values, np.float32)
+        return self._observation(state), self._info(success, state, start=True)
 
     def _reset_physics(self, options: dict[str, Any]) -> None:
         """Everything of :meth:`reset` except building the observation (so no frame is rendered)."""
@@ -305,27 +317,38 @@ class MujocoTaskEnv(EnvAdapter):
         if self._perturber is not None:
             a = self._perturb(a)
         self._apply_action(a)
-        mujoco.mj_step(self.model, self.data, nstep=self.n_substeps)
-        mujoco.mj_kinematics(self.model, self.data)
+        model, data = self.model, self.data
+        _mj_step(model, data, nstep=self.n_substeps)
+        _mj_kinematics(model, data)
         self.elapsed_steps += 1
-        state = self._state()  # once per step: observation and progress share it
-        success = self._is_success()
-        info = {"is_success": success}
-        if self._has_goal_distance:
-            info.update(self._progress_info(state=state))
-        truncated = self.elapsed_steps >= self.max_episode_steps
-        return self._observation(state), float(success), success, truncated, info
+        values, success = self._observe()  # once per step: observation, success and progress share it
+        state = np.array(values, np.float32)
+        info = self._info(success, state)
+        if self._state_only:  # the observation without a call: the same dict _observation builds
+            obs = {STATE_KEY: state if self._full_state else state[: self._n_state], TASK_KEY: self.task}
+        else:
+            obs = self._observation(state)
+        return obs, float(success), success, self.elapsed_steps >= self.max_episode_steps, info
 
-    def _clipped_action(self, action: Any) -> np.ndarray:
-        """:func:`~policylink.adapters.validation.coerce_action` (same result, same errors) with a fast path for the
-        common case, a finite ``(A,)`` array-like: convert, check, clip against limits kept as float32 arrays."""
+    def _clipped_action(self, action: Any) -> list[float]:
+        """:func:`~policylink.adapters.validation.coerce_action` (same values, same errors) as ``A`` Python floats,
+        with a fast path for the common case, a finite ``(A,)`` array-like: convert to float32, check, clip each
+        number against the float32 limits (``min``/``max`` on floats: the values of ``np.clip``)."""
         try:
             a = np.asarray(action, dtype=np.float32)
         except (TypeError, ValueError):
             a = None
-        if a is None or a.shape != self._low.shape or not all(map(math.isfinite, a.tolist())):
-            return coerce_action(self.env_spec.action, action)  # raises the contract's ActionError
-        return np.minimum(np.maximum(a, self._low), self._high)  # == np.clip for finite values
+        # float32 values summed in float64 cannot overflow: the sum is finite iff every value is
+        if a is None or a.shape != self._low.shape or not math.isfinite(sum(values := a.tolist())):
+            return coerce_action(self.env_spec.action, action).tolist()  # raises the contract's ActionError
+        i = 0  # a plain loop: a third of a list comprehension's cost right after the physics (cold caches)
+        for v, lo, hi in zip(values, self._low_list, self._high_list):
+            if v < lo:
+                values[i] = lo
+            elif v > hi:
+                values[i] = hi
+            i += 1
+        return values
 
     def privileged_state(self) -> np.ndarray:
         """The full ``observation.state`` vector in every ``obs_mode``, float32 ``(D,)`` in the order of
@@ -349,7 +372,8 @@ class MujocoTaskEnv(EnvAdapter):
         """The observation dict; ``state``: the current full state vector when the caller has it."""
         obs: dict[str, Any] = {}
         if self._use_state:
-            obs[STATE_KEY] = (self._state() if state is None else state)[: self._n_state]
+            state = self._state() if state is None else state
+            obs[STATE_KEY] = state if self._full_state else state[: self._n_state]
         if self._use_images:
             for cam in self.cameras:
                 obs[IMAGE_PREFIX + cam] = self._renderer.render(self.data, cam)
@@ -360,13 +384,14 @@ class MujocoTaskEnv(EnvAdapter):
         obs[TASK_KEY] = self.task
         return obs
 
-    def _perturb(self, action: np.ndarray) -> np.ndarray:
+    def _perturb(self, action: list[float]) -> list[float]:
+        """The perturbed action (Python floats) of the clipped ``action``, after moving or pushing the object."""
         p, rng = self._perturber, self.np_random
         offset = p.displacement(self.elapsed_steps, rng)
         if offset is not None:
             self.displace_body(self.main_object, offset)
         self.data.xfrc_applied[self._main_body, :3] = p.force(rng)
-        return p.action(action, rng)
+        return p.action(np.array(action, np.float32), rng).tolist()
 
     def displace_body(self, body: str, offset: np.ndarray) -> None:
         """Move ``body`` (free joint or mocap) by the planar ``offset`` (m, ``(2,)``) and refresh kinematics."""

@@ -45,7 +45,7 @@ class GripperTaskEnv(MujocoTaskEnv):
             gripper_index=3,
         )
 
-    def _apply_action(self, action: np.ndarray) -> None:
+    def _apply_action(self, action: list[float] | np.ndarray) -> None:
         self.robot.command(action[:3], grip=float(action[3]))
 
     def _reset_robot(self, rng: np.random.Generator) -> None:
@@ -55,11 +55,10 @@ class GripperTaskEnv(MujocoTaskEnv):
         """ee x, y, z (m) and gripper opening (1 open, 0 closed), 4 floats."""
         return [*self.robot.ee_position.tolist(), self.robot.opening]
 
-    def placed(self, body: str, goal_xy: np.ndarray, radius: float, max_height: float) -> bool:
-        """``body`` rests within ``radius`` (m) of ``goal_xy`` below ``max_height`` (m) and the gripper is open."""
-        x, y, z = self.body_position(body).tolist()
-        return (
-            math.hypot(x - float(goal_xy[0]), y - float(goal_xy[1])) < radius
-            and z < max_height
-            and self.robot.opening > RELEASED_OPENING
-        )
+
+def placed_at(position: list[float], goal_xy: list[float], opening: float, radius: float, max_height: float) -> bool:
+    """The "placed and released" predicate on Python floats: an object at ``position`` (m, x, y, z) lies within
+    ``radius`` (m) of ``goal_xy`` (m, x, y) below ``max_height`` (m) and the gripper ``opening`` (1 open, 0 closed)
+    exceeds :data:`RELEASED_OPENING`."""
+    x, y, z = position
+    return math.hypot(x - goal_xy[0], y - goal_xy[1]) < radius and z < max_height and opening > RELEASED_OPENING

@@ -58,9 +58,10 @@ class InsertEnv(GripperTaskEnv):
         h = self.data.mocap_pos[self._hole_mocap]
         return np.array([h[0], h[1], PEG_HALF_HEIGHT_M])
 
-    def _state(self) -> np.ndarray:
-        h = self.data.mocap_pos[self._hole_mocap]
-        return np.array([*self._robot_state(), *self.object_position.tolist(), h[0], h[1], HOLE_TOP_M], np.float32)
+    def _observe(self) -> tuple[list[float], bool]:
+        (px, py, pz), (hx, hy, _) = self.object_position.tolist(), self.data.mocap_pos[self._hole_mocap].tolist()
+        success = pz - PEG_HALF_HEIGHT_M < INSERTED_BOTTOM_M and math.hypot(px - hx, py - hy) < CENTRED_M
+        return [*self._robot_state(), px, py, pz, hx, hy, HOLE_TOP_M], success
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:
         """Gripper-to-peg plus peg-to-inserted-pose distance, m, float64 ``(N,)`` from states ``(N, 10)`` (the
@@ -70,10 +71,6 @@ class InsertEnv(GripperTaskEnv):
     def goal_distance_now(self, state: list[float]) -> float:
         """:meth:`goal_distance` of one state (Python floats), bit for bit."""
         return _distance(state, math.sqrt)
-
-    def _is_success(self) -> bool:
-        (px, py, pz), (hx, hy, _) = self.object_position.tolist(), self.data.mocap_pos[self._hole_mocap].tolist()
-        return pz - PEG_HALF_HEIGHT_M < INSERTED_BOTTOM_M and math.hypot(px - hx, py - hy) < CENTRED_M
 
 
 def _distance(c, sqrt):

@@ -75,7 +75,7 @@ class MemoryEnv(MujocoTaskEnv):
         self._dwell, self._phase_step, self.wrong_goal = 0, -1, False
         self._show_cue(True)
 
-    def _apply_action(self, action: np.ndarray) -> None:
+    def _apply_action(self, action: list[float] | np.ndarray) -> None:
         self.robot.command(action)
         if self.elapsed_steps + 1 >= CUE_STEPS:  # the observation after this step is past the first second
             self._show_cue(False)
@@ -103,11 +103,11 @@ class MemoryEnv(MujocoTaskEnv):
         if self._dwell < DWELL_STEPS and np.linalg.norm(self.robot.ee_position - WAYPOINT) < WAYPOINT_RADIUS_M:
             self._dwell += 1
 
-    def _state(self) -> np.ndarray:
+    def _observe(self) -> tuple[list[float], bool]:
         cue = (1.0 if self.goal_index == 0 else -1.0) if self.elapsed_steps < CUE_STEPS else 0.0
         self._advance_phase()
         dwell = min(self._dwell, DWELL_STEPS) / DWELL_STEPS
-        return np.concatenate([self.robot.ee_position, [cue, dwell]]).astype(np.float32)
+        return [*self.robot.ee_position.tolist(), cue, dwell], self._is_success()
 
     def _near(self, goal: int) -> bool:
         return bool(np.linalg.norm(self.robot.ee_position - GOALS[goal]) < GOAL_RADIUS_M)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from policylink.sim.mujoco.base import sample_separated
-from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv
+from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv, placed_at
 
 COLOURS = ("red", "green", "blue")
 SIDES = ("left", "right")
@@ -31,6 +31,7 @@ CUBE_HALF_M = 0.02
 SUCCESS_RADIUS_M = 0.035
 PAD_XY = {"left": np.array([-0.15, 0.13]), "right": np.array([0.15, 0.13])}
 CUBE_LOW, CUBE_HIGH = np.array([-0.16, -0.16]), np.array([0.16, 0.0])
+_PAD_XY = {side: xy.tolist() for side, xy in PAD_XY.items()}  # Python floats (the per-step success check)
 
 
 class MultitaskEnv(GripperTaskEnv):
@@ -77,13 +78,13 @@ class MultitaskEnv(GripperTaskEnv):
         xy = PAD_XY[self.goal[1]]
         return np.array([xy[0], xy[1], CUBE_HALF_M])
 
-    def _state(self) -> np.ndarray:
-        cubes = [v for name in self._cube_bodies for v in self.body_position(name).tolist()]
-        return np.array([*self._robot_state(), *cubes], np.float32)
-
-    def _is_success(self) -> bool:
+    def _observe(self) -> tuple[list[float], bool]:
+        robot = self._robot_state()
+        cubes = [self.body_position(name).tolist() for name in self._cube_bodies]
         colour, side = self.goal
-        return self.placed(f"cube_{colour}", PAD_XY[side], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)
+        cube = cubes[COLOURS.index(colour)]
+        success = placed_at(cube, _PAD_XY[side], robot[3], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)
+        return robot + [v for cube in cubes for v in cube], success
 
 
 def make_multitask_env(**kwargs: Any) -> MultitaskEnv:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from policylink.sim.mujoco.base import euclidean3, sample_separated
-from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv
+from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv, placed_at
 
 CUBE_HALF_M = 0.02
 SUCCESS_RADIUS_M = 0.03
@@ -55,9 +55,10 @@ class PickPlaceEnv(GripperTaskEnv):
         t = self.data.mocap_pos[self._target_mocap]
         return np.array([t[0], t[1], CUBE_HALF_M])
 
-    def _state(self) -> np.ndarray:
-        target = self.data.mocap_pos[self._target_mocap]
-        return np.array([*self._robot_state(), *self.object_position.tolist(), *target.tolist()], np.float32)
+    def _observe(self) -> tuple[list[float], bool]:
+        robot, cube = self._robot_state(), self.object_position.tolist()
+        target = self.data.mocap_pos[self._target_mocap].tolist()
+        return robot + cube + target, placed_at(cube, target, robot[3], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:
         """Gripper-to-cube plus cube-to-goal distance, m, float64 ``(N,)`` from states ``(N, 10)`` (the goal is the
@@ -67,11 +68,6 @@ class PickPlaceEnv(GripperTaskEnv):
     def goal_distance_now(self, state: list[float]) -> float:
         """:meth:`goal_distance` of one state (Python floats), bit for bit."""
         return _distance(state, math.sqrt)
-
-    def _is_success(self) -> bool:
-        return self.placed(
-            "cube", self.data.mocap_pos[self._target_mocap].tolist(), SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005
-        )
 
 
 def _distance(c, sqrt):

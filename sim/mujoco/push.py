@@ -82,7 +82,7 @@ class PushEnv(MujocoTaskEnv):
                 break
         self.robot.reset(pusher)
 
-    def _apply_action(self, action: np.ndarray) -> None:
+    def _apply_action(self, action: list[float] | np.ndarray) -> None:
         self.robot.command(action)
 
     @property
@@ -96,10 +96,14 @@ class PushEnv(MujocoTaskEnv):
         x, y, _, *quat = self.data.qpos[self._block_qadr : self._block_qadr + 7].tolist()
         return x, y, yaw_of(quat)
 
-    def _state(self) -> np.ndarray:
+    def _observe(self) -> tuple[list[float], bool]:
         x, y, yaw = self._block_pose_now()
         ee_x, ee_y, _ = self.robot.ee_position.tolist()
-        return np.array([ee_x, ee_y, x, y, math.sin(yaw), math.cos(yaw)], dtype=np.float32)
+        success = (
+            math.hypot(x - _GOAL_X, y - _GOAL_Y) < SUCCESS_POSITION_M
+            and abs(wrap_angle(yaw - _GOAL_YAW)) < SUCCESS_YAW_RAD
+        )
+        return [ee_x, ee_y, x, y, math.sin(yaw), math.cos(yaw)], success
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:
         """Block pose error in success-threshold units, float64 ``(N,)`` from states ``(N, 6)``: position error /
@@ -119,13 +123,6 @@ class PushEnv(MujocoTaskEnv):
     def goal_distance_now(self, state: list[float]) -> float:
         """:meth:`goal_distance` of one state (6 Python floats): the per-step path."""
         return _goal_distance(state)
-
-    def _is_success(self) -> bool:
-        x, y, yaw = self._block_pose_now()
-        return (
-            math.hypot(x - _GOAL_X, y - _GOAL_Y) < SUCCESS_POSITION_M
-            and abs(wrap_angle(yaw - _GOAL_YAW)) < SUCCESS_YAW_RAD
-        )
 
 
 def _goal_distance(c: list[float]) -> float:

@@ -54,7 +54,7 @@ class ReachEnv(MujocoTaskEnv):
         self.robot.reset(start)
         self.data.mocap_pos[self._target_mocap] = target
 
-    def _apply_action(self, action: np.ndarray) -> None:
+    def _apply_action(self, action: list[float] | np.ndarray) -> None:
         self.robot.command(action)
 
     @property
@@ -62,8 +62,9 @@ class ReachEnv(MujocoTaskEnv):
         """Target position, m, ``(3,)``."""
         return self._target_view
 
-    def _state(self) -> np.ndarray:
-        return np.array([*self.robot.ee_position.tolist(), *self._target_view.tolist()], np.float32)
+    def _observe(self) -> tuple[list[float], bool]:
+        ee, target = self.robot.ee_position.tolist(), self._target_view.tolist()
+        return ee + target, math.dist(ee, target) < SUCCESS_RADIUS_M
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:
         """End-effector-to-target distance, m, float64 ``(N,)`` from states ``(N, 6)``."""
@@ -72,9 +73,6 @@ class ReachEnv(MujocoTaskEnv):
     def goal_distance_now(self, state: list[float]) -> float:
         """:meth:`goal_distance` of one state (Python floats), bit for bit."""
         return _distance(state, math.sqrt)
-
-    def _is_success(self) -> bool:
-        return math.dist(self.robot.ee_position.tolist(), self._target_view.tolist()) < SUCCESS_RADIUS_M
 
 
 def _distance(c, sqrt):

@@ -36,8 +36,7 @@ class GantryController:
         self._qadr = np.array([model.joint(n).qposadr[0] for n in axes])
         self._dadr = np.array([model.joint(n).dofadr[0] for n in axes])
         self._act = np.array([model.actuator(n).id for n in axes])
-        contiguous = np.array_equal(self._act, np.arange(self._act[0], self._act[0] + self.n_axes))
-        self._act_slice = slice(int(self._act[0]), int(self._act[0]) + self.n_axes) if contiguous else self._act
+        self._act_list = self._act.tolist()
         self.has_gripper = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "finger_left") >= 0
         if self.has_gripper:
             fingers = ("finger_left", "finger_right")
@@ -47,6 +46,7 @@ class GantryController:
             self._finger_act_left, self._finger_act_right = (int(i) for i in self._finger_act)
         self.site_id = model.site("ee").id
         self._ee_view = data.site_xpos[self.site_id]  # views stay valid: MjData buffers are never reallocated
+        self._ctrl = data.ctrl
         self.low = np.asarray(workspace_low, dtype=np.float64)
         self.high = np.asarray(workspace_high, dtype=np.float64)
         # site position at joint zero: ee = offset + q on the actuated axes
@@ -72,18 +72,27 @@ class GantryController:
             self.data.qvel[self._finger_dadr] = 0.0
             self.data.ctrl[self._finger_act] = GRIPPER_OPEN_M
 
-    def command(self, delta: np.ndarray, grip: float | None = None) -> None:
-        """Target = measured ee + ``delta`` (m, ``(n_axes,)``) within the workspace; gripper 0 open, 1 closed."""
-        # Python floats for these 2-3 numbers (same IEEE operations as the array form, a fraction of its cost)
-        target = [
-            min(max(e + d, lo), hi)
-            for e, d, lo, hi in zip(self._ee_view.tolist(), delta.tolist(), self._low_list, self._high_list)
-        ]
+    def command(self, delta: list[float] | np.ndarray, grip: float | None = None) -> None:
+        """Target = measured ee + ``delta`` (m, ``(n_axes,)``: Python floats or an array) within the workspace;
+        gripper 0 open, 1 closed."""
+        # Python floats for these 2-3 numbers (same IEEE operations as the array form, a fraction of its cost),
+        # written one by one into the cached ctrl view (no list -> array conversion)
+        if isinstance(delta, np.ndarray):
+            delta = delta.tolist()
+        ctrl, target = self._ctrl, self._ee_view.tolist()[: self.n_axes]
+        low, high, offset = self._low_list, self._high_list, self._offset_list
+        for k, i in enumerate(self._act_list):
+            t = target[k] + delta[k]
+            if t < low[k]:
+                t = low[k]
+            elif t > high[k]:
+                t = high[k]
+            target[k] = t
+            ctrl[i] = t - offset[k]
         self._target = target
-        self.data.ctrl[self._act_slice] = [t - o for t, o in zip(target, self._offset_list)]
         if grip is not None and self.has_gripper:
             self.grip = min(max(float(grip), 0.0), 1.0)
-            ctrl, opening = self.data.ctrl, GRIPPER_OPEN_M * (1.0 - self.grip)
+            opening = GRIPPER_OPEN_M * (1.0 - self.grip)
             ctrl[self._finger_act_left] = opening
             ctrl[self._finger_act_right] = opening
 
