@@ -53,7 +53,8 @@ class GripperTaskEnv(MujocoTaskEnv):
 
     def _robot_state(self) -> list[float]:
         """ee x, y, z (m) and gripper opening (1 open, 0 closed), 4 floats."""
-        return [*self.robot.ee_position.tolist(), self.robot.opening]
+        robot = self.robot
+        return [*robot.ee_position.tolist(), robot.opening]
 
 
 def placed_at(position: list[float], goal_xy: list[float], opening: float, radius: float, max_height: float) -> bool:

@@ -39,6 +39,8 @@ class InsertEnv(GripperTaskEnv):
     def _setup(self) -> None:
         super()._setup()
         self._hole_mocap = self.model.body("hole").mocapid[0]
+        self._hole_view = self.data.mocap_pos[self._hole_mocap]  # views: MjData buffers are never reallocated
+        self._peg_view = self.body_position("peg")
 
     def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
         peg = rng.uniform(PEG_LOW, PEG_HIGH)
@@ -59,7 +61,7 @@ class InsertEnv(GripperTaskEnv):
         return np.array([h[0], h[1], PEG_HALF_HEIGHT_M])
 
     def _observe(self) -> tuple[list[float], bool]:
-        (px, py, pz), (hx, hy, _) = self.object_position.tolist(), self.data.mocap_pos[self._hole_mocap].tolist()
+        (px, py, pz), (hx, hy, _) = self._peg_view.tolist(), self._hole_view.tolist()
         success = pz - PEG_HALF_HEIGHT_M < INSERTED_BOTTOM_M and math.hypot(px - hx, py - hy) < CENTRED_M
         return [*self._robot_state(), px, py, pz, hx, hy, HOLE_TOP_M], success
 

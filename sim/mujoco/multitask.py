@@ -49,6 +49,10 @@ class MultitaskEnv(GripperTaskEnv):
     goal_keys = tuple(f"{c}/{s}" for c in COLOURS for s in SIDES)
     """Every goal an episode can draw, as instruction-file keys (``"<colour>/<side>"``)."""
 
+    def _setup(self) -> None:
+        super()._setup()
+        self._cube_views = [self.body_position(name) for name in self._cube_bodies]  # xpos views, state order
+
     def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
         task = options.get("task")
         if task is None:
@@ -80,7 +84,7 @@ class MultitaskEnv(GripperTaskEnv):
 
     def _observe(self) -> tuple[list[float], bool]:
         robot = self._robot_state()
-        cubes = [self.body_position(name).tolist() for name in self._cube_bodies]
+        cubes = [view.tolist() for view in self._cube_views]
         colour, side = self.goal
         cube = cubes[COLOURS.index(colour)]
         success = placed_at(cube, _PAD_XY[side], robot[3], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)

@@ -36,6 +36,8 @@ class PickPlaceEnv(GripperTaskEnv):
     def _setup(self) -> None:
         super()._setup()
         self._target_mocap = self.model.body("target").mocapid[0]
+        self._target_view = self.data.mocap_pos[self._target_mocap]  # views: MjData buffers are never reallocated
+        self._cube_view = self.body_position("cube")
 
     def _sample_episode(self, rng: np.random.Generator, options: dict[str, Any]) -> None:
         cube = rng.uniform(CUBE_LOW, CUBE_HIGH)
@@ -56,8 +58,7 @@ class PickPlaceEnv(GripperTaskEnv):
         return np.array([t[0], t[1], CUBE_HALF_M])
 
     def _observe(self) -> tuple[list[float], bool]:
-        robot, cube = self._robot_state(), self.object_position.tolist()
-        target = self.data.mocap_pos[self._target_mocap].tolist()
+        robot, cube, target = self._robot_state(), self._cube_view.tolist(), self._target_view.tolist()
         return robot + cube + target, placed_at(cube, target, robot[3], SUCCESS_RADIUS_M, CUBE_HALF_M + 0.005)
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:

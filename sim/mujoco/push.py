@@ -59,6 +59,7 @@ class PushEnv(MujocoTaskEnv):
         self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)
         j = self.model.body("block").jntadr[0]
         self._block_qadr = int(self.model.jnt_qposadr[j])
+        self._block_qpos = self.data.qpos[self._block_qadr : self._block_qadr + 7]  # a view (never reallocated)
 
     def _action_spec(self) -> ActionSpec:
         return ActionSpec(
@@ -93,7 +94,7 @@ class PushEnv(MujocoTaskEnv):
 
     def _block_pose_now(self) -> tuple[float, float, float]:
         """:attr:`block_pose` as three Python floats (the per-step path)."""
-        x, y, _, *quat = self.data.qpos[self._block_qadr : self._block_qadr + 7].tolist()
+        x, y, _, *quat = self._block_qpos.tolist()
         return x, y, yaw_of(quat)
 
     def _observe(self) -> tuple[list[float], bool]:

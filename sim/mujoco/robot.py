@@ -46,7 +46,7 @@ class GantryController:
             self._finger_act_left, self._finger_act_right = (int(i) for i in self._finger_act)
         self.site_id = model.site("ee").id
         self._ee_view = data.site_xpos[self.site_id]  # views stay valid: MjData buffers are never reallocated
-        self._ctrl = data.ctrl
+        self._ctrl, self._qpos = data.ctrl, data.qpos
         self.low = np.asarray(workspace_low, dtype=np.float64)
         self.high = np.asarray(workspace_high, dtype=np.float64)
         # site position at joint zero: ee = offset + q on the actuated axes
@@ -111,8 +111,8 @@ class GantryController:
         """Gripper opening as a fraction: 1 = fully open, 0 = fingers touching (mean of both fingers)."""
         if not self.has_gripper:
             return 0.0
-        q = self.data.qpos
-        return (float(q[self._finger_qadr[0]]) + float(q[self._finger_qadr[1]])) / (2.0 * GRIPPER_OPEN_M)
+        q, (left, right) = self._qpos, self._finger_qadr
+        return (q.item(left) + q.item(right)) / (2.0 * GRIPPER_OPEN_M)
 
 
 def xyz_delta_spec(max_delta_m: float) -> ActionSpec:
