@@ -15,6 +15,7 @@ PACKAGE_DATA = {
     "policylink.sim.genesis.assets": ["*.xml"],
     "policylink.configs.train": ["*.yaml", "*.json"],  # `policylink demo`, `--config <name>` from an install
     "policylink.configs.eval": ["*.yaml"],
+    "policylink.configs.base": ["*.yaml"],  # the files the train configs inherit from (base:)
 }
 
 packages = []

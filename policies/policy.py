@@ -138,6 +138,7 @@ class ChunkPolicy(ModelPolicy):
         self._memory = MemoryRows()  # per-row SEGA state (policy.memory: sega; unused otherwise)
         self._frames = FrameFeatureCache(spec.n_obs_steps)  # per-row frame features (lean image path)
         self.frame_cache = True  # False: the full path (whole windows to float, normalise, encode every frame)
+        self.cfg_scale = float(self.config.cfg_scale)  # inference option: never written back into the config
 
     # -- capabilities ---------------------------------------------------------------------------------------
 
@@ -153,12 +154,13 @@ class ChunkPolicy(ModelPolicy):
 
     def set_cfg_scale(self, w: float) -> None:
         """Use classifier-free guidance weight ``w`` from now on, instead of the checkpoint's ``policy.cfg_scale``
-        (``out = (1 - w) out_u + w out_c``; Ho & Salimans 2022).
+        (``out = (1 - w) out_u + w out_c``; Ho & Salimans 2022). An inference option of this adapter: the model's
+        config (what :meth:`save` writes) keeps the trained value.
 
         Raises:
             ValueError: ``w`` not finite or negative, or ``w != 1`` for a policy without a label slot.
         """
-        self.config.cfg_scale = check_cfg_scale(w, self.conditioning.num_labels)
+        self.cfg_scale = check_cfg_scale(w, self.conditioning.num_labels)
 
     def reseed(self, seed: int) -> None:
         """Restart the sampler's noise stream from ``seed``."""
@@ -323,9 +325,9 @@ class ChunkPolicy(ModelPolicy):
         """Condition ``latent`` ``(B, D)``, draw (or check) the noise, run the sampler, convert to units."""
         with torch.no_grad():
             cond = self.model.condition(latent, labels, tokens)
-            if labels is not None and self.config.cfg_scale != 1.0:  # classifier-free guidance, policy.cfg_scale
+            if labels is not None and self.cfg_scale != 1.0:  # classifier-free guidance (policy.cfg_scale or set)
                 uncond = self.model.condition(latent, None, tokens)
-                guidance = classifier_free_guidance(uncond, self.config.cfg_scale, as_guidance(guidance))
+                guidance = classifier_free_guidance(uncond, self.cfg_scale, as_guidance(guidance))
         shape = (cond.shape[0], self.spec.chunk_size, self.spec.action.dim)
         if noise is None:
             noise = torch.randn(shape, generator=self._generator, device=self.device)

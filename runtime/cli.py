@@ -16,6 +16,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -189,7 +190,8 @@ def is_user_error(e: BaseException) -> bool:
 
 def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
     """Parse a dataclass config from ``argv``: optional ``--config FILE.yaml`` (a file, or a shipped config's name:
-    :func:`resolve_config_path`) then field overrides.
+    :func:`resolve_config_path`; its ``base`` files merged under it, :func:`policylink.configs.load_config`) then
+    field overrides.
 
     Overrides use the field path (``--policy.lr 1e-4`` or ``--policy.lr=1e-4``), spelled with underscores or
     dashes; every subcommand's flags go through :func:`normalise_flags` (dashes, bare booleans, comma lists).
@@ -199,8 +201,6 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
         ConfigError: an unknown flag (with the closest valid one), a config file that is missing or not valid
             YAML (file, line and column), or an invalid value (the message names the field).
     """
-    import draccus
-
     args = list(argv)
     config_path = None
     for flag in ("--config", "--config_path", "--config-path"):
@@ -215,13 +215,31 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
                 break
     if config_path is not None:
         config_path = resolve_config_path(config_path)
+    with tempfile.TemporaryDirectory(prefix="policylink-config-") as tmp:
+        return _parse(cls, args, config_path, prog, tmp)
+
+
+def _parse(cls: type[T], args: list[str], config_path: str | None, prog: str | None, tmp: str) -> T:
+    """:func:`parse_config` after ``--config`` was taken out of ``args``; composed files are written into ``tmp``."""
+    import draccus
+
+    from policylink.configs import ConfigFileError, composed_file
+
     if any(a in ("-h", "--help") for a in args):
         from policylink.runtime.cli_help import format_help, help_instance
 
+        try:
+            config_path = config_path and str(composed_file(config_path, tmp))
+        except ConfigFileError:
+            pass  # the help shows the defaults; the run itself reports the file
         print(format_help(cls, prog or f"policylink {cls.__name__}", help_instance(cls, args, config_path)))
         raise SystemExit(0)
     if config_path is not None:
         check_yaml_file(config_path)
+        try:
+            config_path = str(composed_file(config_path, tmp))
+        except ConfigFileError as e:
+            raise ConfigError(f"--config {e}") from None
     args = normalise_flags(cls, args)
     check_flags(cls, args)
     check_choice_types(cls, args, config_path)

@@ -173,6 +173,7 @@ def _record(env: str, episodes: int, path: Path) -> Path:
 def _train(cfg: DemoConfig, policy: str, env: str, store: Path, run_dir: Path) -> Path:
     import draccus
 
+    from policylink.configs import load_config
     from policylink.runtime.train import TrainConfig, train
 
     template = CONFIG_DIR / cfg.train_config.format(policy=policy, env=env)  # checked by validate_demo
@@ -181,8 +182,7 @@ def _train(cfg: DemoConfig, policy: str, env: str, store: Path, run_dir: Path) -
     if done.is_file() and last.is_dir():
         print(f"== {policy} on {env}: reusing the trained checkpoint {last}")
         return last
-    with open(template) as f:
-        tcfg = draccus.load(TrainConfig, f)
+    tcfg = draccus.decode(TrainConfig, load_config(template))  # the template with its base files merged
     tcfg.dataset.path = str(store)
     tcfg.output_dir = str(run_dir)
     tcfg.device = cfg.device

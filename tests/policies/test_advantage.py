@@ -85,9 +85,9 @@ def test_cfg_in_the_policy_w0_is_unconditional_w1_conditional_exactly(kind):
     assert not np.array_equal(uncond, cond)
     policy.config.default_label = 1
     np.testing.assert_array_equal(policy.sample(obs, noise=noise), cond)  # default label, w = 1
-    policy.config.cfg_scale = 0.0
+    policy.set_cfg_scale(0.0)
     np.testing.assert_array_equal(policy.sample(obs, noise=noise), uncond)
-    policy.config.cfg_scale = 2.0
+    policy.set_cfg_scale(2.0)
     guided = policy.sample(obs, noise=noise)
     assert np.isfinite(guided).all() and not np.array_equal(guided, cond)
 
@@ -183,13 +183,15 @@ def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tm
     assert len(summary) == 1 and summary[0]["n_episodes"] == 2  # eval loads it with its default label and w
     # --cfg_scale (eval, run, serve) replaces the checkpoint's w: the same chunk as setting it in the config
     override = load_policy(ckpt, device="cpu", cfg_scale=0.0)
-    local.config.cfg_scale = 0.0
+    local.set_cfg_scale(0.0)
     for p in (override, local):
         p.reset()
         p.reseed(7)
         p.update_observation(obs)
-    assert override.config.cfg_scale == 0.0
+    assert override.cfg_scale == 0.0 and override.config.cfg_scale == 1.5  # an inference option, not the config
     np.testing.assert_array_equal(override.predict_action_chunk(), local.predict_action_chunk())
+    resaved = override.save(tmp_path / "resaved")  # --cfg_scale at evaluation never reaches a saved checkpoint
+    assert load_policy(resaved, device="cpu").config.cfg_scale == 1.5
     for bad, msg in (
         (-1.0, "expected a finite weight >= 0"),
         (float("nan"), "expected a finite weight >= 0"),
