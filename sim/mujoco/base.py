@@ -333,7 +333,8 @@ class MujocoTaskEnv(EnvAdapter):
     def _clipped_action(self, action: Any) -> list[float]:
         """:func:`~policylink.adapters.validation.coerce_action` (same values, same errors) as ``A`` Python floats,
         with a fast path for the common case, a finite ``(A,)`` array-like: convert to float32, check, clip each
-        number against the float32 limits (``min``/``max`` on floats: the values of ``np.clip``)."""
+        number against the float32 limits (comparisons on floats, ties taking the limit: the values of ``np.clip``,
+        signed zeros included)."""
         try:
             a = np.asarray(action, dtype=np.float32)
         except (TypeError, ValueError):
@@ -341,11 +342,11 @@ class MujocoTaskEnv(EnvAdapter):
         # float32 values summed in float64 cannot overflow: the sum is finite iff every value is
         if a is None or a.shape != self._low.shape or not math.isfinite(sum(values := a.tolist())):
             return coerce_action(self.env_spec.action, action).tolist()  # raises the contract's ActionError
-        i = 0  # a plain loop: a third of a list comprehension's cost right after the physics (cold caches)
+        i = 0  # a plain loop: half a list comprehension's cost right after the physics (cold caches)
         for v, lo, hi in zip(values, self._low_list, self._high_list):
-            if v < lo:
+            if v <= lo:  # ties take the limit, as np.clip does (-0.0 against a 0.0 limit gives 0.0)
                 values[i] = lo
-            elif v > hi:
+            elif v >= hi:
                 values[i] = hi
             i += 1
         return values
