@@ -22,15 +22,19 @@ from policylink.adapters.schema import NUMERIC_DTYPES
 
 SUPPORTED_DTYPES: tuple[str, ...] = NUMERIC_DTYPES
 _WIRE_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in SUPPORTED_DTYPES}
-_DTYPE_CODE = {np.dtype(name): code for code, name in enumerate(SUPPORTED_DTYPES)}
-_DTYPE_CODE.update({dt: code for code, dt in enumerate(_WIRE_DTYPES.values())})
+_WIRE_CODE = {dt: code for code, dt in enumerate(_WIRE_DTYPES.values())}  # wire dtype -> its code in the header
 _EXT_ARRAY = 1  # payload: struct <dtype code u8, ndim u8, frame index u32, shape u64 x ndim>; data in frame 1+index
 _EXT_STR_ARRAY = 2  # payload: msgpack [shape, flat list of str]
 _EXT_SCALAR = 3  # payload: msgpack [dtype name, little-endian bytes]
 _MAX_NDIM = 32
 _ARRAY_HEAD = struct.Struct("<BBI")
 _SHAPES = [struct.Struct(f"<{n}Q") for n in range(_MAX_NDIM + 1)]
-_NATIVE = [(dt, dt.kind == "b", dt.isnative) for dt in _WIRE_DTYPES.values()]
+_NATIVE = [(np.dtype(dt.name) if dt.isnative else dt, dt.kind == "b", dt.isnative) for dt in _WIRE_DTYPES.values()]
+# Array extensions repeat message after message (same dtypes, shapes and frame order), so each is built and checked
+# once: (dtype code, shape, frame index) -> extension when encoding, extension payload -> its fields when decoding.
+_CACHE_SIZE = 1024
+_ENCODED_HEADS: dict[tuple[int, tuple[int, ...], int], msgpack.ExtType] = {}
+_DECODED_HEADS: dict[bytes, tuple[np.dtype, tuple[int, ...], int, int, bool, bool]] = {}
 
 Frame = bytes | memoryview | np.ndarray
 
@@ -52,26 +56,19 @@ def encode(message: Any) -> list[Frame]:
     arrays: list[np.ndarray] = []
 
     def default(obj: Any) -> msgpack.ExtType:
-        if isinstance(obj, np.ndarray):
-            if obj.dtype.kind == "U":
-                payload = [list(obj.shape), obj.ravel().tolist()]
-                return msgpack.ExtType(_EXT_STR_ARRAY, msgpack.packb(payload))
-            code = _DTYPE_CODE.get(obj.dtype)
-            if code is None:
-                code = _DTYPE_CODE[_wire_dtype(obj.dtype)]
-            wire = _WIRE_DTYPES[SUPPORTED_DTYPES[code]]
-            if obj.dtype is not wire and obj.dtype != wire or not obj.flags.c_contiguous:
-                obj = np.ascontiguousarray(obj, dtype=wire)
-            arrays.append(obj)
-            shape = obj.shape
-            if len(shape) > _MAX_NDIM:
-                raise TypeError(f"arrays of more than {_MAX_NDIM} dims are not supported")
-            head = _ARRAY_HEAD.pack(code, len(shape), len(arrays) - 1)
-            return msgpack.ExtType(_EXT_ARRAY, head + _SHAPES[len(shape)].pack(*shape))
-        if isinstance(obj, np.generic):
-            wire = _wire_dtype(obj.dtype)
-            return msgpack.ExtType(_EXT_SCALAR, msgpack.packb([wire.name, np.asarray(obj, wire).tobytes()]))
-        raise TypeError(type(obj).__name__)
+        # msgpack calls this for every value it cannot pack itself: arrays (the common case: already wire-ready,
+        # taken as they are) and anything else (_wire_form converts or refuses it)
+        if (
+            type(obj) is not np.ndarray
+            or obj.dtype not in _WIRE_CODE
+            or not obj.flags.c_contiguous
+            or obj.ndim > _MAX_NDIM
+        ):
+            obj = _wire_form(obj)
+            if type(obj) is msgpack.ExtType:
+                return obj
+        arrays.append(obj)
+        return _array_ext(_WIRE_CODE[obj.dtype], obj.shape, len(arrays) - 1)
 
     try:
         if type(message) in _CONTAINERS and not _str_keys(message):
@@ -95,12 +92,11 @@ def decode(frames: Sequence[Any]) -> Any:
     """
     if not frames:
         raise CodecError("frames: expected at least one (the msgpack header), received none")
-    buffers = [_buffer_of(f) for f in frames]
     used: set[int] = set()
 
     def ext_hook(code: int, data: bytes) -> Any:
         if code == _EXT_ARRAY:
-            return _decode_array(data, buffers, used)
+            return _decode_array(data, frames, used)
         if code == _EXT_STR_ARRAY:
             return _decode_str_array(data)
         if code == _EXT_SCALAR:
@@ -111,30 +107,55 @@ def decode(frames: Sequence[Any]) -> Any:
             return np.frombuffer(raw, dtype=dt)[0].astype(dt.newbyteorder("="))
         raise CodecError(f"header: unknown msgpack extension type {code} (expected 1, 2 or 3)")
 
+    header = frames[0]
     try:
-        message = msgpack.unpackb(buffers[0], ext_hook=ext_hook, raw=False, strict_map_key=True, use_list=True)
+        if type(header) is not bytes:
+            header = _buffer_of(header)
+        message = msgpack.unpackb(header, ext_hook=ext_hook, raw=False, strict_map_key=True, use_list=True)
     except CodecError:
         raise
     except Exception as e:  # msgpack raises several types (ExtraData, FormatError, ValueError...)
         raise CodecError(f"header: invalid msgpack ({type(e).__name__}: {e})") from None
-    if len(used) != len(buffers) - 1:
-        raise CodecError(f"frames: {len(buffers) - 1} array frame(s) sent, {len(used)} referenced by the header")
+    if len(used) != len(frames) - 1:
+        raise CodecError(f"frames: {len(frames) - 1} array frame(s) sent, {len(used)} referenced by the header")
     return message
 
 
 def nbytes(frames: Sequence[Any]) -> int:
     """Total payload size of ``frames`` in bytes (header + array frames)."""
-    return sum(len(f) if type(f) is bytes or hasattr(f, "buffer") else _buffer_of(f).nbytes for f in frames)
+    return sum(memoryview(f).nbytes for f in frames)
 
 
 def _buffer_of(frame: Any) -> memoryview:
-    if type(frame) is bytes:
-        return memoryview(frame)
-    buf = getattr(frame, "buffer", None)  # zmq.Frame: a writable 1-D byte view already
-    view = buf if type(buf) is memoryview else memoryview(frame)
+    """A 1-D byte view of ``frame`` (a ``zmq.Frame``'s is writable; a ``bytes``' read-only).
+
+    Raises:
+        TypeError: ``frame`` has no buffer (e.g. a str).
+    """
+    view = memoryview(frame)
     if view.format == "B" and view.ndim == 1:
         return view
     return view.cast("B") if view.nbytes else memoryview(b"")
+
+
+def _wire_form(obj: Any) -> np.ndarray | msgpack.ExtType:
+    """What :func:`encode` sends for a value msgpack cannot pack itself and that is not a wire-ready array: the
+    array as a C-contiguous little-endian copy, or the extension of a string array or numpy scalar.
+
+    Raises:
+        TypeError: the value's type or dtype is not supported (the message says which).
+    """
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind == "U":
+            payload = [list(obj.shape), obj.ravel().tolist()]
+            return msgpack.ExtType(_EXT_STR_ARRAY, msgpack.packb(payload))
+        if obj.ndim > _MAX_NDIM:
+            raise TypeError(f"arrays of more than {_MAX_NDIM} dims are not supported")
+        return np.asarray(obj, dtype=_wire_dtype(obj.dtype), order="C")  # keeps 0-d arrays 0-d
+    if isinstance(obj, np.generic):
+        wire = _wire_dtype(obj.dtype)
+        return msgpack.ExtType(_EXT_SCALAR, msgpack.packb([wire.name, np.asarray(obj, wire).tobytes()]))
+    raise TypeError(type(obj).__name__)
 
 
 def _wire_dtype(dtype: np.dtype) -> np.dtype:
@@ -172,7 +193,46 @@ def _check_shape(shape: Any, what: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _decode_array(data: bytes, buffers: list[memoryview], used: set[int]) -> np.ndarray:
+def _array_ext(code: int, shape: tuple[int, ...], index: int) -> msgpack.ExtType:
+    """The extension of an array of dtype ``code`` and ``shape`` whose bytes travel in array frame ``index``."""
+    key = (code, shape, index)
+    ext = _ENCODED_HEADS.get(key)
+    if ext is None:
+        if len(_ENCODED_HEADS) >= _CACHE_SIZE:
+            _ENCODED_HEADS.clear()
+        head = _ARRAY_HEAD.pack(code, len(shape), index) + _SHAPES[len(shape)].pack(*shape)
+        ext = _ENCODED_HEADS[key] = msgpack.ExtType(_EXT_ARRAY, head)
+    return ext
+
+
+def _decode_array(data: bytes, frames: Sequence[Any], used: set[int]) -> np.ndarray:
+    head = _DECODED_HEADS.get(data)
+    if head is None:
+        head = _array_head(data)
+    dt, shape, index, nbytes, is_bool, native = head
+    if index in used or not 0 <= index < len(frames) - 1:
+        raise CodecError(f"array: frame index {index} is out of range or reused ({len(frames) - 1} array frame(s))")
+    used.add(index)
+    buf = _buffer_of(frames[1 + index])
+    if buf.nbytes != nbytes:
+        raise CodecError(
+            f"array frame {index}: expected {nbytes} bytes for {dt.name} {list(shape)}, received {buf.nbytes}"
+        )
+    if buf.readonly:
+        buf = memoryview(bytearray(buf))
+    arr = np.ndarray(shape, dt, buf)  # a view of the frame
+    if is_bool and arr.size and arr.view(np.uint8).max() > 1:
+        raise CodecError(f"array frame {index}: bool array holds bytes other than 0 and 1")
+    return arr if native else arr.astype(dt.newbyteorder("="))
+
+
+def _array_head(data: bytes) -> tuple[np.dtype, tuple[int, ...], int, int, bool, bool]:
+    """The checked fields of an array extension's payload: ``(dtype, shape, frame index, byte size, is bool,
+    is native)``; remembered for the next message carrying the same payload.
+
+    Raises:
+        CodecError: a payload too short, of an unknown dtype code, or whose length does not match its ndim.
+    """
     if len(data) < _ARRAY_HEAD.size:
         raise CodecError(f"array: header of {len(data)} bytes is too short")
     code, ndim, index = _ARRAY_HEAD.unpack_from(data)
@@ -180,21 +240,11 @@ def _decode_array(data: bytes, buffers: list[memoryview], used: set[int]) -> np.
         raise CodecError(f"array: invalid header (dtype code {code}, {ndim} dims, {len(data)} bytes)")
     dt, is_bool, native = _NATIVE[code]
     shape = _SHAPES[ndim].unpack_from(data, _ARRAY_HEAD.size)
-    if not 0 <= index < len(buffers) - 1 or index in used:
-        raise CodecError(f"array: frame index {index} is out of range or reused ({len(buffers) - 1} array frame(s))")
-    used.add(index)
-    buf = buffers[1 + index]
-    expected = math.prod(shape) * dt.itemsize
-    if buf.nbytes != expected:
-        raise CodecError(
-            f"array frame {index}: expected {expected} bytes for {dt.name} {list(shape)}, received {buf.nbytes}"
-        )
-    if buf.readonly:
-        buf = memoryview(bytearray(buf))
-    arr = np.frombuffer(buf, dtype=dt).reshape(shape)
-    if is_bool and arr.size and arr.view(np.uint8).max() > 1:
-        raise CodecError(f"array frame {index}: bool array holds bytes other than 0 and 1")
-    return arr if native else arr.astype(dt.newbyteorder("="))
+    head = (dt, shape, index, math.prod(shape) * dt.itemsize, is_bool, native)
+    if len(_DECODED_HEADS) >= _CACHE_SIZE:
+        _DECODED_HEADS.clear()
+    _DECODED_HEADS[bytes(data)] = head
+    return head
 
 
 def _decode_str_array(data: bytes) -> np.ndarray:
@@ -214,10 +264,13 @@ def _str_keys(obj: Any) -> bool:
             if type(k) is not str or (type(v) in _CONTAINERS and not _str_keys(v)):
                 return False
         return True
-    return all(_str_keys(v) for v in obj if type(v) in _CONTAINERS)
+    for v in obj:
+        if type(v) in _CONTAINERS and not _str_keys(v):
+            return False
+    return True
 
 
-_CONTAINERS = (dict, list, tuple)
+_CONTAINERS = frozenset((dict, list, tuple))
 
 
 def _find_unencodable(obj: Any, path: str) -> tuple[str | None, str]:

@@ -77,6 +77,7 @@ def test_layouts_and_byte_order_are_normalised():
         "step": base[:, ::2],
         "be": base.astype(">f4"),
         "zero_d": np.array(5, np.int16),
+        "zero_d_be": np.array(-7, ">i2"),
         "empty": np.zeros((0, 3), np.uint8),
     }
     out = decode(encode(msg))
@@ -85,6 +86,7 @@ def test_layouts_and_byte_order_are_normalised():
     np.testing.assert_array_equal(out["be"], base)
     assert out["be"].dtype == np.float32  # native little-endian on arrival
     assert out["zero_d"].shape == () and out["zero_d"] == 5 and out["zero_d"].dtype == np.int16
+    assert out["zero_d_be"].shape == () and out["zero_d_be"] == -7 and out["zero_d_be"].dtype == np.int16
     assert out["empty"].shape == (0, 3) and out["empty"].dtype == np.uint8
 
 
@@ -179,6 +181,24 @@ def _header_with_array(code, ndim, index, shape):
 def test_malformed_frames_raise_codec_error(frames, match):
     with pytest.raises(CodecError, match=match):
         decode(frames)
+
+
+def test_a_repeated_array_header_is_checked_against_every_message_frames():
+    header = _header_with_array(F32, 1, 0, (4,))
+    np.testing.assert_array_equal(decode([header, np.arange(4, dtype=np.float32).tobytes()])["x"], [0, 1, 2, 3])
+    with pytest.raises(CodecError, match="expected 16 bytes"):  # the same header again, now with a short frame
+        decode([header, b"\x00" * 12])
+    with pytest.raises(CodecError, match="out of range"):
+        decode([header])
+
+
+def test_array_header_caches_stay_bounded():
+    from policylink.adapters import codec
+
+    for n in range(3000):  # every message of a new shape
+        x = np.zeros(n, np.uint8)
+        assert decode(encode({"x": x}))["x"].shape == (n,)
+    assert len(codec._ENCODED_HEADS) <= codec._CACHE_SIZE and len(codec._DECODED_HEADS) <= codec._CACHE_SIZE
 
 
 @settings(max_examples=60, deadline=None)
