@@ -19,8 +19,8 @@ import numpy as np
 import zmq
 
 from policylink.adapters import security
-from policylink.adapters.channel import Channel, recv_message
-from policylink.adapters.codec import CodecError, nbytes
+from policylink.adapters.channel import Channel, recv_message, send_message
+from policylink.adapters.codec import CodecError
 from policylink.adapters.protocol import (
     PROTOCOL_VERSION,
     SUPPORTED_PROTOCOLS,
@@ -32,7 +32,7 @@ from policylink.adapters.protocol import (
     parse_message,
 )
 
-__all__ = ["BindError", "Channel", "DEFAULT_MAX_MESSAGE_BYTES", "Server", "ServerStats", "recv_message"]
+__all__ = ["BindError", "Channel", "DEFAULT_MAX_MESSAGE_BYTES", "Server", "ServerStats", "recv_message", "send_message"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 _POLL_MS = 100
@@ -153,7 +153,7 @@ class Server:
         self.inline_below_s = float(inline_below_s)
         self.stats = ServerStats()
         self.endpoint: str | None = None
-        self._recent: dict[str, tuple[float, ...]] = {}  # verb -> durations of its latest calls, seconds
+        self._fast_streak: dict[str, int] = {}  # verb -> how many of its latest calls in a row ran under inline_below_s
         self._keys = keys
         self._ctx: zmq.Context | None = None
         self._auth = None
@@ -271,19 +271,19 @@ class Server:
                 if queued:
                     events = dict(poller.poll(_POLL_MS))
                     if pipe in events:  # a finished call: [identity, *reply frames]
-                        router.send_multipart(pipe.recv_multipart(copy=False), copy=False)
+                        send_message(router, recv_message(pipe))
                         queued -= 1
                     if router not in events:
                         continue
                 try:
-                    frames = recv_message(router, 2)
+                    frames = recv_message(router)
                 except zmq.Again:
                     continue
                 job = self._receive(router, frames)
                 if job is None:
                     continue
                 if not queued and self._inline(job[1].type):  # nothing to overtake: no hand-off
-                    router.send_multipart(self._call(*job), copy=False)
+                    send_message(router, self._call(*job))
                 else:
                     self._jobs.append(job)
                     queued += 1
@@ -304,21 +304,21 @@ class Server:
                 frames = self._call(*job)
                 if self._stop.is_set():
                     return  # the serving loop is gone: nobody would forward the reply
-                pipe.send_multipart(frames, copy=False)
+                send_message(pipe, frames)
         finally:
             pipe.close(linger=0)
 
     def _inline(self, verb: str) -> bool:
         """True when the last :data:`_INLINE_AFTER` calls of ``verb`` each ran under ``inline_below_s``."""
-        recent = self._recent.get(verb, ())
-        return len(recent) == _INLINE_AFTER and max(recent) < self.inline_below_s
+        return self._fast_streak.get(verb, 0) >= _INLINE_AFTER
 
     def _call(self, identity: Any, msg: Message, t0: float) -> list:
         """Run one call (:meth:`_run`), record its statistics and duration; returns ``[identity, *reply]``."""
         started = time.perf_counter()
         out, error = self._run(msg, t0)
         now = time.perf_counter()
-        self._recent[msg.type] = (*self._recent.get(msg.type, ())[1 - _INLINE_AFTER :], now - started)
+        fast = now - started < self.inline_below_s
+        self._fast_streak[msg.type] = self._fast_streak.get(msg.type, 0) + 1 if fast else 0
         self.stats.record(msg.type, now - t0, error)  # before the client can see the reply
         return [identity, *out]
 
@@ -328,7 +328,7 @@ class Server:
         identity, payload = frames[0], frames[1:]
         verb, protocol = "(invalid)", 1
         try:
-            size = nbytes(payload)
+            size = sum(map(len, payload))  # received frames (zmq.Frame): len is the byte count
             if size > self.max_message_bytes:
                 raise ProtocolError(
                     ErrorCode.TOO_LARGE,
@@ -352,7 +352,7 @@ class Server:
             err = ProtocolError(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
             out, error = error_frames(err, protocol), "internal"
         self.stats.record(verb, time.perf_counter() - t0, error)
-        router.send_multipart([identity, *out], copy=False)
+        send_message(router, [identity, *out])
         return None
 
     def _hello(self, msg: Message) -> dict[str, Any]:
