@@ -14,7 +14,6 @@ real-time-chunking ``prefix``, server ``timing`` in its reply, an ``embed`` verb
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -75,10 +74,9 @@ class VersionMismatchError(RemoteError):
     """Client and server speak different protocol versions (raised at ``hello``)."""
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     """A decoded, schema-checked message: ``id``, ``type`` (verb or ``"error"``), ``body`` and the envelope's
-    ``protocol`` (1 when the envelope has no ``v``)."""
+    ``protocol`` (1 when the envelope has no ``v``). A named tuple: immutable, and cheap to make per message."""
 
     id: int | None
     type: str
@@ -223,7 +221,7 @@ def parse_message(
             ErrorCode.INVALID_FRAME, f"envelope: expected keys ['body', 'id', 'type'] (and 'v'), received {got}"
         )
     rid = msg["id"]
-    if rid is not None and (not isinstance(rid, int) or isinstance(rid, bool)):
+    if rid is not None and type(rid) is not int:  # msgpack gives exact ints; a bool is not an id
         raise ProtocolError(ErrorCode.INVALID_FRAME, f"id: expected int, received {type(rid).__name__}")
     protocol = msg.get("v", 1)
     if type(protocol) is not int or protocol not in SUPPORTED_PROTOCOLS:
@@ -234,17 +232,14 @@ def parse_message(
             rid,
         )
     type_, body = msg["type"], msg["body"]
-    if not isinstance(type_, str):
+    if type(type_) is not str:
         raise ProtocolError(
             ErrorCode.INVALID_FRAME, f"type: expected str, received {type(type_).__name__}", "type", rid
         )
-    if by_protocol is not None and protocol in by_protocol:
-        schemas = by_protocol[protocol]
-    if allow_error and type_ == ERROR:
-        schema = _ERROR_BODY
-    elif type_ in schemas:
-        schema = schemas[type_]
-    else:
+    if by_protocol is not None:
+        schemas = by_protocol.get(protocol, schemas)
+    schema = _ERROR_BODY if allow_error and type_ == ERROR else schemas.get(type_)
+    if schema is None:
         raise ProtocolError(
             ErrorCode.UNKNOWN_MESSAGE_TYPE,
             f"type: expected one of {sorted(schemas)} (protocol {protocol}), received {type_[:60]!r}",
