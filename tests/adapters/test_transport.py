@@ -425,6 +425,35 @@ def test_off_spec_chunks_from_the_policy_are_infer_failed(chunk, reason):
         srv.stop()
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_one_non_finite_value_among_finite_ones_is_infer_failed(bad):
+    chunk = np.zeros((2, 3, 2), np.float32)
+    chunk[1, 2, 0] = bad
+    srv = PolicyServer(RawChunkPolicy(chunk), "tcp://127.0.0.1:0").start()
+    try:
+        remote = RemotePolicy(srv.endpoint, timeout_s=5)
+        remote.update_observation(_obs([1, 1], [2, 2]))
+        with pytest.raises(RemoteError, match="expected finite values, received NaN or inf") as err:
+            remote.predict_action_chunk()
+        assert err.value.code == "infer_failed"
+        remote.close()
+    finally:
+        srv.stop()
+
+
+def test_finite_chunks_of_huge_values_pass_unchanged():
+    # squares of these overflow float32: the server's fast finiteness test then falls back to the exact one
+    chunk = np.array([[[3.4e38, -3.4e38], [1e20, -1e20], [1.0, 0.0]]], np.float32)
+    srv = PolicyServer(RawChunkPolicy(chunk), "tcp://127.0.0.1:0").start()
+    try:
+        remote = RemotePolicy(srv.endpoint, timeout_s=5)
+        remote.update_observation(_obs([1, 1]))
+        np.testing.assert_array_equal(remote.predict_action_chunk(), chunk)
+        remote.close()
+    finally:
+        srv.stop()
+
+
 class InPlaceNormalisingPolicy(RawChunkPolicy):
     """Normalises the received batch in place (as a processor would) and returns it as the chunk."""
 
