@@ -28,7 +28,7 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import IMAGE, STATE, build_store  # noqa: E402  (benchmarks/ is not a package)
+from _train_setups import IMAGE, STATE, build_store  # noqa: E402  (benchmarks/ is not a package)
 
 PRESETS = {  # device -> defaults
     "cuda": {
@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--steps", type=int, default=None, help="training steps (CUDA 300, CPU 12)")
     ap.add_argument("--batch", type=int, default=None, help="batch size (CUDA 64, CPU 8)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU run 1: steady on a shared box)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="the whole check must finish within this")
     ap.add_argument("--out", default="", help="also write the results as JSON here")
     args = ap.parse_args(argv)
@@ -65,6 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--steps/--batch: expected steps > {WARMUP_STEPS} and batch >= 1, received {args.steps}/{args.batch}")
     for name in ("down_dims", "calls", "monitor_steps", "episodes"):
         setattr(args, name, preset[name])
+    args.threads = (1 if args.device == "cpu" else 0) if args.threads is None else args.threads
+    if args.threads:
+        torch.set_num_threads(args.threads)
     return args
 
 
@@ -90,10 +94,10 @@ def train(store_path: Path, args: argparse.Namespace) -> tuple[Any, Any, Any, di
 
     from policylink.policies.diffusion import DiffusionPolicyConfig
     from policylink.policies.registry import build_model
-    from policylink.runtime.losses import make_loss, training_batch
-    from policylink.runtime.train import optim_config
-    from policylink.runtime.train_config import DatasetConfig, TrainConfig
-    from policylink.runtime.train_data import training_data
+    from policylink.train.config import DatasetConfig, TrainConfig
+    from policylink.train.data import training_data
+    from policylink.train.imitation import optim_config
+    from policylink.train.losses import make_loss, training_batch
     from policylink.train.trainer import Optimization, fit
 
     policy = DiffusionPolicyConfig(observation_keys=[STATE, IMAGE])
