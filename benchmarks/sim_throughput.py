@@ -11,18 +11,25 @@ ends, excluded from the timing); *raw* = bare ``mj_step(model, data, nstep=n_sub
 physics of each env step (same model, state and actuator controls) on a shadow ``MjData``, interleaved step by
 step so both see the same machine load; overhead = median over ``--repeats`` runs of env time / raw time - 1.
 *image* = the env with one 96x96 camera (``obs_mode="image"``, fast rendering).
-Vectorised rows: ``SyncVectorEnv`` and ``AsyncVectorEnv`` (state), total env steps/s.
+Vectorised table (state and image): total env steps/s (sub-envs / median vector-step time) of one loop run on 1
+plain env, a ``SyncVectorEnv`` and an ``AsyncVectorEnv`` of ``--vector-envs`` sub-envs in interleaved rounds, each
+vector env's fixed cost per step (the same vector env over :class:`NullEnv` sub-envs: the task's observation and
+info, no physics), and the parallelism the machine gave 2 processes of bare physics in the same round (the ceiling
+of async / 1 env).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import multiprocessing
 import os
 import platform
 import sys
 import time
 
+import gymnasium as gym
 import mujoco
 import numpy as np
 
@@ -77,75 +84,248 @@ def cpu_model() -> str:
         return platform.processor() or "unknown CPU"
 
 
-def time_vector(name: str, n: int, asynchronous: bool, steps: int) -> float:
-    """Total env steps per second of ``n`` sub-envs stepping ``steps`` times together."""
-    venv = make_vector_env(RegistryEnvFn(name), n, asynchronous=asynchronous)
-    try:
-        venv.reset(seed=0)
-        rng = np.random.default_rng(0)
-        low, high = venv.single_action_space.low, venv.single_action_space.high
+def time_loop(env, steps: int, batch: int | None) -> np.ndarray:
+    """Seconds of each of ``steps`` random-action ``env.step`` calls, float64 ``(steps,)``: a plain env
+    (``batch=None``; resets when an episode ends, untimed) or a vector env of ``batch`` sub-envs (SAME_STEP autoreset
+    inside ``step``: a step that ends an episode includes its reset, an outlier the median ignores)."""
+    rng = np.random.default_rng(0)
+    space = env.action_space if batch is None else env.single_action_space
+    shape = space.shape if batch is None else (batch, *space.shape)
+    actions = rng.uniform(space.low, space.high, (steps, *shape)).astype(np.float32)
+    times = np.empty(steps)
+    for i, a in enumerate(actions):
         t0 = time.perf_counter()
-        for _ in range(steps):
-            venv.step(rng.uniform(low, high, (n, len(low))).astype(np.float32))
-        return n * steps / (time.perf_counter() - t0)
+        out = env.step(a)
+        times[i] = time.perf_counter() - t0
+        if batch is None and (out[2] or out[3]):
+            env.reset()
+    return times
+
+
+class NullEnv(gym.Env):
+    """A task's spaces, observation and info with no physics and no rendering: ``step`` returns the reset's
+    observation again (truncating at ``max_episode_steps``). Vector envs of it measure their own fixed cost per
+    step (dispatch, pipes, pickling, batching, info merging)."""
+
+    def __init__(self, name: str, obs_mode: str):
+        env = make_env(name, obs_mode=obs_mode)
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        self._obs, self._info = env.reset(seed=0)
+        self._max_steps, self._t = env.max_episode_steps, 0
+        env.close()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        """The stored reset observation and info."""
+        self._t = 0
+        return self._obs, dict(self._info)
+
+    def step(self, action):
+        """The stored observation, reward 0, not terminated, truncated at the task's episode length."""
+        self._t += 1
+        return self._obs, 0.0, False, self._t >= self._max_steps, dict(self._info)
+
+
+class _NullEnvFn:
+    """Picklable ``() -> NullEnv`` (AsyncVectorEnv builds it in the worker)."""
+
+    def __init__(self, name: str, obs_mode: str):
+        self.name, self.obs_mode = name, obs_mode
+
+    def __call__(self) -> NullEnv:
+        return NullEnv(self.name, self.obs_mode)
+
+
+def _raw_physics_worker(name: str, seconds: float, parties: int) -> int:
+    """Child process: bare ``mj_step(nstep=n_substeps)`` of ``name``'s model (no Python per step, no IPC) for
+    ``seconds`` of wall clock, started together with its ``parties - 1`` siblings; returns the control steps done."""
+    env = make_env(name)
+    env.reset(seed=0)
+    model, data, n = env.model, env.data, env.n_substeps
+    _BARRIERS[parties].wait()
+    count, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        mujoco.mj_step(model, data, nstep=n)
+        count += 1
+    return count
+
+
+def cpu_scaling(pool, name: str, seconds: float = 0.3) -> float:
+    """The parallelism this machine gives two processes right now: raw-physics steps of 2 processes running at
+    once for ``seconds`` / those of 1 process alone for as long (2.0 = two free cores; ~1.0 = one core's worth,
+    e.g. a box shared with other work). The ceiling of what ``AsyncVectorEnv`` with 2 sub-envs gains over 1 env."""
+    (one,) = pool.starmap(_raw_physics_worker, [(name, seconds, 1)])
+    two = pool.starmap(_raw_physics_worker, [(name, seconds, 2)] * 2)  # the barrier makes it one task per worker
+    return sum(two) / one
+
+
+def vector_rows(name: str, obs_mode: str, n: int, steps: int, rounds: int, pool) -> dict:
+    """1 env, ``SyncVectorEnv`` and ``AsyncVectorEnv`` of ``n`` sub-envs (total steps/s = ``n`` / median vector-step
+    time), the two vector envs' fixed cost per step (median step time over :class:`NullEnv` sub-envs, seconds) and
+    the 2-process CPU scaling, measured in ``rounds`` interleaved rounds (each sees the same machine load); returns
+    the per-round values of each."""
+    fn, null = RegistryEnvFn(name, obs_mode=obs_mode), _NullEnvFn(name, obs_mode)
+    envs = {
+        "one": make_env(name, obs_mode=obs_mode),
+        "sync": make_vector_env(fn, n, asynchronous=False),
+        "async": make_vector_env(fn, n, asynchronous=True),
+        "sync_fixed_cost_s": make_vector_env(null, n, asynchronous=False),
+        "async_fixed_cost_s": make_vector_env(null, n, asynchronous=True),
+    }
+    runs: dict[str, list[float]] = {k: [] for k in (*envs, "one_wall", "sync_wall", "async_wall", "cpu_scaling")}
+    try:
+        for key, env in envs.items():
+            env.reset(seed=0)
+            time_loop(env, 5, None if key == "one" else n)  # warm-up (first frames, worker start)
+        for _ in range(rounds):
+            for key, env in envs.items():
+                times = time_loop(env, steps, None if key == "one" else n)
+                batch = 1 if key == "one" else n
+                if key.endswith("_fixed_cost_s"):
+                    runs[key].append(float(np.median(times)))
+                else:
+                    runs[key].append(batch / float(np.median(times)))
+                    runs[f"{key}_wall"].append(batch * steps / float(times.sum()))
+            runs["cpu_scaling"].append(cpu_scaling(pool, name))
     finally:
-        venv.close()
+        for env in envs.values():
+            env.close()
+    return runs
+
+
+def overhead_row(name: str, steps: int, image_steps: int, repeats: int) -> dict:
+    """One task's single-env numbers: raw and env (state) steps/s (1 / median step time, best of ``repeats``
+    paired runs), the adapter overhead (median over runs of the median paired ratio) and the image env's steps/s."""
+    env = make_env(name)
+    raw, wrapped, overheads = [], [], []
+    for r in range(repeats):
+        env_s, raw_s = time_env(env, steps, seed=r)
+        wrapped.append(float(np.median(env_s)))
+        raw.append(float(np.median(raw_s)))
+        overheads.append(step_overhead(env_s, raw_s))
+    img_env = make_env(name, obs_mode="image")
+    img_sps = 1.0 / float(np.median(time_env(img_env, image_steps)[0]))
+    img_env.close()
+    env.close()
+    return {
+        "substeps": env.n_substeps,
+        "raw_steps_per_s": 1.0 / min(raw),
+        "env_steps_per_s": 1.0 / min(wrapped),
+        "overhead": float(np.median(overheads)),
+        "overhead_runs": overheads,
+        "image_steps_per_s": img_sps,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, print the table and optionally write it as markdown. Returns 0."""
+    """Run the benchmark, print the tables and optionally write them as markdown (+ the numbers as JSON next to
+    it, same name with ``.json``). Returns 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated env names")
     parser.add_argument("--steps", type=int, default=2000, help="control steps per timed run")
     parser.add_argument("--image-steps", type=int, default=500, help="control steps of the rendering run")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating raw/env repetitions (best kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="paired raw/env runs (overhead: their median)")
     parser.add_argument("--vector-envs", type=int, default=2, help="sub-envs in the vectorised rows (0 skips)")
-    parser.add_argument("--out", default=None, help="markdown file to write")
+    parser.add_argument("--vector-rounds", type=int, default=5, help="interleaved rounds of the vectorised rows")
+    parser.add_argument("--vector-modes", default="state,image", help="obs modes of the vectorised rows")
+    parser.add_argument("--out", default=None, help="markdown file to write (and its .json)")
     args = parser.parse_args(argv)
     load_start = os.getloadavg()[0]
-    lines = [
-        "| task | substeps | raw mj_step steps/s | env steps/s (state) | adapter overhead | "
-        "env steps/s (96x96 image) | sync vec steps/s | async vec steps/s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    rows, vec = {}, {}
     for name in args.tasks.split(","):
-        env = make_env(name)
-        raw, wrapped, overheads = [], [], []
-        for r in range(args.repeats):
-            env_s, raw_s = time_env(env, args.steps, seed=r)
-            wrapped.append(np.median(env_s))
-            raw.append(np.median(raw_s))
-            overheads.append(step_overhead(env_s, raw_s))
-        raw_sps, env_sps = 1.0 / min(raw), 1.0 / min(wrapped)
-        overhead = float(np.median(overheads))
-        img_env = make_env(name, obs_mode="image")
-        img_sps = 1.0 / float(np.median(time_env(img_env, args.image_steps)[0]))
-        img_env.close()
-        sync = time_vector(name, args.vector_envs, False, args.steps // 4) if args.vector_envs else float("nan")
-        asyn = time_vector(name, args.vector_envs, True, args.steps // 4) if args.vector_envs else float("nan")
-        lines.append(
-            f"| {name} | {env.n_substeps} | {raw_sps:,.0f} | {env_sps:,.0f} | {overhead * 100:+.1f}% | "
-            f"{img_sps:,.0f} | {sync:,.0f} | {asyn:,.0f} |"
-        )
-        print(lines[-1], flush=True)
-        env.close()
-    table = "\n".join(lines)
-    print(table)
+        rows[name] = overhead_row(name, args.steps, args.image_steps, args.repeats)
+        print(_overhead_line(name, rows[name]), flush=True)
+    if args.vector_envs:
+        ctx = multiprocessing.get_context("forkserver")  # no fork: a parent holding an EGL context hangs children
+        barriers = {k: ctx.Barrier(k) for k in (1, 2)}
+        with ctx.Pool(2, initializer=_set_barriers, initargs=(barriers,)) as pool:
+            for name in args.tasks.split(","):
+                for mode in args.vector_modes.split(","):
+                    steps = (args.steps if mode == "state" else args.image_steps) // 4
+                    runs = vector_rows(name, mode, args.vector_envs, steps, args.vector_rounds, pool)
+                    vec[f"{name}/{mode}"] = runs
+                    print(_vector_line(name, mode, runs), flush=True)
     load = f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs)"
+    tables = _tables(rows, vec, args.vector_envs)
+    print(tables)
     if args.out:
         cmd = "MUJOCO_GL=egl .venv/bin/python benchmarks/sim_throughput.py " + " ".join(sys.argv[1:])
-        with open(args.out, "w") as f:
-            f.write(
-                "# MuJoCo task throughput\n\n"
-                f"Command: `{cmd}`\n\nMachine: {cpu_model()}, MuJoCo {mujoco.__version__}, no GPU (Mesa "
-                f"llvmpipe EGL rendering); {load}. Date: {datetime.date.today().isoformat()}.\n\n"
-                "Control steps are 0.1 s (10 Hz); `substeps` physics steps each. Adapter overhead = time in "
-                "`env.step` / time in raw `mj_step(nstep=substeps)` on the same model and state, minus 1: the "
-                f"median over steps of the paired per-step ratio, median of {args.repeats} runs of {args.steps} "
-                "steps; steps/s columns = 1 / median per-step time (best run). Vectorised columns: "
-                f"{args.vector_envs} sub-envs, total steps/s.\n\n" + table + "\n"
-            )
+        _write(args, cmd, load, tables, rows, vec)
     return 0
+
+
+_BARRIERS: dict = {}
+
+
+def _set_barriers(barriers: dict) -> None:
+    """Pool initializer: the start barriers (1 and 2 parties) reach the workers by inheritance, as they must."""
+    _BARRIERS.update(barriers)
+
+
+def _overhead_line(name: str, r: dict) -> str:
+    return (
+        f"| {name} | {r['substeps']} | {r['raw_steps_per_s']:,.0f} | {r['env_steps_per_s']:,.0f} | "
+        f"{r['overhead'] * 100:+.1f}% | {r['image_steps_per_s']:,.0f} |"
+    )
+
+
+def _vector_line(name: str, mode: str, runs: dict) -> str:
+    m = {k: float(np.median(v)) for k, v in runs.items()}
+
+    def ratio(a: str, b: str) -> float:  # median over rounds of the ratio within each round (same load)
+        return float(np.median(np.array(runs[a]) / np.array(runs[b])))
+
+    return (
+        f"| {name} | {mode} | {m['one']:,.0f} | {m['sync']:,.0f} | {m['async']:,.0f} | {ratio('sync', 'one'):.2f}x | "
+        f"{ratio('async', 'one'):.2f}x | {ratio('async', 'sync'):.2f}x | {m['sync_fixed_cost_s'] * 1e6:,.0f} us | "
+        f"{m['async_fixed_cost_s'] * 1e6:,.0f} us | {m['cpu_scaling']:.2f}x |"
+    )
+
+
+def _tables(rows: dict, vec: dict, n: int) -> str:
+    lines = [
+        "| task | substeps | raw mj_step steps/s | env steps/s (state) | adapter overhead | "
+        "env steps/s (96x96 image) |",
+        "|---|---|---|---|---|---|",
+        *(_overhead_line(name, r) for name, r in rows.items()),
+    ]
+    if vec:
+        lines += [
+            "",
+            f"| task | obs | 1 env steps/s | sync {n} envs, total steps/s | async {n} envs, total steps/s | sync / 1 | "
+            "async / 1 | async / sync | sync fixed cost / step | async fixed cost / step | 2-process CPU scaling |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+            *(_vector_line(*key.split("/"), runs) for key, runs in vec.items()),
+        ]
+    return "\n".join(lines)
+
+
+def _write(args, cmd: str, load: str, tables: str, rows: dict, vec: dict) -> None:
+    """The markdown report at ``args.out`` and every number (per run, per round) in its ``.json`` twin."""
+    with open(args.out, "w") as f:
+        f.write(
+            "# MuJoCo task throughput\n\n"
+            f"Command: `{cmd}`\n\nMachine: {cpu_model()}, MuJoCo {mujoco.__version__}, no GPU (Mesa "
+            f"llvmpipe EGL rendering); {load}. Date: {datetime.date.today().isoformat()}.\n\n"
+            "Control steps are 0.1 s (10 Hz); `substeps` physics steps each. Adapter overhead = time in "
+            "`env.step` / time in raw `mj_step(nstep=substeps)` on the same model and state, minus 1: the "
+            f"median over steps of the paired per-step ratio, median of {args.repeats} runs of {args.steps} "
+            "steps; steps/s columns = 1 / median per-step time (best run).\n\n"
+            f"Vectorised table: the same loop (random actions) over 1 plain env, a `SyncVectorEnv` and an "
+            f"`AsyncVectorEnv` of {args.vector_envs} sub-envs (the project's `make_vector_env`: SAME_STEP autoreset; "
+            "async = one forkserver process per sub-env, pipes), total env steps/s = sub-envs / median vector-step "
+            "time (the statistic of the table above: a step preempted by another process is one outlier); ratios = "
+            f"median over {args.vector_rounds} interleaved rounds ({args.steps // 4} state or {args.image_steps // 4} "
+            "image steps each) of the ratio within the round. Fixed cost / step = median step time of the same vector "
+            "env over sub-envs that return the task's observation and info without physics or rendering "
+            "(`NullEnv`). 2-process CPU scaling = raw `mj_step` steps of 2 processes running at once for 0.3 s / of 1 "
+            "process alone for 0.3 s, in each round: the parallelism the machine offered "
+            "(the ceiling of async / 1).\n\n" + tables + "\n"
+        )
+    meta = {"command": cmd, "cpu": cpu_model(), "cpus": os.cpu_count(), "mujoco": mujoco.__version__, "load": load}
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump(
+            {"machine": meta, "date": datetime.date.today().isoformat(), "tasks": rows, "vector": vec}, f, indent=1
+        )
 
 
 if __name__ == "__main__":
