@@ -7,8 +7,8 @@ nothing (random init, synthetic data, ``HF_HUB_OFFLINE=1``). Exit status 1 when 
     benchmarks/gpu_check.sh                     # (or .venv/bin/python benchmarks/gpu_check.py [--device cpu])
 
 The training loop is ``policylink.train.trainer.fit`` stepping the ``Optimization`` of ``policylink train``
-(``runtime.train.optim_config``) with ``amp=True`` added: ``TrainConfig`` has no AMP field yet, so the imitation
-job itself (``runtime.train.train``) cannot run with mixed precision.
+(``policylink.train.imitation.optim_config``) with ``amp=True`` added: ``TrainConfig`` has no AMP field yet, so
+the imitation job itself (``policylink.train.imitation.train``) cannot run with mixed precision.
 """
 
 from __future__ import annotations
