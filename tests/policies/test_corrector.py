@@ -296,3 +296,65 @@ def test_residual_monitor_predicts_magnitudes_and_sets_the_residual_spread(tmp_p
     assert monitor_deviation(mon, pred, shifted).min() > 10 * ok.max()
     back, _ = load_monitor(save_monitor(tmp_path / "r", mon))
     assert back.config.score == "residual" and torch.equal(back.res_std, mon.res_std)
+
+
+def _image_policy_pair(kit, normalizer):
+    """Two image flow policies (small conv trunk) with the same weights: ``a`` is used as the corrective executor
+    uses it (chunk, then ``embed``), ``b`` only encodes: the fresh reference."""
+    from policylink.policies.registry import make_policy
+
+    cfg = kit.tiny_config("flow", keys=(kit.STATE, kit.IMAGE))
+    spec = kit.make_spec(cfg, kit.FEATURES)
+    a, b = (make_policy("flow", spec=spec, normalizer=normalizer, config=cfg, device="cpu", seed=3) for _ in "ab")
+    b.model.load_state_dict(a.model.state_dict())
+    return a, b
+
+
+def _count_passes(policy) -> list[int]:
+    """Spy on ``policy``'s encoder: the returned list gets the number of rows of every pass."""
+    passes, encode = [], policy._encode
+
+    def counted(obs, rows=None):
+        latent = encode(obs, rows)
+        passes.append(len(latent))
+        return latent
+
+    policy._encode = counted  # noqa: SLF001 - spy on the one encoder entry point
+    return passes
+
+
+def test_embed_reuses_the_chunks_latent_exactly_and_never_serves_a_stale_one(kit, normalizer):
+    """The monitor's ``z_t = embed()`` after a chunk is that chunk's latent: no second encoder pass, and bit for
+    bit what a fresh encode of the same windows gives (``b`` encodes the same rows in the same passes); a new
+    observation or a restarted row is encoded again, never served the old latent."""
+    a, b = _image_policy_pair(kit, normalizer)
+    passes = _count_passes(a)
+    rng = np.random.default_rng(0)
+    prev = None
+    for step in range(5):
+        obs = {
+            kit.STATE: rng.random((3, 3), dtype=np.float32),
+            kit.IMAGE: rng.integers(0, 256, (3, 24, 24, 3), dtype=np.uint8),
+        }
+        if step == 3:
+            for p in (a, b):
+                p.reset([1])  # row 1 starts a new episode
+        for p in (a, b):
+            p.update_observation(obs)
+        ids = [0, 2] if step == 2 else None  # step 2: only rows 0 and 2 plan a chunk
+        a.predict_action_chunk(ids)
+        assert passes[-1] == (2 if ids else 3)  # the chunk encoded its rows' new windows
+        before = len(passes)
+        za = a.embed()
+        assert passes[before:] == ([1] if ids else [])  # only row 1 at step 2 had no latent yet
+        if ids is not None:
+            b.embed(env_ids=ids)
+        zb = b.embed()
+        assert za.dtype == np.float32 and za.shape == (3, a.latent_dim)
+        assert np.array_equal(za, zb)
+        explicit = {k: np.repeat(v[:, None], 2, axis=1) for k, v in obs.items()}  # windows of the newest frame
+        a.embed(explicit)  # encoded (one pass) but never stored as a row's latent
+        assert np.array_equal(a.embed(), za) and len(passes) == before + (1 if ids else 0) + 1
+        if prev is not None:
+            assert (np.abs(za - prev).max(axis=1) > 0).all()  # every row's latent is of its new window
+        prev = za

@@ -239,3 +239,50 @@ def test_short_horizon_is_validated():
     for bad in ({"short_horizon": 0}, {"short_dwell": -1}, {"guidance_target": "future"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             CorrectiveConfig(**bad)
+
+
+def _image_flow_policy(seed):
+    """A tiny flow policy over a 24x24 camera and a 3-D state (small conv trunk), chunk H = 8."""
+    from policylink.data.normalize import Normalizer
+    from policylink.policies.common.encoders import EncoderConfig
+    from policylink.policies.common.unet1d import UNetConfig
+    from policylink.policies.registry import make_config, make_policy
+
+    image = "observation.images.front"
+    cfg = make_config("flow", observation_keys=[STATE, image], chunk_size=H, n_action_steps=4,
+                      unet=UNetConfig(down_dims=[32, 64], time_embed_dim=32),
+                      encoder=EncoderConfig(vision_backbone="small_conv", num_keypoints=8))  # fmt: skip
+    features = {STATE: FeatureSpec("float32", (3,)), image: FeatureSpec("uint8", (24, 24, 3), unit="rgb")}
+    action = ActionSpec(("x", "y"), "ee_delta", ("m", "m"), (-1.0, -1.0), (1.0, 1.0))
+    spec = PolicySpec(features, action, n_obs_steps=2, chunk_size=H, n_action_steps=4, control_frequency=10.0)
+    stats = {STATE: {"min": np.zeros(3), "max": np.ones(3)}, "action": {"min": -np.ones(2), "max": np.ones(2)}}
+    norm = Normalizer(stats, {STATE: "min_max", "action": "min_max", image: "identity"})
+    return make_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu", seed=seed), image
+
+
+def test_monitor_and_plans_share_one_encoder_pass_per_step_and_score_fresh_latents():
+    """Corrective execution of a real image policy: each step's observation goes through the encoder once (a
+    chunk planned in the step and the monitor's ``z_t`` share the pass; each frame through the trunk once, the
+    previous frame's features reused), and the latents scored are bit for bit a fresh encode of the windows."""
+    from policylink.policies.corrector.monitor import LatentMonitor, MonitorConfig
+
+    policy, image = _image_flow_policy(seed=1)
+    fresh, _ = _image_flow_policy(seed=1)
+    fresh.model.load_state_dict(policy.model.state_dict())
+    passes, encode = [], policy._encode
+    policy._encode = lambda obs, rows=None: passes.append(len(obs[STATE])) or encode(obs, rows)  # noqa: SLF001
+    monitor = LatentMonitor(policy.latent_dim, 2, MonitorConfig(horizon=K, hidden_dim=16))
+    det = DetectorConfig(ewma=1.0, persistence_m=1, window=1, cooldown=0)
+    cfg = ExecutorConfig(kind="corrective", n_action_steps=4, corrective=CorrectiveConfig(detector=det))
+    thr = ConformalThresholds(np.full(H, 1e9), 0.05, np.full(H, 100), 1.0)  # never fires: plans at 0, 4, 8
+    ex = CorrectiveExecutor(policy, cfg, monitor=monitor, thresholds=thr)
+    rng = np.random.default_rng(0)
+    for t in range(10):
+        obs = {STATE: rng.random((2, 3), dtype=np.float32), image: rng.integers(0, 256, (2, 24, 24, 3), np.uint8)}
+        ex.act(obs)
+        fresh.update_observation(obs)
+        assert np.array_equal(ex._z[:, -1], fresh.embed())  # noqa: SLF001 - the z_t the monitor scored
+        assert passes == [2] * (t + 1)  # one pass over both rows per step, planning steps included
+    assert ex.inferences.tolist() == [3, 3] and ex.triggers.tolist() == [0, 0]
+    assert policy._frames.encoded_frames == 2 * 10  # noqa: SLF001 - each row's frame once per step
+    assert len(ex.trace[0]) == 10 - K
