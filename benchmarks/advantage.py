@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 def _aggregate(out: Path) -> int:
     """Per cell over training seeds (``summary_<labels>_s<seed>.json``): mean success with a 95 % Student-t
     interval, and the paired difference to plain BC of the same seed (mean, 95 % t-interval)."""
-    from policylink.runtime.report import seed_interval
+    from policylink.evaluate.report import seed_interval
 
     per_seed: dict[str, dict[str, float]] = {}  # seed -> cell -> success %
     for path in sorted(out.glob("summary_*_s*.json")):

@@ -25,10 +25,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from corrector import PERTURBED  # noqa: E402
 
+from policylink.evaluate.report import wilson_interval  # noqa: E402
 from policylink.policies import load_policy  # noqa: E402
 from policylink.runtime.executors import ExecutorConfig  # noqa: E402
 from policylink.runtime.executors.receding import RecedingHorizonExecutor  # noqa: E402
-from policylink.runtime.report import wilson_interval  # noqa: E402
 from policylink.runtime.rollout import RegistryEnvFn, make_vector_env, plan_episodes, rollout  # noqa: E402
 
 

@@ -137,7 +137,7 @@ def bench_training(store_path: Path, args) -> list[str]:
     from policylink.data.stats import compute_stats
     from policylink.policies.processing import normalizer_modes, window_horizon
     from policylink.policies.registry import build_model, default_config
-    from policylink.runtime.losses import BatchFields, training_batch
+    from policylink.train.losses import BatchFields, training_batch
 
     torch.set_num_threads(2)
     env = make_env(args.env, obs_mode=args.obs_mode, image_size=args.image_size)
@@ -148,16 +148,16 @@ def bench_training(store_path: Path, args) -> list[str]:
     cfg.observation_keys = keys
     stats = compute_stats(store, keys=[*keys, "action"])
     norm = Normalizer(stats, normalizer_modes(feats, cfg.state_norm_mode, cfg.action_norm_mode, cfg.image_norm_mode))
-    horizon = window_horizon(cfg.n_obs_steps, cfg.chunk_size)  # as runtime/train.py: the chunk starts at t
+    horizon = window_horizon(cfg.n_obs_steps, cfg.chunk_size)  # as train/imitation.py: the chunk starts at t
     ds = SequenceDataset(store, n_obs_steps=cfg.n_obs_steps, horizon=horizon, obs_keys=keys, normalizer=norm)
     b = args.batch
     rng = np.random.default_rng(0)
 
-    def per_item():  # items, then torch.stack (runtime/train.py's former collate)
+    def per_item():  # items, then torch.stack (train/imitation.py's former collate)
         items = [ds[int(i)] for i in rng.integers(0, len(ds), b)]
         return ({k: torch.stack([it[k] for it in items]) for k in keys}, torch.stack([it["action"] for it in items]))
 
-    def batched():  # numpy stacking inside SequenceDataset.get_batch: the batch runtime/train.py trains on
+    def batched():  # numpy stacking inside SequenceDataset.get_batch: the batch train/imitation.py trains on
         out = training_batch(ds, rng.integers(0, len(ds), b), BatchFields(), "cpu")
         return out["obs"], out["action"]
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from policylink.runtime.deploy import Pacer, deploy
+from policylink.evaluate.run import RunConfig
+from policylink.real.deploy import Pacer, deploy
 from policylink.runtime.executors import ExecutorConfig
-from policylink.runtime.run import RunConfig
 
 MODES = {"sync": ("receding_horizon", False), "async": ("async", True), "async_plain": ("async", False)}
 """Benchmark mode -> (executor kind, real-time chunking)."""
@@ -69,7 +69,7 @@ def _start(args: list[str], log: Path) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "policylink.runtime.cli", *args], stdout=out, stderr=subprocess.STDOUT, env=env
+            [sys.executable, "-m", "policylink.cli.app", *args], stdout=out, stderr=subprocess.STDOUT, env=env
         )
     while "serving" not in log.read_text():
         if proc.poll() is not None:

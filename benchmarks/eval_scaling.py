@@ -6,7 +6,7 @@ Usage::
     MUJOCO_GL=egl .venv/bin/python benchmarks/eval_scaling.py --env reach --obs-mode image --episodes 64 \\
         --repeats 2 --out benchmarks/results/eval_scaling.md
 
-Each configuration runs ``policylink.runtime.evaluate.evaluate`` end to end (process/Ray start, env
+Each configuration runs ``policylink.evaluate.nxm.evaluate`` end to end (process/Ray start, env
 construction, rollouts, eval_info) into a fresh folder, ``repeats`` times; the table reports the best run
 (least disturbed by other load) and the 2-vs-1-worker speed-up measured in the same invocation.
 """
@@ -31,7 +31,7 @@ import numpy as np
 
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import PolicySpec
-from policylink.runtime.evaluate import evaluate
+from policylink.evaluate.nxm import evaluate
 from policylink.runtime.rollout import RegistryEnvFn
 
 
@@ -156,7 +156,7 @@ def _run_backends(args, env_fn, policy_fn) -> list[tuple]:
     if not args.no_ray:
         import ray
 
-        from policylink.runtime.ray_cluster import start_local
+        from policylink.evaluate.ray_cluster import start_local
 
         start_local(num_cpus=2)  # what `--ray_address local` starts: one node on 127.0.0.1
         backends.append(("Ray (local, num_cpus=2)", "local"))

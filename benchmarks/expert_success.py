@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from policylink.adapters.registry import make_env
-from policylink.runtime.report import wilson_interval
+from policylink.evaluate.report import wilson_interval
 from policylink.sim.experts import QUALITIES, make_expert
 
 DEFAULT_ENVS = ("reach", "push", "pick_place", "insert", "multitask")

@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from policylink.adapters.registry import make_env
-from policylink.runtime.report import wilson_interval
+from policylink.evaluate.report import wilson_interval
 from policylink.sim.experts import make_expert
 
 PAIRS = (("genesis_reach", "reach"), ("genesis_pick_place", "pick_place"))

@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
+    from policylink.cli.app import parse_config
     from policylink.policies import load_policy
-    from policylink.runtime.cli import parse_config
-    from policylink.runtime.train import TrainConfig, evaluate_success, train
+    from policylink.train.imitation import TrainConfig, evaluate_success, train
 
     results = Path(args.results)
     _header(results, " ".join([Path(sys.executable).name, "benchmarks/learning.py", *(argv or sys.argv[1:])]))

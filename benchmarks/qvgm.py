@@ -82,7 +82,7 @@ def critic_ranking(loop: Path, base: str, env: str, episodes: int, rounds: int) 
     from policylink.policies.checkpoint import load_components
     from policylink.policies.critics import ChunkCritic
     from policylink.policies.finetune.transitions import build_transitions
-    from policylink.runtime.finetune_loop import LoopConfig, _record
+    from policylink.train.loop import LoopConfig, _record
 
     heldout = loop / "heldout.zarr"
     if not heldout.exists():

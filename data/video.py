@@ -82,6 +82,22 @@ CAPTION_MIN_WIDTH = 64
 """Frames narrower than this (px) get no caption: the text would not be legible."""
 
 
+def write_video(path: str | Path, frames: Sequence[np.ndarray], fps: float) -> Path:
+    """Encode uint8 RGB frames ``(H, W, 3)`` as an H.264 mp4 at ``fps`` Hz with
+    :func:`encode_video` (odd sizes padded to even for yuv420p). Returns the path.
+
+    Raises:
+        ValueError: no frames, or frames of different shapes.
+    """
+    if not frames:
+        raise ValueError("frames: expected at least one frame, received none")
+    shapes = {np.shape(f) for f in frames}
+    if len(shapes) != 1:
+        raise ValueError(f"frames: expected one shape for every frame, received {sorted(shapes)}")
+    encode_video(pad_to_even(np.stack([np.asarray(f, np.uint8) for f in frames])), path, fps=float(fps))
+    return Path(path)
+
+
 def caption_frames(
     frames: Sequence[np.ndarray],
     texts: Sequence[str],
@@ -203,6 +219,7 @@ def _rate(fps: float) -> Any:
 
 
 __all__ = [
+    "write_video",
     "CAPTION_MIN_WIDTH",
     "DEFAULT_CODEC",
     "VideoFrames",

@@ -354,22 +354,3 @@ def _first_seed(store: Any, seed: int | None, episodes: int) -> int:
             file=sys.stderr,
         )
     return seed
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``policylink record``; prints the summary. Returns 0 on success."""
-    from policylink.runtime.cli import parse_config
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = parse_config(RecordConfig, argv, prog="policylink record")
-    try:
-        summary = record(cfg)
-    except RecordInterrupted as e:
-        print(f"\n{e}", file=sys.stderr)
-        return INTERRUPTED_EXIT_CODE
-    print(f"{summary} -> {cfg.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -249,8 +249,7 @@ class VideoSubscriber(EpisodeSubscriber):
         if self.video_dir is None:
             result.frames = frames
             return
-        from policylink.data.video import caption_frames
-        from policylink.runtime.report import write_video
+        from policylink.data.video import caption_frames, write_video
 
         last = len(frames) - 1  # the outcome is known on the terminal frame only: "running" before it
         outcome = "success" if result.success else "failure"

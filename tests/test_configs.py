@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from policylink.cli.app import ConfigError, parse_config
 from policylink.configs import CONFIG_ROOT, ConfigFileError, composed_file, load_config, merge
-from policylink.runtime.cli import ConfigError, parse_config
-from policylink.runtime.train_config import TrainConfig
+from policylink.train.config import TrainConfig
 
 
 def test_merge_is_recursive_for_mappings_and_replaces_everything_else():

@@ -13,7 +13,8 @@ import pytest
 
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
-from policylink.runtime import cli, extras
+from policylink.cli import app as cli
+from policylink.cli import extras
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"numpy", "zmq", "msgpack", "gymnasium"}  # the distribution's required dependencies (import names)
@@ -199,9 +200,9 @@ def test_the_wheel_carries_assets_and_configs_and_names_resolve_from_the_install
     probe = textwrap.dedent(
         """
         from policylink import configs
-        from policylink.runtime.cli import parse_config
-        from policylink.runtime.demo import CONFIG_DIR, DemoConfig, validate_demo
-        from policylink.runtime.train_config import TrainConfig
+        from policylink.cli.app import parse_config
+        from policylink.cli.demo import CONFIG_DIR, DemoConfig, validate_demo
+        from policylink.train.config import TrainConfig
         from policylink.sim.mujoco.base import asset_path
 
         cfg = parse_config(TrainConfig, ["--config", "configs/train/diffusion_push_state.yaml"])

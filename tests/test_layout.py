@@ -1,4 +1,6 @@
-"""Package layout and dependency arrows: adapters imports nothing of ours; sim, real, data only adapters; ..."""
+"""Package layout and dependency arrows (ARCHITECTURE.md): adapters imports nothing of ours; sim and data only
+adapters; policies adapters and data; runtime composes them; train, evaluate, serve and real build on runtime;
+cli sits on top and nothing imports it."""
 
 import ast
 import subprocess
@@ -9,13 +11,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # part -> parts of ours it may import
 ALLOWED = {
     "adapters": set(),
+    "configs": set(),
     "sim": {"adapters"},
-    "real": {"adapters"},
     "data": {"adapters"},
     "policies": {"adapters", "data"},
-    "runtime": {"adapters", "data", "policies", "sim", "real", "runtime", "train", "configs"},
-    "train": {"adapters", "data", "policies"},
-    "configs": set(),  # the shipped YAML configs (package data) and the function that finds them
+    "runtime": {"adapters", "data", "policies", "sim"},
+    "train": {"adapters", "data", "policies", "runtime", "sim"},
+    "evaluate": {"adapters", "data", "policies", "runtime", "sim"},
+    "serve": {"adapters", "policies"},
+    "real": {"adapters", "data", "policies", "runtime"},
+    "cli": {"adapters", "configs", "data", "policies", "runtime", "sim", "real", "train", "evaluate", "serve"},
 }
 
 

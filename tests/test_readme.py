@@ -125,10 +125,10 @@ def test_readme_data_example_reads_a_recorded_store(tmp_path, monkeypatch):
 
 
 def test_readme_checkpoint_example_loads_predicts_embeds_and_samples(tmp_path, monkeypatch):
-    from policylink.runtime.cli import parse_config
+    from policylink.cli.app import parse_config
     from policylink.runtime.record import RecordConfig, record
-    from policylink.runtime.train import train
-    from policylink.runtime.train_config import TrainConfig
+    from policylink.train.config import TrainConfig
+    from policylink.train.imitation import train
 
     monkeypatch.chdir(tmp_path)  # no configs/ here: the shipped config resolves from the package
     record(RecordConfig(env="push", episodes=2, out="outputs/data/push_state.zarr"), progress=False)
@@ -231,10 +231,10 @@ def test_readme_demo_figures_carry_their_intervals_and_name_the_full_configs():
 
     import yaml
 
+    from policylink.cli import demo
+    from policylink.cli.app import parse_config
     from policylink.configs import CONFIG_ROOT
-    from policylink.runtime import demo
-    from policylink.runtime.cli import parse_config
-    from policylink.runtime.report import wilson_interval
+    from policylink.evaluate.report import wilson_interval
 
     (section,) = re.findall(r"<!-- section: demo-results -->(.*?)<!-- end: demo-results -->", README.read_text(), re.S)
     figures = re.findall(r"(\d+)% \[([\d.]+), ([\d.]+)\]", section)

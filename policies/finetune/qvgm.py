@@ -156,7 +156,7 @@ def keep_best_ascent(
 
 
 class QVGMLoss:
-    """The Q-VGM objective as a :class:`~policylink.runtime.losses.Loss` (draws + ``(model, batch, step)``).
+    """The Q-VGM objective as a :class:`~policylink.train.losses.Loss` (draws + ``(model, batch, step)``).
 
     Args:
         cfg: :class:`QVGMConfig`.
@@ -164,7 +164,7 @@ class QVGMLoss:
         reference: the frozen base model whose encoder gives the critic's latents (the one the critic was
             trained with); never updated.
 
-    The batch is the trainer's (``obs``, ``action``, ``valid``; :func:`policylink.runtime.losses.training_batch`
+    The batch is the trainer's (``obs``, ``action``, ``valid``; :func:`policylink.train.losses.training_batch`
     with the default ``BatchFields()``) plus ``noise`` from :meth:`draw`, and optionally ``bc``: a second batch
     of the same form and size whose windows the flow-matching term uses instead (e.g. successful episodes only,
     while the velocity-matching term covers every state of the buffer).

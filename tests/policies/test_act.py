@@ -164,7 +164,7 @@ def test_committed_act_configs_train_through_the_trainer(name, tmp_path):
     """``policylink train --config configs/train/<name>.yaml`` (the imitation loss, unchanged) on a tiny store with
     the env's shapes; the checkpoint loads as an ACTPolicy."""
     from policylink.adapters.registry import make_env
-    from policylink.runtime.train_config import main
+    from policylink.cli.train import main
 
     env = "push" if "push" in name else "pick_place"
     spec = make_env(env, obs_mode="state").env_spec

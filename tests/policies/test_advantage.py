@@ -132,11 +132,11 @@ def reach_store(tmp_path_factory):
 
 
 def test_label_train_serve_and_evaluate_a_conditioned_checkpoint(reach_store, tmp_path, served):
+    from policylink.evaluate.advantage_report import AdvantageReportConfig, advantage_report
+    from policylink.evaluate.nxm import evaluate
     from policylink.policies import load_policy
-    from policylink.runtime.dataset_advantage import AdvantageReportConfig, advantage_report
-    from policylink.runtime.evaluate import evaluate
-    from policylink.runtime.finetune_advantage import AdvantageTrainConfig, LabelCommand, label_store, train_advantage
-    from policylink.runtime.train_config import DatasetConfig
+    from policylink.train.advantage import AdvantageTrainConfig, LabelCommand, label_store, train_advantage
+    from policylink.train.config import DatasetConfig
 
     with pytest.raises(LabelsError, match="not in the store"):
         read_labels(reach_store)
@@ -234,8 +234,8 @@ def test_label_command_refuses_settings_it_would_ignore_or_misapply(reach_store,
     from types import SimpleNamespace
 
     from policylink.adapters.schema import FeatureSpec
-    from policylink.runtime.dataset_advantage import AdvantageReportConfig, advantage_report
-    from policylink.runtime.finetune_advantage import LabelCommand, _check_checkpoint_fits, label_store
+    from policylink.evaluate.advantage_report import AdvantageReportConfig, advantage_report
+    from policylink.train.advantage import LabelCommand, _check_checkpoint_fits, label_store
 
     cases = [
         ({"dataset": str(tmp_path / "none.zarr")}, r"dataset: expected an episode store path .* \(no such path\)"),

@@ -209,13 +209,13 @@ def test_corrective_cost_is_lowered_by_guidance_and_pins_committed_actions():
 def test_finetune_monitor_then_guided_corrective_replan_on_a_flow_policy(tmp_path, kit, normalizer, store_path):
     """``policylink finetune monitor`` on a store of successful episodes writes a calibrated monitor beside the
     checkpoint; the corrective executor loads it and a forced replan of one row is guided (flow policy)."""
+    from policylink.cli.finetune import main as finetune_main
     from policylink.data.buffer import EpisodeStore
     from policylink.data.episode_meta import EpisodeMeta
     from policylink.policies import load_policy
     from policylink.policies.policy import policy_for_model
     from policylink.policies.registry import build_model
     from policylink.runtime.executors import ExecutorConfig, make_executor
-    from policylink.runtime.finetune import main as finetune_main
 
     cfg = kit.tiny_config("flow")
     spec = kit.make_spec(cfg, kit.FEATURES)

@@ -226,15 +226,15 @@ def test_missing_files_and_fields_are_named(torch_mod, diffusion, tmp_path):
 
 def test_eval_runs_a_lerobot_checkpoint_by_reference(torch_mod, diffusion, tmp_path, capsys):
     """``policylink eval --policies dp=lerobot:PATH`` on ``reach`` (2 episodes; success is irrelevant, untrained)."""
+    from policylink.cli import eval as eval_cli
+    from policylink.evaluate.refs import reference_label
     from policylink.policies.loading import kind_ref
-    from policylink.runtime import evaluate as ev
-    from policylink.runtime.eval_refs import reference_label
 
     ref = f"lerobot:{diffusion.path}"
     assert kind_ref(ref) == ("lerobot", str(diffusion.path)) and kind_ref("tcp://h:1") is None
     assert reference_label("lerobot:/o/run7/checkpoints/last/pretrained_model") == "run7"
     args = ["--policies", f"dp={ref}", "--envs", "reach", "--episodes", "2", "--workers", "0", "--videos", "0"]
-    assert ev.main([*args, "--out", str(tmp_path / "eval")]) == 0  # obs_mode and image size from policylink.json
+    assert eval_cli.main([*args, "--out", str(tmp_path / "eval")]) == 0  # obs_mode and image size from policylink.json
     info = json.loads((tmp_path / "eval" / "cells" / "dp__reach" / "eval_info.json").read_text())
     assert len(info["per_episode"]) == 2
     out = capsys.readouterr()
@@ -323,15 +323,17 @@ def test_serve_a_lerobot_checkpoint_by_reference(torch_mod, diffusion):
     import threading
 
     from policylink.adapters.transport import RemotePolicy
+    from policylink.cli import serve as serve_cli
     from policylink.policies.lerobot import make_lerobot_policy
-    from policylink.runtime import serve
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = ["--checkpoint", f"lerobot:{diffusion.path}", "--device", "cpu", "--bind", f"tcp://127.0.0.1:{port}"]
     result: dict = {}
-    t = threading.Thread(target=lambda: result.setdefault("rc", serve.main([*argv, "--duration_s", "5"])), daemon=True)
+    t = threading.Thread(
+        target=lambda: result.setdefault("rc", serve_cli.main([*argv, "--duration_s", "5"])), daemon=True
+    )
     t.start()
     remote = RemotePolicy(f"tcp://127.0.0.1:{port}", timeout_s=30)
     local = make_lerobot_policy(diffusion.path, device="cpu", seed=0)

@@ -97,8 +97,8 @@ def test_third_policy_parses_builds_saves_loads_and_runs(kit, tmp_path):
 
 
 def test_third_policy_from_the_command_line():
-    from policylink.runtime.cli import parse_config
-    from policylink.runtime.train import TrainConfig
+    from policylink.cli.app import parse_config
+    from policylink.train.imitation import TrainConfig
 
     cfg = parse_config(TrainConfig, ["--policy.type", NAME, "--policy.hidden", "8", "--policy.chunk_size", "4"])
     assert type(cfg.policy) is MlpFlowConfig and (cfg.policy.hidden, cfg.policy.chunk_size) == (8, 4)
@@ -107,7 +107,7 @@ def test_third_policy_from_the_command_line():
 @pytest.mark.slow
 def test_third_policy_trains_through_the_train_path(tmp_path):
     from policylink.adapters.registry import make_env
-    from policylink.runtime.train import DatasetConfig, TrainConfig, train
+    from policylink.train.imitation import DatasetConfig, TrainConfig, train
 
     env_spec = make_env("reach", obs_mode="state").env_spec
     d, a = env_spec.observation_features[STATE].shape[0], env_spec.action.dim

@@ -114,8 +114,8 @@ def test_word_dropout_draws_are_seeded_keep_a_word_and_apply_in_training_only():
     with pytest.raises(ValueError, match=r"context_tokens: expected true with policy.language.encoder 'none'"):
         VLAPolicyConfig(language=LanguageConfig(encoder="none", context_tokens=False)).validate()
     # a bare boolean flag of a VLA-only field (not on the base policy config) means true
-    from policylink.runtime.cli import normalise_flags
-    from policylink.runtime.train_config import TrainConfig
+    from policylink.cli.app import normalise_flags
+    from policylink.train.config import TrainConfig
 
     argv = ["--policy.language.context-tokens", "--policy.language.film", "--steps", "2"]
     assert normalise_flags(TrainConfig, argv) == [
@@ -214,10 +214,11 @@ def _tiny_run(tmp_path):
     """Record 3 short multitask episodes (state + 24 px camera), train a tiny VLA for 3 steps; its checkpoint."""
     import yaml
 
-    from policylink.runtime import record, train_config
+    from policylink.cli.record import main as record_main
+    from policylink.cli.train import main as train_main
 
     store = tmp_path / "demos.zarr"
-    record.main(["--env", "multitask", "--episodes", "3", "--obs_mode", "state+image", "--image_size", "24",
+    record_main(["--env", "multitask", "--episodes", "3", "--obs_mode", "state+image", "--image_size", "24",
                  "--max_steps", "12", "--out", str(store)])  # fmt: skip
     cfg = {
         "policy": {"type": "vla", "observation_keys": [STATE, IMAGE], "n_obs_steps": 1, "chunk_size": 4,
@@ -229,7 +230,7 @@ def _tiny_run(tmp_path):
         "log_every": 1, "val_every": 0, "torch_threads": 1, "progress": False,
     }  # fmt: skip
     (tmp_path / "vla.yaml").write_text(yaml.safe_dump(cfg))
-    assert train_config.main(["--config", str(tmp_path / "vla.yaml")]) == 0
+    assert train_main(["--config", str(tmp_path / "vla.yaml")]) == 0
     lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert len(lines) == 4 and float(lines[-1].split(",")[1]) > 0  # header + 3 steps, a positive loss
     return tmp_path / "run" / "checkpoints" / "last"
@@ -237,8 +238,8 @@ def _tiny_run(tmp_path):
 
 def test_vla_trains_evaluates_with_an_instruction_file_and_serves(tmp_path, served):
     _require_sentence_transformers()
+    from policylink.evaluate.nxm import evaluate
     from policylink.policies import load_policy
-    from policylink.runtime.evaluate import evaluate
 
     ckpt = _tiny_run(tmp_path)
     heldout = {f"{c}/{s}": [f"grab the {c} cube and set it on the {s} pad"] for c in ("red", "green", "blue")

@@ -1,6 +1,6 @@
 """``policylink bench`` finds benchmark scripts and runs one with its arguments."""
 
-from policylink.runtime import bench
+from policylink.cli import bench
 
 
 def test_lists_and_runs_a_benchmark(tmp_path, monkeypatch, capsys):

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from policylink.runtime import cli, cli_help
+from policylink.cli import app as cli
+from policylink.cli import help as cli_help
 
 EXPECTED = ["record", "train", "finetune", "eval", "serve", "robot", "run", "dataset", "bench"]
 
@@ -20,7 +21,7 @@ def test_help_lists_every_subcommand(capsys):
 
 def test_console_script_help():
     out = subprocess.run(
-        [sys.executable, "-m", "policylink.runtime.cli", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "policylink.cli.app", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "record" in out and "eval" in out
 
@@ -168,7 +169,7 @@ def test_help_shows_each_flag_with_its_default_and_docstring(capsys):
 
 
 def test_train_help_lists_policy_types_once_with_the_default_types_fields():
-    from policylink.runtime.train import TrainConfig
+    from policylink.train.imitation import TrainConfig
 
     text = cli_help.format_help(TrainConfig, "policylink train")
     assert text.count("--policy.type {") == 1 and "(default: diffusion)" in text
@@ -179,7 +180,7 @@ def test_train_help_lists_policy_types_once_with_the_default_types_fields():
 
 @pytest.mark.parametrize("how", ["flag", "config"])
 def test_train_help_lists_the_fields_of_the_type_a_flag_or_the_config_names(how, tmp_path, capsys):
-    from policylink.runtime.train import TrainConfig
+    from policylink.train.imitation import TrainConfig
 
     (tmp_path / "vla.yaml").write_text("policy:\n  type: vla\nsteps: 3\n")
     argv = ["--policy.type", "vla", "--help"] if how == "flag" else ["--config", str(tmp_path / "vla.yaml"), "--help"]
@@ -222,7 +223,7 @@ def test_bad_yaml_names_file_line_and_column(tmp_path):
 
 
 def test_subcommands_share_one_dispatcher(capsys):
-    from policylink.runtime import dataset, finetune
+    from policylink.cli import dataset, finetune
 
     assert dataset.main(["inf"]) == 2
     assert capsys.readouterr().err == "policylink dataset: unknown subcommand 'inf'; did you mean 'info'?\n"
@@ -243,7 +244,7 @@ def test_help_into_a_closed_pipe_ends_quietly(args):
     os.close(read_end)  # the reader is gone before the first write
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "policylink.runtime.cli", *args], stdout=write_end, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-m", "policylink.cli.app", *args], stdout=write_end, stderr=subprocess.PIPE, text=True
         )
     finally:
         os.close(write_end)
@@ -303,7 +304,7 @@ def test_a_bad_name_is_one_line_naming_field_value_choices_and_the_closest(
 
 def test_config_names_resolve_to_the_shipped_configs_from_any_directory(tmp_path, monkeypatch):
     from policylink.configs import CONFIG_ROOT
-    from policylink.runtime.train_config import TrainConfig
+    from policylink.train.config import TrainConfig
 
     monkeypatch.chdir(tmp_path)  # no configs/ here
     for name in ("configs/train/flow_push_state.yaml", "train/flow_push_state.yaml", "flow_push_state"):

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from policylink.runtime.cli import parse_config
-from policylink.runtime.train_config import TrainConfig
+from policylink.cli.app import parse_config
+from policylink.train.config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "train").glob("*.yaml"))
 

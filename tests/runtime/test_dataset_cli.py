@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from policylink.cli import dataset as cli
 from policylink.data.buffer import EpisodeDataError, EpisodeStore, StoreError
 from policylink.data.episode_meta import EpisodeMeta
-from policylink.runtime import dataset as cli
 
 
 def _store(path, values, success):
@@ -155,7 +155,7 @@ def test_usage(capsys):
 _KILLED_MERGE = """
 import sys, time
 from policylink.data.buffer import EpisodeStore
-from policylink.runtime import dataset
+from policylink.cli import dataset
 
 def stall(self, *a, **k):  # the merge's temporary store and locks exist; wait here to be SIGKILLed
     open(sys.argv[1], "w").close()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from policylink.cli import dataset
 from policylink.data.buffer import EpisodeStore
 from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.video import decode_video
-from policylink.runtime import dataset
 
 
 def _store(path):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from policylink.runtime import demo
-from policylink.runtime.demo import DemoConfig, run_demo, validate_demo
+from policylink.cli import demo
+from policylink.cli.demo import DemoConfig, run_demo, validate_demo
 
 
 @pytest.mark.slow

@@ -17,9 +17,9 @@ import pytest
 
 from policylink.adapters.schema import ActionSpec, ControlMode, EnvSpec, FeatureSpec
 from policylink.data.buffer import EpisodeStore
+from policylink.real.deploy import DEPLOY_KEYS, DeployEnv, DeployRecorder, Pacer, open_deploy_recorder
 from policylink.real.robot import Robot
 from policylink.real.teleop import KeyboardTeleop
-from policylink.runtime.deploy import DEPLOY_KEYS, DeployEnv, DeployRecorder, Pacer, open_deploy_recorder
 from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
 
 
@@ -152,7 +152,7 @@ def test_a_late_action_is_dropped_and_every_step_is_recorded_with_its_timing(tmp
 
 
 def test_a_tripped_watchdog_ends_the_run_instead_of_feeding_a_robot_that_refuses(tmp_path):
-    from policylink.runtime.deploy import WatchdogTripped
+    from policylink.real.deploy import WatchdogTripped
 
     class TripsAtThirdAction(FakeRobot):
         last_reasons = ()
@@ -223,7 +223,7 @@ def reach_checkpoint(tmp_path_factory):
     from policylink.policies.flow.config import FlowConfig
     from policylink.policies.registry import make_config
     from policylink.runtime.record import RecordConfig, record
-    from policylink.runtime.train import DatasetConfig, TrainConfig, train
+    from policylink.train.imitation import DatasetConfig, TrainConfig, train
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("reach")
@@ -258,7 +258,7 @@ def _start(args):
     # one torch thread: with two on two shared cores one inference takes seconds (see runtime.run.limit_threads)
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "policylink.runtime.cli", *args],
+        [sys.executable, "-m", "policylink.cli.app", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -285,7 +285,7 @@ def test_three_processes_policy_server_robot_server_and_run_complete_reach(reach
     run = [
         sys.executable,
         "-m",
-        "policylink.runtime.cli",
+        "policylink.cli.app",
         "run",
         "--policy",
         policy_addr,

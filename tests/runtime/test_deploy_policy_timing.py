@@ -15,8 +15,8 @@ import pytest
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import ActionSpec, ControlMode, EnvSpec, FeatureSpec, PolicySpec
 from policylink.data.buffer import EpisodeStore
+from policylink.real.deploy import DeployEnv, open_deploy_recorder, run_deployment
 from policylink.real.robot import Robot
-from policylink.runtime.deploy import DeployEnv, open_deploy_recorder, run_deployment
 from policylink.runtime.executors import ExecutorConfig, LatencyConfig, make_executor
 from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
 
@@ -174,14 +174,14 @@ def servers():
 
 
 def _run_config(policy, robot, tmp_path, n_action_steps, **kw):
-    from policylink.runtime.run import RunConfig
+    from policylink.evaluate.run import RunConfig
 
     cfg = ExecutorConfig(kind="async", n_action_steps=n_action_steps)
     return RunConfig(policy=policy, robot=robot, episodes=1, executor=cfg, record=str(tmp_path / "run.zarr"), **kw)
 
 
 def test_through_the_servers_a_slow_first_chunk_starts_at_a0_and_later_chunks_stay_aligned(servers, tmp_path):
-    from policylink.runtime.deploy import deploy
+    from policylink.real.deploy import deploy
 
     hz = 25.0  # 40 ms periods; every inference takes >= 100 ms (2.5 periods)
     robot = StepRobot(time.monotonic, hz=hz, steps=24)
@@ -227,7 +227,7 @@ def test_a_policy_that_stops_answering_stops_the_robot_within_the_watchdog(tmp_p
 
 
 def test_through_the_servers_a_policy_that_stops_answering_stops_the_robot_within_the_watchdog(servers, tmp_path):
-    from policylink.runtime.deploy import deploy
+    from policylink.real.deploy import deploy
 
     hz, watchdog = 25.0, 0.3
     hang = threading.Event()

@@ -7,7 +7,7 @@ from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.registry import make_env, register_policy
 from policylink.adapters.schema import PolicySpec
 from policylink.adapters.transport import PolicyServer
-from policylink.runtime.evaluate import evaluate
+from policylink.evaluate.nxm import evaluate
 
 
 class ReachP(HistoryPolicy):

@@ -11,7 +11,8 @@ from policylink.adapters.env import EnvAdapter
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.registry import UnknownNameError, register_env, register_policy
 from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, IncompatibleSpecError, PolicySpec
-from policylink.runtime import evaluate as ev
+from policylink.cli import eval as eval_cli
+from policylink.evaluate import nxm as ev
 from policylink.runtime.executors import ExecutorConfig, LatencyConfig
 
 STATE = "observation.state"
@@ -212,7 +213,7 @@ def test_process_pool_matches_inline_and_cli(tmp_path, capsys):
     register_env("line_cli", Line, overwrite=True)
     register_policy("greedy_cli", Greedy, overwrite=True)
     register_policy("still_cli", Still, overwrite=True)
-    rc = ev.main(
+    rc = eval_cli.main(
         [
             "--policies",
             "greedy_cli,still_cli",
@@ -332,7 +333,7 @@ def test_cli_label_syntax_evaluates_every_policy(tmp_path, capsys):
     register_policy("greedy_lbl", Greedy, overwrite=True)
     register_policy("still_lbl", Still, overwrite=True)
     args = ["--envs", "line_lbl", "--episodes", "4", "--seed", "3", "--workers", "0", "--videos", "0"]
-    assert ev.main(["--policies", "g=greedy_lbl,s=still_lbl", *args, "--out", str(tmp_path)]) == 0
+    assert eval_cli.main(["--policies", "g=greedy_lbl,s=still_lbl", *args, "--out", str(tmp_path)]) == 0
     cells = sorted(p.name for p in (tmp_path / "cells").iterdir())
     assert cells == ["g__line_lbl", "s__line_lbl"]
     table = capsys.readouterr().out
@@ -344,14 +345,14 @@ def test_cli_rejects_bad_counts_and_executor_settings(tmp_path):
     register_policy("greedy_lbl", Greedy, overwrite=True)
     base = ["--policies", "greedy_lbl", "--envs", "line_lbl", "--out", str(tmp_path)]
     with pytest.raises(ValueError, match=r"^workers: expected an integer >= 0, received -2$"):
-        ev.main([*base, "--workers", "-2"])
+        eval_cli.main([*base, "--workers", "-2"])
     for flag in ("episodes", "num_envs", "shard_episodes"):
         with pytest.raises(ValueError, match=rf"^{flag}: expected an integer >= 1, received 0$"):
-            ev.main([*base, f"--{flag}", "0"])
+            eval_cli.main([*base, f"--{flag}", "0"])
     with pytest.raises(ValueError, match=r"^executor.kind: expected one of .*received 'fastest'$"):
-        ev.main([*base, "--executor.kind", "fastest"])
+        eval_cli.main([*base, "--executor.kind", "fastest"])
     with pytest.raises(IncompatibleSpecError) as err:  # listed with the cells, before anything runs
-        ev.main([*base, "--workers", "0", "--executor.n_action_steps", "99"])
+        eval_cli.main([*base, "--workers", "0", "--executor.n_action_steps", "99"])
     assert "greedy_lbl x line_lbl: executor.n_action_steps: expected <= the policy's chunk_size (4), received 99" in (
         str(err.value)
     )
@@ -361,7 +362,7 @@ def test_cli_rejects_bad_counts_and_executor_settings(tmp_path):
 def test_env_kwargs_default_to_the_checkpoints_observation_mode(tmp_path, capsys):
     import yaml
 
-    from policylink.runtime.eval_refs import checkpoint_env_kwargs_of
+    from policylink.evaluate.refs import checkpoint_env_kwargs_of
 
     def ckpt(name, dataset):
         d = tmp_path / name
@@ -383,7 +384,7 @@ def test_env_kwargs_default_to_the_checkpoints_observation_mode(tmp_path, capsys
     assert checkpoint_env_kwargs_of([("a", image), ("b", small)], ["push"]) == {}  # they disagree: spec check names it
     assert checkpoint_env_kwargs_of([("a", state)], ["push"]) == {}  # the env default already
     assert checkpoint_env_kwargs_of([("a", "push_expert"), ("b", "tcp://127.0.0.1:5555")], ["push"]) == {}
-    from policylink.runtime.evaluate import EvalConfig, _resolve
+    from policylink.evaluate.nxm import EvalConfig, _resolve
 
     cfg = EvalConfig(policies=[], envs=[], env_kwargs={"image_size": 48})  # given without obs_mode: it is kept
     _resolve(cfg, [("a", image)], ["push"])
@@ -466,7 +467,7 @@ def test_a_monitor_of_another_policy_is_named_before_any_progress_bar(tmp_path, 
 
 
 def test_saved_env_kwargs_do_not_depend_on_mapping_key_order():
-    from policylink.runtime.eval_resume import result_settings
+    from policylink.evaluate.resume import result_settings
 
     a = ev.EvalConfig(env_kwargs={"perturbation": {"force": 2.0, "displacement": 0.03}, "image_size": 64})
     b = ev.EvalConfig(env_kwargs={"image_size": 64, "perturbation": {"displacement": 0.03, "force": 2.0}})

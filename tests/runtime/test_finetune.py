@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
+from policylink.cli import app as cli
 from policylink.data.buffer import EpisodeStore
 from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.normalize import Normalizer
@@ -22,8 +23,7 @@ from policylink.policies.checkpoint import save_checkpoint
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.processing import normalizer_modes
 from policylink.policies.registry import build_model, make_config
-from policylink.runtime import cli
-from policylink.runtime.finetune_qvgm import CriticCmdConfig, QVGMCmdConfig, finetune_policy, train_critic
+from policylink.train.qvgm import CriticCmdConfig, QVGMCmdConfig, finetune_policy, train_critic
 
 STATE = "observation.state"
 FEATURES = {STATE: FeatureSpec("float32", (3,))}
@@ -190,7 +190,7 @@ def test_recorder_separates_terminations_from_time_limits(tmp_path):
 
 
 def test_missing_checkpoint_and_dataset_are_named(capsys):
-    from policylink.runtime.cli import main
+    from policylink.cli.app import main
 
     assert main(["finetune", "critic", "--policy", "/nope", "--buffer", "/nope"]) == 2
     assert "checkpoint folder not found: '/nope'" in capsys.readouterr().err
@@ -203,7 +203,7 @@ def test_missing_checkpoint_and_dataset_are_named(capsys):
 
 
 def test_the_loop_buffer_starts_from_the_demos_when_given(tmp_path, monkeypatch):
-    from policylink.runtime import finetune_loop as fl
+    from policylink.train import loop as fl
 
     demos = _buffer(tmp_path / "demos.zarr")
     base = _checkpoint(tmp_path / "base", demos)
@@ -306,7 +306,7 @@ def test_counts_horizon_and_critic_pairing_are_checked_before_training(tmp_path,
 
 def test_the_loop_checks_every_option_and_the_demos_before_anything_runs(tmp_path):
     from policylink.policies.finetune.transitions import BufferError
-    from policylink.runtime import finetune_loop as fl
+    from policylink.train import loop as fl
 
     demos = _buffer(tmp_path / "demos.zarr")
     base = _checkpoint(tmp_path / "base", demos)
@@ -352,7 +352,7 @@ def test_loop_help_describes_the_loop_and_hides_what_it_sets(capsys):
 
 
 def test_monitor_options_and_out_are_checked_before_training(tmp_path, capsys):
-    from policylink.runtime.finetune_monitor import MonitorCmdConfig, train_and_calibrate
+    from policylink.train.corrector import MonitorCmdConfig, train_and_calibrate
 
     for change, message in [
         ({"steps": -3}, "steps: expected an integer >= 1, received -3"),

@@ -24,9 +24,9 @@ def _imported(body: str) -> str:
 
 def test_train_config_and_policy_configs_import_no_torch():
     body = (
-        "import policylink.runtime.train_config, policylink.policies.config\n"
+        "import policylink.train.config, policylink.policies.config\n"
         "import policylink.policies.common.encoder_config, policylink.policies.common.unet_config\n"
-        "from policylink.runtime.train_config import TrainConfig\n"
+        "from policylink.train.config import TrainConfig\n"
         "cfg = TrainConfig()\n"
         "assert cfg.policy.type == 'diffusion' and cfg.policy.unet.down_dims == [256, 512, 1024]"
     )
@@ -36,7 +36,7 @@ def test_train_config_and_policy_configs_import_no_torch():
 @pytest.mark.parametrize("command", ["train", "eval", "run", "record", "serve", "demo", "dataset merge"])
 def test_help_imports_no_torch(command):
     body = (
-        "from policylink.runtime.cli import main\n"
+        "from policylink.cli.app import main\n"
         f"try:\n    main({command.split()!r} + ['--help'])\n"
         "except SystemExit as e:\n    assert e.code in (0, None), e.code"
     )
@@ -64,7 +64,7 @@ def test_a_missing_path_is_reported_before_torch_or_mujoco_is_imported(argv):
     """A missing checkpoint or dataset is one error in a fraction of a second, not after seconds of imports."""
     body = (
         "import io, contextlib\n"
-        "from policylink.runtime.cli import main\n"
+        "from policylink.cli.app import main\n"
         "err = io.StringIO()\n"
         f"with contextlib.redirect_stderr(err):\n    code = main({argv!r})\n"
         "assert code == 2, code\n"

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from policylink.runtime.metrics_log import MetricsLogger
-from policylink.runtime.train_config import TrainConfig, validate_config
+from policylink.train.config import TrainConfig, validate_config
+from policylink.train.metrics_log import MetricsLogger
 
 
 def test_csv_and_tensorboard_hold_the_logged_values(tmp_path):

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from policylink.runtime.ray_cluster import LOOPBACK, connect, node_addresses
+from policylink.evaluate.ray_cluster import LOOPBACK, connect, node_addresses
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

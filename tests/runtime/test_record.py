@@ -11,6 +11,7 @@ import pytest
 from policylink.adapters import registry
 from policylink.adapters.env import EnvAdapter
 from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec
+from policylink.cli.record import main as record_main
 from policylink.data.buffer import EpisodeStore
 from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder
@@ -107,7 +108,7 @@ def test_record_episode_exception_discards(tmp_path):
 
 def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
     out = tmp_path / "rec.zarr"
-    rc = record_cli.main(
+    rc = record_main(
         [
             "--env",
             "point_test",
@@ -183,7 +184,7 @@ def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
 def test_cli_rejects_bad_values(tmp_path, point_env, flag, value, message):
     out = tmp_path / "x.zarr"
     with pytest.raises(ValueError) as e:
-        record_cli.main(["--env", "point_test", "--out", str(out), flag, value])
+        record_main(["--env", "point_test", "--out", str(out), flag, value])
     assert str(e.value) == message
     assert not out.exists()  # nothing created
 
@@ -191,7 +192,7 @@ def test_cli_rejects_bad_values(tmp_path, point_env, flag, value, message):
 def test_cli_names_the_closest_env_before_any_work(tmp_path, point_env):
     out = tmp_path / "x.zarr"
     with pytest.raises(registry.UnknownNameError) as e:
-        record_cli.main(["--env", "point_tset", "--out", str(out)])
+        record_main(["--env", "point_tset", "--out", str(out)])
     expected = f"env: expected one of {registry.available_envs()}, received 'point_tset'; did you mean 'point_test'?"
     assert str(e.value) == expected
     assert not out.exists()
@@ -208,12 +209,12 @@ def test_record_episode_rejects_zero_max_steps(tmp_path):
 def test_rerun_continues_seeds(tmp_path, point_env, capsys):
     out = str(tmp_path / "r.zarr")
     args = ["--env", "point_test", "--episodes", "3", "--out", out]
-    assert record_cli.main(args) == 0
-    assert record_cli.main(args) == 0
+    assert record_main(args) == 0
+    assert record_main(args) == 0
     assert [m.seed for m in EpisodeStore(out).all_meta()] == [0, 1, 2, 3, 4, 5]
     err = capsys.readouterr().err
     assert f"record: {out} already holds seeds up to 2; continuing from seed 3" in err
-    assert record_cli.main([*args, "--seed", "4"]) == 0  # explicit repeats are kept, loudly
+    assert record_main([*args, "--seed", "4"]) == 0  # explicit repeats are kept, loudly
     assert [m.seed for m in EpisodeStore(out).all_meta()] == [0, 1, 2, 3, 4, 5, 4, 5, 6]
     err = capsys.readouterr().err
     assert f"WARNING: record: {out} already holds 2 of seeds 4..6 (first 4)" in err
@@ -234,7 +235,7 @@ def test_ctrl_c_keeps_complete_episodes(tmp_path, point_env, capsys, monkeypatch
     monkeypatch.setattr(PointExpert, "act", act_then_interrupt)
     monkeypatch.setattr(PointExpert, "reset", reset)
     out = tmp_path / "c.zarr"
-    rc = record_cli.main(["--env", "point_test", "--episodes", "5", "--out", str(out)])
+    rc = record_main(["--env", "point_test", "--episodes", "5", "--out", str(out)])
     assert rc == 130
     assert capsys.readouterr().err.strip().endswith(f"interrupted: kept 2 complete episodes in {out}")
     s = EpisodeStore(out)

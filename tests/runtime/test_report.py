@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policylink.runtime import report
+from policylink.data.video import write_video
+from policylink.evaluate import report
 
 
 def test_wilson_interval_known_values():
@@ -66,14 +67,14 @@ def test_tables(tmp_path):
 
 def test_video_round_trip(tmp_path):
     frames = [np.full((15, 20, 3), (10 * i, 200, 50), np.uint8) for i in range(8)]
-    path = report.write_video(tmp_path / "v" / "ep.mp4", frames, fps=10)
+    path = write_video(tmp_path / "v" / "ep.mp4", frames, fps=10)
     import imageio.v3 as iio
 
     back = iio.imread(path, plugin="pyav")
     assert back.shape == (8, 16, 20, 3)  # odd height padded to even for yuv420p
     assert abs(int(back[0, 7, 10, 1]) - 200) <= 6 and abs(int(back[7, 7, 10, 0]) - 70) <= 8
     with pytest.raises(ValueError, match="at least one frame"):
-        report.write_video(tmp_path / "x.mp4", [], fps=10)
+        write_video(tmp_path / "x.mp4", [], fps=10)
 
 
 def test_report_html_and_plots(tmp_path):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from policylink.runtime import robot as robot_cli
+from policylink.cli import robot as robot_cli
+from policylink.real.robots import RobotConfig, build_robot, safety_config
 
 
 def test_non_loopback_bind_without_keys_is_refused(capsys):
@@ -12,9 +13,9 @@ def test_non_loopback_bind_without_keys_is_refused(capsys):
 
 def test_sim_and_driver_are_exclusive_and_driver_needs_a_factory():
     with pytest.raises(ValueError, match="exactly one"):
-        robot_cli.build_robot(robot_cli.RobotConfig())
+        build_robot(RobotConfig())
     with pytest.raises(ValueError, match="module:factory"):
-        robot_cli.build_robot(robot_cli.RobotConfig(driver="somearm"))
+        build_robot(RobotConfig(driver="somearm"))
 
 
 def test_safety_config_from_the_options():
@@ -22,7 +23,7 @@ def test_safety_config_from_the_options():
     from policylink.real.sim_robot import SimRobot
 
     sim = SimRobot(make_env("reach", obs_mode="state"), realtime=False)
-    cfg = robot_cli.safety_config(robot_cli.RobotConfig(watchdog_ms=250, max_step=0.01, on_timeout="stop"), sim)
+    cfg = safety_config(RobotConfig(watchdog_ms=250, max_step=0.01, on_timeout="stop"), sim)
     assert (cfg.watchdog_s, cfg.max_step, cfg.on_timeout, cfg.control_mode) == (0.25, 0.01, "stop", "ee_delta")
     assert cfg.low == pytest.approx((-0.02,) * 3) and cfg.high == pytest.approx((0.02,) * 3)
     sim.disconnect()

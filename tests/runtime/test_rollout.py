@@ -10,11 +10,13 @@ from policylink.adapters.env import EnvAdapter
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.registry import register_env, register_policy
 from policylink.adapters.schema import ActionSpec, EnvSpec, FeatureSpec, IncompatibleSpecError, PolicySpec
+from policylink.cli import run as run_cli
 from policylink.data.buffer import EpisodeStore
 from policylink.data.recorder import EpisodeRecorder
+from policylink.evaluate import run as run_cmd
 from policylink.policies import load_policy
 from policylink.runtime import rollout as ro
-from policylink.runtime import run as run_cmd
+from policylink.runtime.checks import limit_threads
 from policylink.runtime.executors import ExecutorConfig, make_executor
 
 STATE = "observation.state"
@@ -118,7 +120,7 @@ def test_rollout_records_episodes(tmp_path):
 
 def test_a_recorder_without_meta_tags_its_episodes_policy_as_run_robot_records_them(tmp_path):
     """``run --robot --record`` opens its DeployRecorder without a meta; its episodes were tagged ``unknown``."""
-    from policylink.runtime.deploy import DeployRecorder
+    from policylink.real.deploy import DeployRecorder
 
     for i, subscriber in enumerate((ro.RecorderSubscriber, DeployRecorder)):
         rec = EpisodeRecorder(tmp_path / f"store{i}.zarr", env_spec=Countdown.env_spec)
@@ -256,7 +258,7 @@ def test_a_monitor_subscriber_can_truncate_the_executing_chunk():
 
 def test_training_time_evaluation_runs_the_same_loop():
     pytest.importorskip("torch")
-    from policylink.runtime.train import DatasetConfig, evaluate_success
+    from policylink.train.imitation import DatasetConfig, evaluate_success
 
     register_env("countdown_train", lambda obs_mode="state": Countdown(), overwrite=True)
     # seeds 0..3 on Countdown: the even ones succeed
@@ -268,7 +270,7 @@ def test_run_command(capsys):
     register_env("countdown_run", Countdown, overwrite=True)
     register_policy("zero_run", Zero, overwrite=True)
     assert (
-        run_cmd.main(
+        run_cli.main(
             ["--policy", "zero_run", "--env", "countdown_run", "--episodes", "3", "--num_envs", "2", "--seed", "0"]
         )
         == 0
@@ -283,8 +285,8 @@ def test_run_record_tags_perturbed_rollouts(tmp_path, capsys):
     register_env("countdown_pert", lambda perturbation=None: Countdown(), overwrite=True)
     register_policy("zero_run", Zero, overwrite=True)
     base = ["--policy", "zero_run", "--env", "countdown_pert", "--episodes", "2", "--seed", "0"]
-    run_cmd.main([*base, "--record", str(tmp_path / "clean.zarr")])
-    run_cmd.main([*base, "--record", str(tmp_path / "p.zarr"), "--env_kwargs", "{perturbation: {displacement: 0.03}}"])
+    run_cli.main([*base, "--record", str(tmp_path / "clean.zarr")])
+    run_cli.main([*base, "--record", str(tmp_path / "p.zarr"), "--env_kwargs", "{perturbation: {displacement: 0.03}}"])
     assert [m.quality for m in EpisodeStore(tmp_path / "clean.zarr").all_meta()] == ["", ""]
     assert [m.quality for m in EpisodeStore(tmp_path / "p.zarr").all_meta()] == ["perturbed", "perturbed"]
     assert {m.source for m in EpisodeStore(tmp_path / "p.zarr").all_meta()} == {"policy"}
@@ -312,17 +314,17 @@ def test_run_rejects_bad_counts_and_executor_settings_by_field():
     register_env("countdown_run", Countdown, overwrite=True)
     register_policy("zero_run", Zero, overwrite=True)
     with pytest.raises(ValueError, match=r"^episodes: expected an integer >= 1, received -1$"):
-        run_cmd.main([*RUN, "--episodes", "-1"])
+        run_cli.main([*RUN, "--episodes", "-1"])
     with pytest.raises(ValueError, match=r"^num_envs: expected an integer >= 1, received 0$"):
-        run_cmd.main([*RUN, "--num_envs", "0"])
+        run_cli.main([*RUN, "--num_envs", "0"])
     with pytest.raises(
         ValueError,
         match=r"^executor.kind: expected one of \['receding_horizon', 'temporal_ensemble', 'async', 'corrective'\], "
         r"received 'fastest'$",
     ):
-        run_cmd.main([*RUN, "--executor.kind", "fastest"])
+        run_cli.main([*RUN, "--executor.kind", "fastest"])
     with pytest.raises(ValueError, match=r"^executor.n_action_steps: expected >= 1 \(or None\), received 0$"):
-        run_cmd.main([*RUN, "--executor.n_action_steps", "0"])
+        run_cli.main([*RUN, "--executor.n_action_steps", "0"])
 
 
 def test_run_checks_the_pair_and_the_executor_before_running(monkeypatch):
@@ -335,12 +337,12 @@ def test_run_checks_the_pair_and_the_executor_before_running(monkeypatch):
 
     monkeypatch.setattr(run_cmd, "make_vector_env", never)
     with pytest.raises(IncompatibleSpecError) as err:
-        run_cmd.main([*RUN, "--executor.n_action_steps", "99"])
+        run_cli.main([*RUN, "--executor.n_action_steps", "99"])
     assert str(err.value).endswith(
         "- zero_run x countdown_run: executor.n_action_steps: expected <= the policy's chunk_size (4), received 99"
     )
     with pytest.raises(IncompatibleSpecError, match=r"twod_run x countdown_run: action dimension: expected 2"):
-        run_cmd.main(["--policy", "twod_run", "--env", "countdown_run"])
+        run_cli.main(["--policy", "twod_run", "--env", "countdown_run"])
 
 
 def test_policy_references_that_cannot_load_say_why(tmp_path):
@@ -357,9 +359,9 @@ def test_limit_threads_caps_torch():
     torch = pytest.importorskip("torch")
     before = torch.get_num_threads()
     try:
-        run_cmd.limit_threads(1)
+        limit_threads(1)
         assert torch.get_num_threads() == 1
-        run_cmd.limit_threads(0)  # 0 leaves torch's setting alone
+        limit_threads(0)  # 0 leaves torch's setting alone
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -11,7 +11,8 @@ import pytest
 from policylink.adapters import registry
 from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
 from policylink.adapters.transport import RemotePolicy
-from policylink.runtime import keys, serve
+from policylink.cli import keys
+from policylink.cli import serve as serve_cli
 
 # openpi-client 0.1.2 opens its websocket the pre-websockets-17 way; that warning is theirs, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
@@ -49,20 +50,20 @@ def _free_port():
 
 def _serve_in_thread(argv):
     result = {}
-    t = threading.Thread(target=lambda: result.setdefault("rc", serve.main(argv)), daemon=True)
+    t = threading.Thread(target=lambda: result.setdefault("rc", serve_cli.main(argv)), daemon=True)
     t.start()
     return t, result
 
 
 def test_normalise_flags():
-    assert serve.normalise_flags(["--openpi-port", "8000", "--stats", "--insecure", "--bind=tcp://x:1"]) == [
+    assert serve_cli.normalise_flags(["--openpi-port", "8000", "--stats", "--insecure", "--bind=tcp://x:1"]) == [
         "--openpi_port",
         "8000",
         "--stats=true",
         "--insecure=true",
         "--bind=tcp://x:1",
     ]
-    assert serve.normalise_flags(["--stats", "false"]) == ["--stats", "false"]
+    assert serve_cli.normalise_flags(["--stats", "false"]) == ["--stats", "false"]
 
 
 def test_serve_a_registry_policy_over_zmq_and_openpi_with_stats(capsys):
@@ -155,7 +156,7 @@ def test_serve_checkpoint_goes_through_load_policy(monkeypatch, tmp_path):
     ],
 )
 def test_bad_configurations_exit_2_with_a_reason(argv, message, capsys):
-    assert serve.main(argv) == 2
+    assert serve_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     if "99999" in message or "no scheme" in message:
@@ -168,7 +169,7 @@ def test_serve_on_a_port_in_use_exits_2_with_one_line(capsys):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert serve.main(["--policy", "serve-cli-double", "--bind", f"tcp://127.0.0.1:{port}"]) == 2
+        assert serve_cli.main(["--policy", "serve-cli-double", "--bind", f"tcp://127.0.0.1:{port}"]) == 2
     assert capsys.readouterr().err == f"policylink serve: bind tcp://127.0.0.1:{port}: address already in use\n"
 
 

@@ -23,9 +23,9 @@ from policylink.data.stats import compute_stats
 from policylink.policies.checkpoint import load_training_state
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.registry import make_config
-from policylink.runtime.losses import BatchFields, ImitationLoss, register_loss, training_batch
-from policylink.runtime.train import DatasetConfig, TrainConfig, cosine_with_warmup, train
-from policylink.runtime.train_data import StoreInfoError
+from policylink.train.data import StoreInfoError
+from policylink.train.imitation import DatasetConfig, TrainConfig, cosine_with_warmup, train
+from policylink.train.losses import BatchFields, ImitationLoss, register_loss, training_batch
 
 STATE = "observation.state"
 
@@ -89,7 +89,7 @@ def test_training_batch_is_bit_identical_to_the_per_item_collate(reach_store):
     ds = SequenceDataset(reach_store, n_obs_steps=2, horizon=9, obs_keys=[STATE], normalizer=norm)
     idx = np.random.default_rng([0, 3]).integers(0, len(ds), 16)
     items = [ds[int(i)] for i in idx]
-    old = {  # runtime/train.py's collate before the get_batch path
+    old = {  # train/imitation.py's collate before the get_batch path
         "obs": torch.stack([it[STATE] for it in items]),
         "action": torch.stack([it["action"] for it in items])[:, 1:],
         "valid": ~torch.stack([it["action_is_pad"] for it in items])[:, 1:],
@@ -178,7 +178,7 @@ def test_ddp_two_processes_match_one_process(reach_store, tmp_path):
         "--standalone",
         "--nproc_per_node=2",
         "-m",
-        "policylink.runtime.train",
+        "policylink.cli.train",
         "--dataset.path",
         str(reach_store),
         "--dataset.env",

@@ -15,9 +15,9 @@ from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.lerobot import export_lerobot, is_lerobot_dataset, open_lerobot
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.registry import make_config
-from policylink.runtime.losses import BatchFields
-from policylink.runtime.train import DatasetConfig, TrainConfig, train
-from policylink.runtime.train_data import training_data
+from policylink.train.data import training_data
+from policylink.train.imitation import DatasetConfig, TrainConfig, train
+from policylink.train.losses import BatchFields
 
 STATE = "observation.state"
 

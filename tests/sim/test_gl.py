@@ -52,7 +52,7 @@ def test_record_images_without_mujoco_gl(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "policylink.runtime.cli",
+        "policylink.cli.app",
         "record",
         "--env",
         "push",

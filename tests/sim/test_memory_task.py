@@ -90,7 +90,7 @@ def test_record_train_sega_and_eval(tmp_path, served):
     from policylink.policies.policy import policy_for_model
     from policylink.policies.registry import make_config
     from policylink.runtime.record import RecordConfig, record
-    from policylink.runtime.train import DatasetConfig, TrainConfig, evaluate_success, train
+    from policylink.train.imitation import DatasetConfig, TrainConfig, evaluate_success, train
 
     store = tmp_path / "memory.zarr"
     summary = record(RecordConfig(env="memory", episodes=2, out=str(store), seed=0), progress=False)

@@ -88,13 +88,13 @@ def test_gymnasium_env_checker_passes_with_pointmaps():
 def test_a_pointmap_policy_records_trains_evaluates_and_serves(tmp_path, served):
     """Tiny end to end: 2 recorded episodes (16 px), 3 training steps of a stacked RGB+pointmap diffusion policy,
     1 evaluation episode under a 20-degree camera yaw, and a served copy answering like the in-process one."""
+    from policylink.evaluate.nxm import evaluate
     from policylink.policies import load_policy
     from policylink.policies.common.encoder_config import EncoderConfig
     from policylink.policies.common.unet1d import UNetConfig
     from policylink.policies.registry import make_config
-    from policylink.runtime.evaluate import evaluate
     from policylink.runtime.record import RecordConfig, record
-    from policylink.runtime.train import DatasetConfig, TrainConfig, train
+    from policylink.train.imitation import DatasetConfig, TrainConfig, train
 
     mode = "image+pointmap+proprio"
     store = tmp_path / "pm.zarr"

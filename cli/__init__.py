@@ -1,0 +1,1 @@
+"""policylink.cli: the `policylink` command: parse, then call the library (nothing imports it)."""

@@ -1,0 +1,24 @@
+"""The ``policylink`` subcommands: name -> (module implementing ``main(argv) -> int``, one-line help). Modules are
+imported only when their command runs."""
+
+from __future__ import annotations
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("policylink.cli.demo", "the main job: record demos, train two policies, evaluate N x M, report"),
+    "record": ("policylink.cli.record", "record episodes (scripted expert or policy) into a zarr store"),
+    "train": ("policylink.cli.train", "train a policy from a dataset (imitation)"),
+    "finetune": ("policylink.cli.finetune", "offline improvement from rollouts: critic, Q-VGM, advantage"),
+    "eval": ("policylink.cli.eval", "evaluate N policies on M environments; tables, plots, videos"),
+    "serve": ("policylink.cli.serve", "serve a policy over ZeroMQ (and the openpi websocket protocol)"),
+    "robot": (
+        "policylink.cli.robot",
+        "serve a robot (or a simulated task as a robot) over ZeroMQ, behind its safety layer",
+    ),
+    "run": ("policylink.cli.run", "run one policy on one environment and print the episode results"),
+    "dataset": (
+        "policylink.cli.dataset",
+        "dataset tools: info, stats, export-lerobot, import-lerobot, merge, view, advantage-report",
+    ),
+    "bench": ("policylink.cli.bench", "run a benchmark from benchmarks/ and write its results"),
+    "keys": ("policylink.cli.keys", "CURVE key pairs for authenticated, encrypted serving"),
+}

@@ -1,0 +1,1 @@
+"""policylink.evaluate: N policies x M environments, one-policy runs, resume, reports."""

@@ -1,0 +1,111 @@
+"""A robot from its reference, as ``policylink robot`` serves it: a driver class (``module:Class``), a LeRobot robot
+(``lerobot:<type>``) or one of our simulated tasks run in real time (the sim-as-real robot), plus the
+:class:`~policylink.real.safety.SafetyConfig` its options give."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from policylink.real.robot import Robot
+from policylink.real.safety import SafetyConfig
+
+
+@dataclass
+class RobotConfig:
+    """Options of ``policylink robot``.
+
+    Attributes:
+        sim: a registered task served as a sim-as-real robot (exclusive with ``driver``).
+        sim_kwargs: keyword arguments of the task factory (``obs_mode``, ``image_size``...).
+        driver: ``lerobot:<RobotConfig type>`` or ``module:factory`` returning a :class:`Robot`.
+        driver_kwargs: keyword arguments of the driver factory (the LeRobot ``RobotConfig`` fields for lerobot).
+        low: LeRobot motor lower limit (one value for every motor), in ``unit``.
+        high: LeRobot motor upper limit (one value for every motor), in ``unit``.
+        unit: LeRobot motor unit (``%`` of range, ``deg`` or ``rad``).
+        hz: LeRobot control frequency (Hz).
+        observation_latency_ms: sim-as-real: an observation read at ``t`` shows the state at ``t`` minus this (ms).
+        actuation_latency_ms: sim-as-real: an action received at ``t`` acts from the first tick after ``t`` plus
+            this (ms).
+        jitter_ms: sim-as-real: each control tick fires up to this much after its deadline (uniform, seeded; ms).
+        seed: sim-as-real: seed of the tick jitter.
+        time_scale: sim-as-real wall-clock speed (0.5 = ticks at half the task's control frequency).
+        watchdog_ms: hold (or stop) when no action arrives this long after the session's first; 0 = off.
+        on_timeout: ``hold`` or ``stop``.
+        max_step: per-period step bound for every action dimension (None = the limits only).
+        bind: ZMQ address to serve on (loopback by default; elsewhere needs ``curve_keys`` or ``insecure``).
+        curve_keys: folder of CURVE keys, as ``policylink serve``.
+        insecure: serve on a non-loopback address without encryption, as ``policylink serve``.
+        duration_s: stop after this many seconds (None = until Ctrl-C / SIGTERM).
+    """
+
+    sim: str | None = None
+    sim_kwargs: dict[str, Any] = field(default_factory=dict)
+    driver: str | None = None
+    driver_kwargs: dict[str, Any] = field(default_factory=dict)
+    low: float = -100.0
+    high: float = 100.0
+    unit: str = "%"
+    hz: float = 30.0
+    observation_latency_ms: float = 0.0
+    actuation_latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+    seed: int = 0
+    time_scale: float = 1.0
+    watchdog_ms: float = 500.0
+    on_timeout: str = "hold"
+    max_step: float | None = None
+    bind: str = "tcp://127.0.0.1:5556"
+    curve_keys: str | None = None
+    insecure: bool = False
+    duration_s: float | None = None
+
+
+def build_robot(cfg: RobotConfig) -> Robot:
+    """The driver or sim-as-real robot of ``cfg`` (not yet behind its safety layer).
+
+    Raises:
+        ValueError: neither or both of ``sim``/``driver``; a malformed ``driver`` reference.
+        UnknownNameError: an unknown task.
+    """
+    if (cfg.sim is None) == (cfg.driver is None):
+        raise ValueError(f"--sim and --driver: expected exactly one, received sim={cfg.sim!r} driver={cfg.driver!r}")
+    if cfg.sim is not None:
+        from policylink.real.sim_robot import SimRobot, SimTiming
+        from policylink.runtime.rollout import RegistryEnvFn
+
+        timing = SimTiming(
+            cfg.observation_latency_ms / 1e3,
+            cfg.actuation_latency_ms / 1e3,
+            cfg.jitter_ms / 1e3,
+            cfg.seed,
+            cfg.time_scale,
+        )
+        return SimRobot(RegistryEnvFn(cfg.sim, **cfg.sim_kwargs)(), timing)
+    kind, _, name = cfg.driver.partition(":")
+    if not name:
+        raise ValueError(f"--driver: expected 'lerobot:<type>' or 'module:factory', received {cfg.driver!r}")
+    if kind == "lerobot":
+        from policylink.real.lerobot import LeRobotBridgeConfig, make_lerobot_robot
+
+        bridge = LeRobotBridgeConfig(low=cfg.low, high=cfg.high, unit=cfg.unit, control_frequency=cfg.hz)
+        return make_lerobot_robot(name, cfg.driver_kwargs, bridge)
+    factory = getattr(importlib.import_module(kind), name)
+    return factory(**cfg.driver_kwargs)
+
+
+def safety_config(cfg: RobotConfig, robot: Robot) -> SafetyConfig:
+    """The robot's :class:`SafetyConfig`: its ActionSpec limits with ``cfg``'s watchdog and step bound.
+
+    Raises:
+        SafetyConfigError: a value that cannot be honoured (names the field)."""
+    return SafetyConfig.from_action_spec(
+        robot.env_spec.action,
+        watchdog_s=cfg.watchdog_ms / 1e3 if cfg.watchdog_ms else None,
+        on_timeout=cfg.on_timeout,
+        max_step=cfg.max_step,
+    )
+
+
+__all__ = ["RobotConfig", "build_robot", "safety_config"]

@@ -1,0 +1,1 @@
+"""policylink.serve: policies served to clients over the wire (ZeroMQ, openpi websocket)."""

@@ -1,0 +1,184 @@
+"""Configuration of ``policylink train`` (:class:`TrainConfig`, YAML via ``--config`` plus dotted overrides), its
+validation before any work starts, and the command's entry point (:func:`main`). Nothing here imports torch, so
+``policylink train --help`` prints at once; the trainer (:mod:`policylink.train.imitation`) is imported to run."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from policylink.adapters.obs_modes import check_obs_mode
+from policylink.adapters.registry import UnknownNameError, check_env_name, unknown_name_message
+from policylink.adapters.schema import ControlMode
+from policylink.policies.config import PolicyConfig
+from policylink.policies.registry import default_config
+
+
+@dataclass
+class DatasetConfig:
+    """Where the demonstrations come from.
+
+    Attributes:
+        path: episode store (zarr folder) written by ``policylink record`` or ``policylink dataset import``;
+            its ``info`` gives the policy's features, ActionSpec and control frequency.
+        env: registry name of the environment the demos come from (optional): evaluation rollouts run on it, a
+            store recorded on another env is rejected, and its EnvSpec fills in what the store does not record.
+        control_mode: control mode of the stored actions (a :class:`~policylink.adapters.schema.ControlMode`
+            value), used only when the store records no ActionSpec (a LeRobot import) and ``env`` is empty: the
+            ActionSpec is then built from the stored action names and range, with unknown units.
+        obs_mode: env observation mode (``"state"``, ``"image"``, ``"state+image"``, ``"image+proprio"``,
+            ``"pointmap+proprio"``, ``"image+pointmap+proprio"``).
+        image_size: camera image side, px (image modes).
+        val_fraction: fraction of episodes held out for the validation loss (episode split).
+        split_seed: seed of the episode split.
+    """
+
+    path: str = ""
+    env: str = ""
+    control_mode: str = ""
+    obs_mode: str = "state"
+    image_size: int = 96
+    val_fraction: float = 0.1
+    split_seed: int = 0
+
+
+@dataclass
+class EvalConfig:
+    """Periodic evaluation rollouts (rank 0, EMA weights).
+
+    Attributes:
+        every: steps between evaluations (0 = off; a final evaluation runs when ``episodes > 0`` and ``every > 0``).
+        episodes: rollouts per evaluation, run as one batch of parallel envs.
+        seed: reset seed of the first rollout (episode ``i`` uses ``seed + i``; keep it apart from the demo seeds).
+    """
+
+    every: int = 0
+    episodes: int = 10
+    seed: int = 100_000
+
+
+@dataclass
+class TrainConfig:
+    """``policylink train`` configuration (YAML via ``--config``, dotted overrides such as ``--steps 500``).
+
+    Attributes:
+        policy: the :class:`PolicyConfig` (type, observation keys, horizons, encoder, U-Net, sampler).
+        loss: registered training loss (:func:`policylink.train.losses.available_losses`; ``imitation``).
+        dataset: :class:`DatasetConfig`.
+        eval: :class:`EvalConfig`.
+        output_dir: run folder: ``metrics.csv``, ``checkpoints/last`` (+ ``checkpoints/step_NNNNNN`` every
+            ``save_every`` steps) and ``tb/`` when TensorBoard is installed.
+        steps: optimizer steps.
+        batch_size: global batch (split evenly over DDP ranks).
+        lr, weight_decay, betas: AdamW settings.
+        warmup_steps: linear warm-up, then cosine decay to 0 at ``steps``.
+        grad_clip: max global gradient norm (0 = no clipping).
+        log_every, val_every, save_every: periods in steps (0 = off; a checkpoint is always written at the end).
+        val_windows: validation windows per validation (evenly spaced over the val split).
+        seed: seed of every random draw (init, batches, noise, augmentation).
+        device: ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"``.
+        resume: continue from ``output_dir/checkpoints/last`` when it exists.
+        progress: show a tqdm bar (rank 0).
+        torch_threads: intra-op CPU threads (0 = torch's default).
+        wandb_project: also log the metrics to this Weights & Biases project (wandb installed and logged in;
+            empty = off). TensorBoard logs go to ``output_dir/tb/`` whenever tensorboard is installed.
+    """
+
+    policy: PolicyConfig = field(default_factory=default_config)
+    loss: str = "imitation"
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "outputs/train/run"
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 1e-4
+    weight_decay: float = 1e-6
+    betas: list[float] = field(default_factory=lambda: [0.95, 0.999])
+    warmup_steps: int = 100
+    grad_clip: float = 10.0
+    log_every: int = 50
+    val_every: int = 0
+    save_every: int = 0
+    val_windows: int = 256
+    seed: int = 0
+    device: str = "auto"
+    resume: bool = False
+    progress: bool = True
+    torch_threads: int = 0
+    wandb_project: str = ""
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Check the fields of ``cfg`` before anything is built.
+
+    Raises:
+        ValueError: the first bad field, named with the expected and the received value (empty dataset
+            path, unregistered env, evaluation rollouts without an env, unknown ``loss``/``obs_mode``/``device``/
+            ``control_mode``, ``steps``/``batch_size``/``val_windows`` < 1, ``lr`` <= 0, negative periods,
+            ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), or a bad policy config.
+        FileNotFoundError: ``dataset.path`` does not exist.
+    """
+    d = cfg.dataset  # paths and names first, before torch is imported (a typo costs no waiting)
+    if not d.path:
+        raise ValueError(f"dataset.path: expected an episode store path, received {d.path!r}")
+    if not Path(d.path).exists():
+        raise FileNotFoundError(
+            f"dataset.path: expected an episode store (policylink record --out), {d.path!r} not found"
+        )
+    if d.env:
+        check_env_name(d.env, "dataset.env")
+    cfg.policy.validate()
+    if not d.env and cfg.eval.every and cfg.eval.episodes:
+        raise ValueError(
+            f"dataset.env: evaluation rollouts (eval.every={cfg.eval.every}) need a registered env, received '' "
+            "(set dataset.env, or eval.every=0)"
+        )
+    if d.control_mode and d.control_mode not in {m.value for m in ControlMode}:
+        raise ValueError(
+            f"dataset.control_mode: expected one of {[m.value for m in ControlMode]}, received {d.control_mode!r}"
+        )
+    if cfg.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ValueError(
+            f"wandb_project: {cfg.wandb_project!r} needs wandb (pip install wandb; wandb login), which is not "
+            "installed; leave it empty for metrics.csv and TensorBoard only"
+        )
+    check_obs_mode(d.obs_mode, field="dataset.obs_mode")
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ValueError(f"dataset.val_fraction: expected a value in [0, 1), received {d.val_fraction}")
+    positive = {
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "val_windows": cfg.val_windows,
+        "dataset.image_size": d.image_size,
+    }
+    non_negative = {
+        "warmup_steps": cfg.warmup_steps,
+        "grad_clip": cfg.grad_clip,
+        "log_every": cfg.log_every,
+        "val_every": cfg.val_every,
+        "save_every": cfg.save_every,
+        "torch_threads": cfg.torch_threads,
+        "weight_decay": cfg.weight_decay,
+        "eval.every": cfg.eval.every,
+        "eval.episodes": cfg.eval.episodes,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{name}: expected an int >= 1, received {value}")
+    for name, value in non_negative.items():
+        if value < 0:
+            raise ValueError(f"{name}: expected a value >= 0, received {value}")
+    if not cfg.lr > 0:
+        raise ValueError(f"lr: expected a learning rate > 0, received {cfg.lr}")
+    if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
+        raise ValueError(f"betas: expected two values in [0, 1), received {cfg.betas}")
+    from policylink.policies.checkpoint import resolve_device  # torch: imported when a run starts, not for --help
+    from policylink.train.losses import available_losses
+
+    if cfg.loss not in available_losses():
+        raise UnknownNameError(unknown_name_message("loss", cfg.loss, available_losses()))
+    resolve_device(cfg.device)  # raises ValueError naming ``device`` (unknown, or CUDA missing)
+
+
+__all__ = ["DatasetConfig", "EvalConfig", "TrainConfig", "validate_config"]
