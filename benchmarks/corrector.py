@@ -23,15 +23,15 @@ import torch
 
 from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder
+from policylink.evaluate.report import plot_monitor_trace, wilson_interval
 from policylink.policies import load_policy
 from policylink.policies.checkpoint import checkpoint_env_kwargs
 from policylink.policies.corrector.calibration import DetectorConfig
 from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.runtime.executors import CorrectiveLog, ExecutorConfig, LatencyConfig, make_executor
-from policylink.runtime.finetune_monitor import MonitorCmdConfig, train_and_calibrate
-from policylink.runtime.report import plot_monitor_trace, wilson_interval
 from policylink.runtime.rollout import RecorderSubscriber, RegistryEnvFn, make_vector_env, plan_episodes, rollout
 from policylink.sim.mujoco.perturbations import PerturbationConfig
+from policylink.train.corrector import MonitorCmdConfig, train_and_calibrate
 
 PERTURBED = PerturbationConfig(displacement=0.03, displacement_steps=(10, 30), force=2.0, force_probability=0.02)
 
@@ -105,6 +105,10 @@ def evaluate_cell(policy, name, cfg, args, pert_name, pert, out):
         ok = [r.index for r in results if r.success]
         row["alarm_rate_successes"] = log.summary(ok)["alarm_rate"] if ok else None
         row["monitor_cost_ratio"] = ex.monitor_cost_ratio()
+        # its parts: the monitor scores all num_envs rows per step, a call plans only the rows that need a chunk
+        row["monitor_ms_per_step"] = 1e3 * ex.monitor_s / max(ex.monitor_steps, 1)
+        row["policy_ms_per_call"] = 1e3 * ex.policy_s / max(ex.policy_calls, 1)
+        row["rows_per_call"] = ex.policy_rows / max(ex.policy_calls, 1)
         fired = [i for i in sorted(log.episodes) if log.episodes[i]["triggers"]]
         if fired:
             plot_monitor_trace(out / f"trace_{pert_name}.png", log.episodes[fired[0]]["trace"],

@@ -44,7 +44,8 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
     of the chunk offsets at which chunks were cut); ``trace`` (list per row of ``(step, score, threshold,
     fired)``); ``short_left`` / ``short_steps`` int64 ``(B,)`` (steps left in / executed in the short-horizon
     phase); and for the whole run ``monitor_s`` / ``policy_s`` (seconds in the monitor / in policy calls),
-    ``monitor_steps`` / ``policy_calls``.
+    ``monitor_steps`` / ``policy_calls`` and ``policy_rows`` (rows planned, summed over the calls: a step scores
+    all ``B`` rows, a call plans only the rows that need a chunk).
 
     Raises:
         ExecutorConfigError: no monitor, a policy that is not an Embedder, mismatched latent or action width,
@@ -81,7 +82,7 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
 
             self._to_units = affine_inverse(policy.normalize_actions, policy.spec.action.dim)
         self.monitor_s = self.policy_s = 0.0
-        self.monitor_steps = self.policy_calls = 0
+        self.monitor_steps = self.policy_calls = self.policy_rows = 0
 
     def _check(self, policy: Any, monitor: Any, thresholds: Any, cfg: Any) -> None:
         problems = [
@@ -212,6 +213,7 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         self._plan_rows(ids, guidance=guidance)
         self.policy_s += time.perf_counter() - t0
         self.policy_calls += 1
+        self.policy_rows += len(ids)
 
     def _scores(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Raw scores float64 ``(B,)`` (0 for rows with fewer than ``k`` steps), observed and predicted latent
@@ -241,7 +243,8 @@ class CorrectiveExecutor(RecedingHorizonExecutor):
         return cost_guidance(cost, self.settings.guidance_scale)
 
     def monitor_cost_ratio(self) -> float:
-        """Mean monitor seconds per control step over mean seconds per policy call (NaN before any call)."""
+        """Mean monitor seconds per control step (all ``B`` rows) over mean seconds per policy call (its rows:
+        ``policy_rows / policy_calls`` on average); NaN before any call."""
         if not (self.monitor_steps and self.policy_calls):
             return float("nan")
         return (self.monitor_s / self.monitor_steps) / (self.policy_s / self.policy_calls)

@@ -104,6 +104,7 @@ def test_truncation_never_crosses_an_episode_reset():
     assert [a[1].tolist() for a in acts[:3]] == [[0.0, 5.0], [0.0, 6.0], [0.0, 7.0]]  # row 1 untouched
     assert [s for s, *_ in ex.trace[0]] == [2, 3, 4, 5]  # scored only once k = 2 steps of the new episode exist
     assert ex.inferences.tolist() == [1, 2]  # row 1 (11 steps) crossed its chunk boundary at step 8
+    assert (ex.policy_calls, ex.policy_rows) == (3, 4)  # both rows at step 0, then each row alone
 
 
 def test_monitor_only_scores_but_never_truncates():
@@ -161,7 +162,7 @@ def test_non_embedder_policy_is_rejected():
 
 
 def test_report_calls_column_and_monitor_plot(tmp_path):
-    from policylink.runtime import report
+    from policylink.evaluate import report
 
     eps = [dict(sum_reward=0.0, max_reward=0.0, success=True, n_steps=10, stall_steps=0, inferences=n) for n in (2, 4)]
     assert report.aggregate_episodes(eps)["avg_calls"] == 3.0
@@ -284,5 +285,6 @@ def test_monitor_and_plans_share_one_encoder_pass_per_step_and_score_fresh_laten
         assert np.array_equal(ex._z[:, -1], fresh.embed())  # noqa: SLF001 - the z_t the monitor scored
         assert passes == [2] * (t + 1)  # one pass over both rows per step, planning steps included
     assert ex.inferences.tolist() == [3, 3] and ex.triggers.tolist() == [0, 0]
+    assert (ex.policy_calls, ex.policy_rows, ex.monitor_steps) == (3, 6, 10)  # both rows per call, 10 steps
     assert policy._frames.encoded_frames == 2 * 10  # noqa: SLF001 - each row's frame once per step
     assert len(ex.trace[0]) == 10 - K
