@@ -81,6 +81,8 @@ class TrainConfig:
         resume: continue from ``output_dir/checkpoints/last`` when it exists.
         progress: show a tqdm bar (rank 0).
         torch_threads: intra-op CPU threads (0 = torch's default).
+        amp: mixed precision on CUDA (bfloat16 autocast, float16 with a gradient scaler where bf16 is unsupported;
+            ignored on CPU).
         wandb_project: also log the metrics to this Weights & Biases project (wandb installed and logged in;
             empty = off). TensorBoard logs go to ``output_dir/tb/`` whenever tensorboard is installed.
     """
@@ -106,6 +108,7 @@ class TrainConfig:
     resume: bool = False
     progress: bool = True
     torch_threads: int = 0
+    amp: bool = False
     wandb_project: str = ""
 
 

@@ -140,7 +140,8 @@ def _success_rate(cfg: TrainConfig, policy: ChunkPolicy) -> float:
 
 def optim_config(cfg: TrainConfig) -> OptimConfig:
     """The run's optimizer step: AdamW, cosine LR with warm-up over ``cfg.steps``, gradient clipping (the norm is
-    always measured and logged), EMA of the policy with its ``ema_max_decay`` / ``ema_power``."""
+    always measured and logged), EMA of the policy with its ``ema_max_decay`` / ``ema_power``, mixed precision on
+    CUDA with ``cfg.amp``."""
     p = cfg.policy
     return OptimConfig(
         optimizer="adamw",
@@ -153,6 +154,7 @@ def optim_config(cfg: TrainConfig) -> OptimConfig:
         total_steps=cfg.steps,
         ema_max_decay=p.ema_max_decay,
         ema_power=p.ema_power,
+        amp=cfg.amp,
         measure_grad_norm=True,
     )
 

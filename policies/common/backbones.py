@@ -91,7 +91,9 @@ class RandomCrop(nn.Module):
         rows = (top[:, None] + torch.arange(ch, device=x.device))[:, :, None]  # (N, ch, 1)
         cols = (left[:, None] + torch.arange(cw, device=x.device))[:, None, :]  # (N, 1, cw)
         batch = torch.arange(n, device=x.device)[:, None, None]
-        return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (N, C, ch, cw)
+        # (N, C, ch, cw), contiguous NCHW: a channels-last view would run the whole trunk channels-last (measured
+        # 0.88x LeRobot's image step on CPU, benchmarks/results/train_throughput.md)
+        return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
 
 
 __all__ = ["RandomCrop", "SpatialSoftmax", "resnet18_groupnorm", "small_conv"]

@@ -36,6 +36,8 @@ def test_random_crop_train_and_eval():
         torch.testing.assert_close(out[i], x[i, :, top : top + 8, left : left + 8])
     with pytest.raises(ValueError, match=r"crop_ratio: expected a value in \(0, 1\], received 1.5"):
         RandomCrop(1.5)
+    rgb = torch.rand(2, 3, 10, 10)  # training crops come back NCHW-contiguous (a channels-last view slowed the trunk)
+    assert crop(rgb, generator=torch.Generator().manual_seed(0)).is_contiguous()
 
 
 def test_resnet18_has_groupnorm_only():
