@@ -354,11 +354,7 @@ class SequenceDataset:
         for key in [*self.obs_keys, self.action_key]:
             if key not in arrays:
                 continue
-            x = arrays[key]
-            if key.startswith(IMAGE_PREFIX):
-                x = to_float_chw(x, key)
-            else:
-                x = pointmap_to_chw(x, key) if is_pointmap_key(key) else x.astype(np.float32, copy=False)
+            x = feature_layout(key, arrays[key], key.startswith(IMAGE_PREFIX))
             if self.normalizer is not None:  # numpy path: bit-identical to the tensor path, single-threaded
                 x = self.normalizer.normalize_feature(key, x)
             out[key] = _as_tensor(x)
@@ -368,6 +364,21 @@ class SequenceDataset:
         if episode is not None:
             out["episode_index"], out["step"] = _as_tensor(episode), _as_tensor(step)
         return out
+
+
+def feature_layout(key: str, x: Any, is_image: bool) -> np.ndarray:
+    """Raw windows of one feature -> the float32 layout every model reads (training windows here, inference in
+    :func:`policylink.policies.processing.observation_tensors`): images ``(..., 3, H, W)`` in ``[0, 1]``
+    (:func:`~policylink.adapters.images.to_float_chw`), pointmaps ``(..., 3, H, W)`` in metres, vectors and actions
+    float32 as they are. Normalisation follows (``Normalizer.normalize_feature``).
+
+    Raises:
+        ImageScaleError: a float image outside ``[0, 1]``.
+    """
+    if is_image:
+        return to_float_chw(x, key)
+    x = np.asarray(x)
+    return pointmap_to_chw(x, key) if is_pointmap_key(key) else x.astype(np.float32, copy=False)
 
 
 def _as_tensor(x: np.ndarray) -> Any:
@@ -414,5 +425,6 @@ __all__ = [
     "OBS_PAD_KEY",
     "SequenceDataset",
     "SequenceSampler",
+    "feature_layout",
     "split_episodes",
 ]

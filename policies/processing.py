@@ -1,9 +1,9 @@
 """The one observation/action transform shared by training and inference: raw windows -> normalised tensors,
 normalised chunks -> action units, and the :class:`~policylink.data.normalize.Normalizer` built for a config.
 
-It reproduces :class:`policylink.data.sampler.SequenceDataset`'s item transform exactly (images via
-``to_float_chw``, vectors as float32, then ``Normalizer.normalize_feature``), so a policy sees the same
-numbers at inference as it did in training.
+It is :class:`policylink.data.sampler.SequenceDataset`'s item transform: the same
+:func:`~policylink.data.sampler.feature_layout` per key, then ``Normalizer.normalize_feature``, so a policy sees
+the same numbers at inference as it did in training.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from policylink.adapters.images import to_float_chw
-from policylink.adapters.pointmaps import is_pointmap_key, pointmap_to_chw
 from policylink.adapters.schema import ACTION_KEY, FeatureSpec
 from policylink.data.normalize import Normalizer
+from policylink.data.sampler import feature_layout
 
 
 def normalizer_modes(
@@ -56,12 +55,8 @@ def observation_tensors(
     for key, feat in features.items():
         if key not in obs:
             raise KeyError(f"{key}: missing from the observation; received keys {sorted(obs)}")
-        x = obs[key]
-        x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-        if feat.is_image:
-            x = to_float_chw(x, key)
-        else:
-            x = pointmap_to_chw(x, key) if is_pointmap_key(key) else x.astype(np.float32, copy=False)
+        x = obs[key].detach().cpu().numpy() if isinstance(obs[key], torch.Tensor) else np.asarray(obs[key])
+        x = feature_layout(key, x, feat.is_image)
         t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
         out[key] = normalizer.normalize_feature(key, t)
     return out
