@@ -17,6 +17,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import zmq
 
 from policylink.adapters.schema import NUMERIC_DTYPES
 
@@ -37,6 +38,7 @@ _ENCODED_HEADS: dict[tuple[int, tuple[int, ...], int], msgpack.ExtType] = {}
 _DECODED_HEADS: dict[bytes, tuple[np.dtype, tuple[int, ...], int, int, bool, bool]] = {}
 
 Frame = bytes | memoryview | np.ndarray
+_BYTE_BUFFERS = frozenset((bytes, zmq.Frame))  # frames msgpack reads as they are
 
 
 class CodecError(ValueError):
@@ -57,18 +59,15 @@ def encode(message: Any) -> list[Frame]:
 
     def default(obj: Any) -> msgpack.ExtType:
         # msgpack calls this for every value it cannot pack itself: arrays (the common case: already wire-ready,
-        # taken as they are) and anything else (_wire_form converts or refuses it)
-        if (
-            type(obj) is not np.ndarray
-            or obj.dtype not in _WIRE_CODE
-            or not obj.flags.c_contiguous
-            or obj.ndim > _MAX_NDIM
-        ):
+        # sent as they are) and anything else (_wire_form converts or refuses it)
+        code = _WIRE_CODE.get(obj.dtype) if type(obj) is np.ndarray else None
+        if code is None or not obj.flags.c_contiguous or obj.ndim > _MAX_NDIM:
             obj = _wire_form(obj)
             if type(obj) is msgpack.ExtType:
                 return obj
+            code = _WIRE_CODE[obj.dtype]
         arrays.append(obj)
-        return _array_ext(_WIRE_CODE[obj.dtype], obj.shape, len(arrays) - 1)
+        return _array_ext(code, obj.shape, len(arrays) - 1)
 
     try:
         if type(message) in _CONTAINERS and not _str_keys(message):
@@ -109,7 +108,7 @@ def decode(frames: Sequence[Any]) -> Any:
 
     header = frames[0]
     try:
-        if type(header) is not bytes:
+        if type(header) not in _BYTE_BUFFERS:
             header = _buffer_of(header)
         message = msgpack.unpackb(header, ext_hook=ext_hook, raw=False, strict_map_key=True, use_list=True)
     except CodecError:
@@ -213,13 +212,15 @@ def _decode_array(data: bytes, frames: Sequence[Any], used: set[int]) -> np.ndar
     if index in used or not 0 <= index < len(frames) - 1:
         raise CodecError(f"array: frame index {index} is out of range or reused ({len(frames) - 1} array frame(s))")
     used.add(index)
-    buf = _buffer_of(frames[1 + index])
-    if buf.nbytes != nbytes:
+    buf = frames[1 + index]
+    if type(buf) is not zmq.Frame:  # a received frame is a writable byte buffer already
+        buf = _buffer_of(buf)
+        if buf.readonly:
+            buf = memoryview(bytearray(buf))
+    if len(buf) != nbytes:
         raise CodecError(
-            f"array frame {index}: expected {nbytes} bytes for {dt.name} {list(shape)}, received {buf.nbytes}"
+            f"array frame {index}: expected {nbytes} bytes for {dt.name} {list(shape)}, received {len(buf)}"
         )
-    if buf.readonly:
-        buf = memoryview(bytearray(buf))
     arr = np.ndarray(shape, dt, buf)  # a view of the frame
     if is_bool and arr.size and arr.view(np.uint8).max() > 1:
         raise CodecError(f"array frame {index}: bool array holds bytes other than 0 and 1")

@@ -315,6 +315,7 @@ class RemotePolicy:
     ):
         self.endpoint = endpoint
         self._spec = PolicySpec.from_dict(self.server_info["spec"])
+        self._chunk_shape = (self._spec.chunk_size, self._spec.action.dim)  # a chunk is (B', *_chunk_shape)
         self._validate = validate
         self._pending: list[dict[str, Any]] = []
         self.last_timing: dict[str, float] = {}
@@ -398,14 +399,14 @@ class RemotePolicy:
         chunk = self._call("infer", body)["actions"]
         if ids is not None and self._channel.protocol < 2:
             chunk = chunk[ids]
-        spec, rows = self._spec, None if ids is None else len(ids)
-        expected = ("B" if rows is None else rows, spec.chunk_size, spec.action.dim)
+        rows = None if ids is None else len(ids)
         if (
             chunk.dtype != _FLOAT32
             or chunk.ndim != 3
-            or chunk.shape[1:] != expected[1:]
+            or chunk.shape[1:] != self._chunk_shape
             or rows not in (None, len(chunk))
         ):
+            expected = ("B" if rows is None else rows, *self._chunk_shape)
             got = f"{chunk.dtype} {chunk.shape}"
             raise ActionError([f"action chunk from {self.endpoint}: expected float32 {expected}, received {got}"])
         return chunk
