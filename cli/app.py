@@ -19,7 +19,7 @@ import tempfile
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from policylink.adapters.registry import UnknownNameError, closest_name, unknown_name_message
 from policylink.cli.commands import COMMANDS
@@ -67,8 +67,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        parser.print_usage(sys.stderr)
-        print(f"policylink: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)
+        close = closest_name(name, COMMANDS)
+        hint = f"; did you mean {close!r}?" if close else f"; expected one of {', '.join(COMMANDS)}"
+        print(f"policylink: unknown command {name!r}{hint}", file=sys.stderr)
         return 2
     module_name, _ = COMMANDS[name]
     try:
@@ -80,8 +81,16 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         print(f"policylink {name}: planned; this release has no implementation of it", file=sys.stderr)
         return 2
+    return run_main(name, module.main, rest)
+
+
+def run_main(name: str, main: Any, argv: Sequence[str]) -> int:
+    """``main(argv)`` of command ``name`` with the CLI's error rules: a user error (bad value, missing file, ...)
+    is one line on stderr and exit 2, Ctrl-C exit 130, a closed stdout pipe ends quietly; a bug keeps its
+    traceback (so does everything with ``POLICYLINK_DEBUG=1``). ``python -m policylink.cli.<command>`` (torchrun)
+    goes through here too."""
     try:
-        return int(module.main(rest) or 0)
+        return int(main(list(argv)) or 0)
     except KeyboardInterrupt:
         print(f"policylink {name}: interrupted", file=sys.stderr)
         return 130
@@ -202,7 +211,7 @@ def _parse(cls: type[T], args: list[str], config_path: str | None, prog: str | N
     """:func:`parse_config` after ``--config`` was taken out of ``args``; composed files are written into ``tmp``."""
     import draccus
 
-    from policylink.configs import ConfigFileError, composed_file
+    from policylink.configs import ConfigFileError, composed_file, load_config
 
     if any(a in ("-h", "--help") for a in args):
         from policylink.cli.help import format_help, help_instance
@@ -216,7 +225,9 @@ def _parse(cls: type[T], args: list[str], config_path: str | None, prog: str | N
     if config_path is not None:
         check_yaml_file(config_path)
         try:
-            config_path = str(composed_file(config_path, tmp))
+            doc = load_config(config_path)  # a mapping of options (bases merged), else one line naming the file
+            check_config_keys(cls, doc, config_path)
+            config_path = str(composed_file(config_path, tmp)) if doc else None  # an empty file sets nothing
         except ConfigFileError as e:
             raise ConfigError(f"--config {e}") from None
     args = normalise_flags(cls, args)
@@ -341,6 +352,24 @@ def check_flags(cls: type, argv: Sequence[str]) -> None:
         close = closest_name(key, sorted(valid))
         hint = f"; did you mean --{close}?" if close else f"; see --help for the {len(valid)} options"
         raise ConfigError(f"unknown flag --{key}{hint}")
+
+
+def check_config_keys(cls: type, doc: Mapping[str, Any], path: str) -> None:
+    """Raise :class:`ConfigError` for the first key of config file ``path`` (its composed mapping ``doc``) that is no
+    option of dataclass ``cls``, naming the file, the key and the closest option (as an unknown flag is named)."""
+    valid = set(flag_paths(cls))
+
+    def walk(mapping: Mapping[str, Any], prefix: str) -> None:
+        for key, value in mapping.items():
+            dotted = f"{prefix}{key}"
+            if dotted not in valid:
+                close = closest_name(dotted, sorted(valid))
+                hint = f"; did you mean {close!r}?" if close else f"; see --help for the {len(valid)} options"
+                raise ConfigError(f"{path}: unknown option {dotted!r}{hint}")
+            if isinstance(value, Mapping) and any(v.startswith(dotted + ".") for v in valid):
+                walk(value, dotted + ".")
+
+    walk(doc, "")
 
 
 def flag_paths(cls: type) -> list[str]:

@@ -19,4 +19,6 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    from policylink.cli.app import run_main
+
+    raise SystemExit(run_main("dataset advantage-report", main, sys.argv[1:]))

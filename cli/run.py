@@ -25,4 +25,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    from policylink.cli.app import run_main
+
+    raise SystemExit(run_main("run", main, sys.argv[1:]))

@@ -52,4 +52,6 @@ def _check_reference(cfg: ServeConfig) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    from policylink.cli.app import run_main
+
+    raise SystemExit(run_main("serve", main, sys.argv[1:]))

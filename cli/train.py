@@ -24,4 +24,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # torchrun --nproc_per_node=N -m policylink.cli.train --config ...
-    raise SystemExit(main(sys.argv[1:]))
+    from policylink.cli.app import run_main
+
+    raise SystemExit(run_main("train", main, sys.argv[1:]))

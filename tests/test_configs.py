@@ -72,3 +72,37 @@ def test_the_cli_reads_a_composed_config_with_overrides():
     assert cfg.policy.unet.down_dims == [64, 128] and cfg.dataset.env == "push" and cfg.lr == 0.001
     assert cfg.output_dir == "outputs/train/diffusion_push_state_fast" and cfg.torch_threads == 1
     assert Path(cfg.dataset.path).name == "push_state.zarr"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- 1\n", r"received a list"),
+        ("hello\n", r"received a str"),
+        ("stepz: 5\n", r"x.yaml: unknown option 'stepz'; did you mean 'steps'\?"),
+        (
+            "policy:\n  type: flow\n  chunk_sizee: 3\n",
+            r"unknown option 'policy.chunk_sizee'; did you mean 'policy.chunk_size'\?",
+        ),
+    ],
+)
+def test_a_config_file_that_is_no_mapping_of_options_is_one_line(tmp_path, text, message):
+    (tmp_path / "x.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(TrainConfig, ["--config", str(tmp_path / "x.yaml")], prog="policylink train")
+
+
+def test_an_empty_config_file_sets_nothing(tmp_path):
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    cfg = parse_config(TrainConfig, ["--config", str(tmp_path / "empty.yaml"), "--steps", "3"], prog="policylink train")
+    assert cfg.steps == 3 and cfg.batch_size == TrainConfig().batch_size
+
+
+def test_python_dash_m_of_a_command_reports_bad_input_in_one_line():
+    """``torchrun -m policylink.cli.train`` runs the command module itself: same one-line errors as ``policylink``."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "policylink.cli.train", "--stepz", "5"], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == "policylink train: error: unknown flag --stepz; did you mean --steps?"

@@ -16,7 +16,7 @@ ALLOWED = {
     "data": {"adapters"},
     "policies": {"adapters", "data"},
     "runtime": {"adapters", "data", "policies", "sim"},
-    "train": {"adapters", "data", "policies", "runtime", "sim"},
+    "train": {"adapters", "data", "policies", "runtime"},
     "evaluate": {"adapters", "data", "policies", "runtime", "sim"},
     "serve": {"adapters", "policies"},
     "real": {"adapters", "data", "policies", "runtime"},

@@ -19,6 +19,7 @@ import numpy as np
 
 from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, GuidedSampler, PrefixConditioned
 from policylink.adapters.policy import PolicyAdapter
+from policylink.adapters.registry import unknown_name_message
 from policylink.adapters.validation import batch_size_of
 from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.runtime.executors.latency import LatencyConfig
@@ -76,7 +77,7 @@ class ExecutorConfig:
             ExecutorKind(self.kind)
         except ValueError:
             raise ExecutorConfigError(
-                f"executor.kind: expected one of {[k.value for k in ExecutorKind]}, received {self.kind!r}"
+                unknown_name_message("executor.kind", self.kind, [k.value for k in ExecutorKind])
             ) from None
         if self.n_action_steps is not None and int(self.n_action_steps) < 1:
             raise ExecutorConfigError(

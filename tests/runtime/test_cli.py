@@ -29,6 +29,8 @@ def test_console_script_help():
 def test_unknown_command(capsys):
     assert cli.main(["fly"]) == 2
     assert "unknown command 'fly'" in capsys.readouterr().err
+    assert cli.main(["trian"]) == 2  # one line, with the closest command
+    assert capsys.readouterr().err == "policylink: unknown command 'trian'; did you mean 'train'?\n"
 
 
 @dataclass
