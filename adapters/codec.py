@@ -45,11 +45,17 @@ class CodecError(ValueError):
     """A value cannot be encoded, or received frames cannot be decoded (the message names the problem)."""
 
 
-def encode(message: Any) -> list[Frame]:
+def encode(message: Any, *, check_keys: bool = True) -> list[Frame]:
     """Encode ``message`` into ZMQ frames: ``[header, array_0, array_1, ...]``.
 
     Array frames are the arrays themselves (C-contiguous, little-endian; a copy is made only when the
     input is not), so ``socket.send_multipart(frames, copy=False)`` sends them without copying.
+
+    Args:
+        message: the tree to encode.
+        check_keys: refuse a map key that is not a str (msgpack itself would pack it, and the receiver's decoder
+            would then refuse the message). ``False`` is for callers whose every map either was built by this
+            library with str keys or went through :func:`check_keys` already.
 
     Raises:
         CodecError: a value of an unsupported type or dtype, naming its path in the message
@@ -70,13 +76,24 @@ def encode(message: Any) -> list[Frame]:
         return _array_ext(code, obj.shape, len(arrays) - 1)
 
     try:
-        if type(message) in _CONTAINERS and not _str_keys(message):
+        if check_keys and type(message) in _CONTAINERS and not _str_keys(message):
             raise TypeError("map key")
         header = msgpack.packb(message, default=default, use_bin_type=True, strict_types=False)
     except (TypeError, ValueError, OverflowError) as e:
         path, why = _find_unencodable(message, "message")
         raise CodecError(f"{path}: {why}" if path else f"message: cannot encode ({e})") from None
     return [header, *arrays]
+
+
+def check_keys(obj: Any, path: str = "message") -> None:
+    """Check that every map inside ``obj`` (through maps and lists) has str keys only.
+
+    Raises:
+        CodecError: naming the first offending value, e.g. ``observation[3]: map keys must be str, received int``.
+    """
+    if type(obj) in _CONTAINERS and not _str_keys(obj):
+        where, why = _find_unencodable(obj, path)
+        raise CodecError(f"{where}: {why}")
 
 
 def decode(frames: Sequence[Any]) -> Any:

@@ -176,8 +176,11 @@ ENV_REPLIES: dict[str, dict[str, Field]] = {
 _ERROR_BODY = {"code": _f((str,)), "message": _f((str,)), "field": _f((str,), optional=True)}
 
 
-def encode_message(request_id: int | None, type_: str, body: Mapping[str, Any], protocol: int = 1) -> list:
-    """Frames of ``{"id", "type", "body"}`` (plus ``"v": protocol`` when ``protocol`` > 1).
+def encode_message(
+    request_id: int | None, type_: str, body: Mapping[str, Any], protocol: int = 1, *, check_keys: bool = True
+) -> list:
+    """Frames of ``{"id", "type", "body"}`` (plus ``"v": protocol`` when ``protocol`` > 1); ``check_keys`` as in
+    :func:`~policylink.adapters.codec.encode`.
 
     Raises:
         CodecError: the body holds a value the codec refuses.
@@ -185,7 +188,7 @@ def encode_message(request_id: int | None, type_: str, body: Mapping[str, Any], 
     envelope = {"id": request_id, "type": type_, "body": body if type(body) is dict else dict(body)}
     if protocol != 1:
         envelope["v"] = protocol
-    return encode(envelope)
+    return encode(envelope, check_keys=check_keys)
 
 
 def error_frames(err: ProtocolError, protocol: int = 1) -> list:

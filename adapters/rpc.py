@@ -134,6 +134,9 @@ class Server:
     requests: Mapping[str, Mapping[str, Any]] = {}
     requests_by_protocol: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None
     failure_code: ErrorCode = ErrorCode.INTERNAL
+    user_maps_in_replies: bool = True
+    """Whether :meth:`handle`'s replies may hold maps from user code (an env's ``info``), whose keys the codec then
+    checks; a server whose replies it builds entirely itself sets ``False``."""
 
     def __init__(
         self,
@@ -315,7 +318,7 @@ class Server:
     def _call(self, identity: Any, msg: Message, t0: float) -> list:
         """Run one call (:meth:`_run`), record its statistics and duration; returns ``[identity, *reply]``."""
         started = time.perf_counter()
-        out, error = self._run(msg, t0)
+        out, error = self._run(msg, t0, started)
         now = time.perf_counter()
         fast = now - started < self.inline_below_s
         self._fast_streak[msg.type] = self._fast_streak.get(msg.type, 0) + 1 if fast else 0
@@ -372,10 +375,9 @@ class Server:
             reply.update(self.hello_extras())
         return reply
 
-    def _run(self, msg: Message, t0: float) -> tuple[list, str | None]:
-        """Call :meth:`handle` and encode its reply (in the request's protocol, with its timing); every failure
-        becomes an error reply."""
-        started = time.perf_counter()
+    def _run(self, msg: Message, t0: float, started: float) -> tuple[list, str | None]:
+        """Call :meth:`handle` and encode its reply (in the request's protocol, with its timing: received at ``t0``,
+        started at ``started``, ``time.perf_counter`` seconds); every failure becomes an error reply."""
         try:
             body = self.handle(msg.type, msg.body)
             timing = body.get("timing")
@@ -385,7 +387,7 @@ class Server:
                 else:
                     timing["queue_s"] = started - t0
                     timing["receive_to_reply_s"] = time.perf_counter() - t0
-            return encode_message(msg.id, msg.type, body, msg.protocol), None
+            return encode_message(msg.id, msg.type, body, msg.protocol, check_keys=self.user_maps_in_replies), None
         except ProtocolError as e:
             e.request_id = msg.id
             return error_frames(e, msg.protocol), e.code.value

@@ -22,6 +22,7 @@ import numpy as np
 
 from policylink.adapters import security
 from policylink.adapters.capabilities import ChunkPrefix, capabilities_of
+from policylink.adapters.codec import check_keys
 from policylink.adapters.env_transport import EnvServer, LiveEnv, RemoteEnv
 from policylink.adapters.policy import PolicyAdapter
 from policylink.adapters.protocol import (
@@ -69,6 +70,7 @@ class PolicyServer(Server):
     requests = POLICY_REQUESTS
     requests_by_protocol = POLICY_REQUESTS_BY_PROTOCOL
     failure_code = ErrorCode.INFER_FAILED
+    user_maps_in_replies = False  # replies hold checked arrays and the server's own timing map
 
     def __init__(
         self,
@@ -124,9 +126,9 @@ class PolicyServer(Server):
         env_ids = body.get("env_ids")
         if env_ids is not None:
             _check_env_ids(env_ids)
-        prefix = None
-        if verb == "infer" and body.get("prefix") is not None:
-            prefix = self._prefix(body["prefix"], env_ids)
+        prefix = body.get("prefix")  # only infer's schema has one
+        if prefix is not None:
+            prefix = self._prefix(prefix, env_ids)
         if verb == "embed" and "embedder" not in self.capabilities:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED, f"embed: {type(self.policy).__name__} is not an Embedder", "type"
@@ -234,9 +236,9 @@ class PolicyServer(Server):
                 b = v.shape[0]
             elif v.shape[0] != b:
                 return False
-        for key in self._text_feats:
+        for key in self._text_feats:  # a list's items are str already (parse_message checked every value)
             v = obs.get(key)
-            if type(v) is not list or (b is not None and len(v) != b) or not all(type(t) is str for t in v):
+            if type(v) is not list or (b is not None and len(v) != b):
                 return False
         return True
 
@@ -342,11 +344,13 @@ class RemotePolicy:
         """Queue one observation batch: arrays ``(B, *shape)``, ``task`` a list of ``B`` str.
 
         Raises:
+            CodecError: a map key in the batch (or nested in it) is not a str (nothing is queued).
             ObservationError: (with ``validate``) a feature is missing or has the wrong dtype/shape.
         """
         obs = dict(obs_batch)
         if TASK_KEY in obs and isinstance(obs[TASK_KEY], (list, tuple)):
             obs[TASK_KEY] = [str(s) for s in obs[TASK_KEY]]
+        check_keys(obs, "observation")  # here, so that requests carrying it skip the codec's key walk
         if self._validate:
             validate_observation(self._spec, obs, batch_dims=1)
         self._pending.append(obs)
@@ -381,7 +385,8 @@ class RemotePolicy:
         """One request carrying the queued observations; records :attr:`last_timing`."""
         updates, self._pending = self._pending, []
         t0 = time.perf_counter()
-        reply = self._channel.request(verb, {"updates": updates, **body})
+        # every map in the request: a queued observation (keys checked when queued) or built here with str keys
+        reply = self._channel.request(verb, {"updates": updates, **body}, check_keys=False)
         self.last_timing = {"round_trip_s": time.perf_counter() - t0, **reply.get("timing", {})}
         return reply
 
@@ -389,7 +394,8 @@ class RemotePolicy:
         ids = None if env_ids is None else [int(i) for i in env_ids]
         body: dict[str, Any] = {}
         if self._channel.protocol >= 2:
-            body["env_ids"] = ids
+            if ids is not None:  # absent = every row
+                body["env_ids"] = ids
             if prefix is not None:
                 body["prefix"] = {
                     "actions": np.asarray(prefix.actions, np.float32),

@@ -250,7 +250,8 @@ def python_cpu_us(case: str, n: int = 2000) -> float:
     def once():
         frames = p.encode_message(1, "infer", {"updates": [dict(obs)], "env_ids": None}, p.PROTOCOL_VERSION)
         request = p.parse_message(frames, p.POLICY_REQUESTS, by_protocol=p.POLICY_REQUESTS_BY_PROTOCOL)
-        reply, _ = server._run(request, time.perf_counter())
+        t0 = time.perf_counter()
+        reply, _ = server._run(request, t0, t0)
         return p.parse_message(reply, p.POLICY_REPLIES, allow_error=True, by_protocol=p.POLICY_REPLIES_BY_PROTOCOL)
 
     for _ in range(200):

@@ -15,6 +15,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policylink.adapters.codec import CodecError
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.protocol import (
     POLICY_REQUESTS,
@@ -423,6 +424,18 @@ def test_off_spec_chunks_from_the_policy_are_infer_failed(chunk, reason):
         remote.close()
     finally:
         srv.stop()
+
+
+def test_an_observation_with_a_non_str_key_is_refused_when_queued(server):
+    remote = RemotePolicy(server.endpoint, timeout_s=5)
+    obs = _obs([1, 2])
+    with pytest.raises(CodecError, match=r"observation\[3\]: map keys must be str, received int"):
+        remote.update_observation({**obs, 3: np.zeros((1, 2), np.float32)})
+    with pytest.raises(CodecError, match=r"observation.extra\[0\]\[1\]: map keys must be str"):
+        remote.update_observation({**obs, "extra": [{1: 2}]})
+    remote.update_observation(obs)  # nothing of the refused batches was queued
+    assert remote.predict_action_chunk().shape == (1, 3, 2)
+    remote.close()
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

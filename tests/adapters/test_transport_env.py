@@ -166,3 +166,24 @@ def test_server_converts_and_clips_actions_from_any_client(served):
     env.reset(seed=0)
     reply = env._channel.request("step", {"action": np.array([-7.0, 0.5], np.float64)})  # raw, bypassing the client
     np.testing.assert_array_equal(reply["observation"]["observation.state"], [-1.0, 0.5])
+
+
+class IntKeyInfoEnv(PointEnv):
+    """Reports its step info with a non-str key, which the wire cannot carry."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, {**info, 7: "seven"}
+
+
+def test_env_replies_with_a_non_str_map_key_are_env_failed_naming_it():
+    srv = EnvServer(IntKeyInfoEnv(), "tcp://127.0.0.1:0").start()
+    try:
+        env = RemoteEnv(srv.endpoint, timeout_s=5)
+        env.reset(seed=1)
+        with pytest.raises(RemoteError, match=r"reply not encodable: .*info\[7\]: map keys must be str") as err:
+            env.step(np.array([0.1, 0.0], np.float32))
+        assert err.value.code == "env_failed"
+        env.close()
+    finally:
+        srv.stop()
