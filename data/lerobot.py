@@ -41,7 +41,8 @@ TO_LEROBOT = {REWARD_KEY: "next.reward", DONE_KEY: "next.done"}
 FROM_LEROBOT = {v: k for k, v in TO_LEROBOT.items()}
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 _META_PREFIX = "policylink/"
-_CARRIED_INFO = ("action", "features")  # store info that info.json["policylink"] carries (ActionSpec, units)
+_CARRIED_INFO = ("action", "features", "env", "obs_mode", "image_size")  # store info info.json["policylink"] carries
+_SCALAR_KEY = "scalar_features"  # info.json["policylink"]: our per-step scalars (shape ()), LeRobot's shape [1]
 
 
 class LeRobotFormatError(ValueError):
@@ -219,7 +220,9 @@ def import_lerobot(
         source="lerobot",
         robot_type=info.get("robot_type"),
     )
-    store.update_info(**(info.get(_META_PREFIX.rstrip("/")) or {}))  # our ActionSpec, feature units (our export)
+    carried = dict(info.get(_META_PREFIX.rstrip("/")) or {})  # our ActionSpec, units, env (our export)
+    scalars = set(carried.pop(_SCALAR_KEY, ()))
+    store.update_info(**carried)
     it: Any = episodes.iterrows()
     if progress:
         from tqdm import tqdm
@@ -227,7 +230,7 @@ def import_lerobot(
         it = tqdm(it, total=len(episodes), desc="import lerobot", unit="ep")
     for _, ep in it:
         rows = data.iloc[int(ep["dataset_from_index"]) : int(ep["dataset_to_index"])]
-        arrays = _episode_arrays(ep, rows, feats, root, info, fps, readers)
+        arrays = _episode_arrays(ep, rows, feats, root, info, fps, readers, scalars)
         meta = _episode_meta(ep, task_of, rows)
         store.add_episode(arrays, meta)
     for r in readers.values():
@@ -287,11 +290,18 @@ def open_lerobot(root: str | os.PathLike, cache: str | os.PathLike | None = None
 
 
 def _episode_arrays(
-    ep: Any, rows: Any, feats: dict[str, Any], root: Path, info: dict[str, Any], fps: float, readers: dict
+    ep: Any,
+    rows: Any,
+    feats: dict[str, Any],
+    root: Path,
+    info: dict[str, Any],
+    fps: float,
+    readers: dict,
+    scalars: set[str] = frozenset(),
 ) -> dict[str, np.ndarray]:
     """Our arrays of one LeRobot episode (its ``meta/episodes`` row ``ep`` and data ``rows``): video frames at the
     rows' timestamps (decoders cached in ``readers`` per file), decoded images, and numeric columns (reward/done
-    as ``(T,)``)."""
+    and the per-step scalars our export named, ``scalars``, as ``(T,)``)."""
     arrays = {}
     for k, ft in feats.items():
         if ft["dtype"] == "video":
@@ -309,7 +319,8 @@ def _episode_arrays(
         elif k in FROM_LEROBOT:  # our reward / done are (T,)
             arrays[FROM_LEROBOT[k]] = _from_column(rows[k], ft).reshape(len(rows))
         else:
-            arrays[k] = _from_column(rows[k], ft)
+            x = _from_column(rows[k], ft)
+            arrays[k] = x.reshape(len(rows)) if k in scalars else x
     return arrays
 
 
@@ -389,7 +400,10 @@ def _write_meta(
         "video_path": VIDEO_PATH if video else None,
         "features": features,
         # what LeRobot does not record (ActionSpec, env, units), restored by import_lerobot
-        _META_PREFIX.rstrip("/"): {k: store.info[k] for k in _CARRIED_INFO if k in store.info},
+        _META_PREFIX.rstrip("/"): {
+            **{k: store.info[k] for k in _CARRIED_INFO if k in store.info},
+            _SCALAR_KEY: [k for k in store.keys if store.feature_shape(k) == ()],
+        },
     }
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4))
 

@@ -29,7 +29,7 @@ def _offline(monkeypatch):
 
 def _make_store(path):
     with EpisodeStore(path, "a") as s:
-        s.update_info(fps=10.0, action={"names": ["dx", "dy"]})
+        s.update_info(fps=10.0, action={"names": ["dx", "dy"]}, env="push")
         for e, t in enumerate(LENGTHS):
             img = np.zeros((t, 16, 16, 3), np.uint8)
             img[..., 0] = 40 * e + 10 * np.arange(t)[:, None, None]  # red = 40 e + 10 t
@@ -40,6 +40,7 @@ def _make_store(path):
                     "observation.images.front": img,
                     "action": np.stack([np.full(t, e, np.float32), -np.arange(t, dtype=np.float32)], 1),
                     "reward": np.arange(t, dtype=np.float32) / 10,
+                    "terminated": np.arange(t) == t - 1,  # a per-step scalar (shape ())
                 },
                 EpisodeMeta(task=f"task {e % 2}", success=e != 1, seed=e + 7, source="expert", quality="noisy"),
             )
@@ -151,14 +152,15 @@ def test_export_import_roundtrip(store, tmp_path, video):
     assert info["features"]["observation.images.front"]["dtype"] == ("video" if video else "image")
     assert info["features"]["next.reward"] == {"dtype": "float32", "shape": [1], "names": None}
     back = import_lerobot(root, tmp_path / "back.zarr")
-    assert back.n_episodes == 3
+    assert back.n_episodes == 3 and back.info["env"] == "push"  # the recorded env survives the round trip
     np.testing.assert_array_equal(back.episode_ends, store.episode_ends)
     assert back.all_meta() == store.all_meta()
     for e in range(3):
         a, b = store.get_episode(e), back.get_episode(e)
         assert set(a) == set(b)
-        for k in ("observation.state", "action", "reward", "done"):
+        for k in ("observation.state", "action", "reward", "done", "terminated"):
             np.testing.assert_array_equal(a[k], b[k])
+            assert a[k].shape == b[k].shape, k  # a scalar per step comes back (T,), not (T, 1)
         if video:  # lossy codec: colours within a few levels, RGB order intact
             diff = np.abs(a["observation.images.front"].astype(int) - b["observation.images.front"])
             assert diff.max() <= 6
