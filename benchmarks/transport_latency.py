@@ -4,7 +4,7 @@ Each stack's server runs in its own process (a no-op policy returning a (B, 50, 
 runs here. Cases: (a) state (14,) + prompt, (b) two 224x224x3 uint8 images + state, (c) a batch of 8 of (b).
 Stacks are interleaved in blocks (shuffled per round) so load from other processes hits them alike.
 
-    .venv/bin/python benchmarks/transport_latency.py [--rounds 20] [--block 50] [--out FILE.md]
+    .venv/bin/python benchmarks/transport_latency.py [--rounds 20] [--block 50] [--out FILE.md] [--json FILE.json]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import os
 import pickle
 import platform
@@ -262,15 +263,40 @@ def python_cpu_us(case: str, n: int = 2000) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
-def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float]) -> str:
+def summary(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float], load: tuple) -> dict:
+    """The run as plain data (the ``--json`` file): machine, command, and per case and stack the p50/p90/p99
+    latency (ms), the ratios of ours to each other stack's p50, and our Python CPU per round trip (us)."""
+    cells = {}
+    for case in CASES:
+        cells[case] = {
+            s: {f"p{q}_ms": round(float(np.percentile(lat[(s, case)], q)) * 1e3, 4) for q in (50, 90, 99)}
+            for s in stacks
+        }
+        if "policylink" in stacks:
+            ours = cells[case]["policylink"]["p50_ms"]
+            cells[case]["ours_over"] = {s: round(ours / cells[case][s]["p50_ms"], 3) for s in stacks}
+            cells[case]["ours_python_cpu_us"] = round(cpu_us[case], 1)
+    return {
+        "command": command,
+        "date": str(datetime.date.today()),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average_start_end": [round(x, 2) for x in load],
+        "python": platform.python_version(),
+        "round_trips_per_cell": len(next(iter(lat.values()))),
+        "cases": cells,
+    }
+
+
+def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float], load: tuple) -> str:
     """Markdown table of p50/p99 (ms), ratios vs bare ZeroMQ, openpi websocket and gRPC + pickle, and the CPU
     time of policylink's Python work per round trip."""
     ms = {k: (np.percentile(v, 50) * 1e3, np.percentile(v, 99) * 1e3) for k, v in lat.items()}
     lines = [
         f"Command: `{command}`",
         "",
-        f"Machine: {_cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
-        f"Python {platform.python_version()}; date {datetime.date.today()}; "
+        f"Machine: {_cpu_model()}, {os.cpu_count()} cores, load average {load[0]:.1f} at the start and "
+        f"{load[1]:.1f} at the end; Python {platform.python_version()}; date {datetime.date.today()}; "
         f"{len(next(iter(lat.values())))} round trips per cell.",
         "",
         "| case | "
@@ -306,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=50, help="round trips per stack, case and round")
     ap.add_argument("--stacks", default=",".join(STACKS), help="comma list of stacks")
     ap.add_argument("--out", default=None, help="write the markdown table here")
+    ap.add_argument("--json", default=None, help="write the percentiles and ratios here, as JSON")
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -313,13 +340,17 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve, args.port)
         return 0
     stacks = tuple(args.stacks.split(","))
+    load_start = os.getloadavg()[0]
     lat = run(args.rounds, args.block, stacks)
+    load = (load_start, os.getloadavg()[0])
     command = "python benchmarks/transport_latency.py " + " ".join(argv if argv is not None else sys.argv[1:])
     cpu_us = {case: python_cpu_us(case) for case in CASES} if "policylink" in stacks else dict.fromkeys(CASES, 0.0)
-    text = report(lat, stacks, command.strip(), cpu_us)
+    text = report(lat, stacks, command.strip(), cpu_us, load)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary(lat, stacks, command.strip(), cpu_us, load), indent=1) + "\n")
     return 0
 
 
