@@ -196,21 +196,27 @@ class PolicyServer(Server):
             raise ProtocolError(ErrorCode.INVALID_FIELD, str(e), f"body.{field}") from None
 
     def _checked_chunk(self, chunk: Any, rows: int | None) -> np.ndarray:
+        """``chunk`` when it is float32 ``(B', chunk_size, A)`` (``B'`` = ``rows`` when given) of finite values; else
+        ProtocolError ``infer_failed`` naming the problems.
+
+        Finiteness: the dot product ``chunk . chunk`` (one BLAS call, far cheaper per call than a ufunc reduction) is
+        finite exactly when every value is, unless a square overflows float32 (a value above ~1.8e19 in magnitude):
+        only a non-finite dot goes on to the element-wise test."""
         expected = self._chunk_shape
-        if not (
+        if (
             type(chunk) is np.ndarray
             and chunk.dtype == _FLOAT32
             and chunk.ndim == 3
             and chunk.shape[1:] == expected
             and (rows is None or len(chunk) == rows)
-            and _all_finite(chunk)
+            and (math.isfinite(np.vdot(chunk, chunk)) or np.isfinite(chunk).all())
         ):
-            problems = self.policy.spec.action.check(chunk, batch_dims=2) or [
-                f"action chunk: expected ({'B' if rows is None else rows}, {expected[0]}, {expected[1]}), "
-                f"received {getattr(chunk, 'shape', type(chunk).__name__)}"
-            ]
-            raise ProtocolError(ErrorCode.INFER_FAILED, str(ActionError(problems)), "actions")
-        return chunk
+            return chunk
+        problems = self.policy.spec.action.check(chunk, batch_dims=2) or [
+            f"action chunk: expected ({'B' if rows is None else rows}, {expected[0]}, {expected[1]}), "
+            f"received {getattr(chunk, 'shape', type(chunk).__name__)}"
+        ]
+        raise ProtocolError(ErrorCode.INFER_FAILED, str(ActionError(problems)), "actions")
 
     def _checked_latent(self, latent: Any, rows: int | None) -> np.ndarray:
         dim = int(self.policy.latent_dim)
@@ -241,15 +247,6 @@ class PolicyServer(Server):
             if type(v) is not list or (b is not None and len(v) != b):
                 return False
         return True
-
-
-def _all_finite(x: np.ndarray) -> bool:
-    """True when every value of the float array ``x`` is finite.
-
-    The dot product ``x . x`` (one BLAS call, far cheaper per call than a ufunc reduction) is finite exactly when
-    every value is, unless a square overflows (|value| above ~1.8e19 for float32): only a non-finite dot goes on to
-    the exact element-wise test."""
-    return math.isfinite(np.vdot(x, x)) or bool(np.isfinite(x).all())
 
 
 def _check_env_ids(env_ids: list[int]) -> None:
