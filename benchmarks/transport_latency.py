@@ -306,9 +306,10 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
     ]
     for case in CASES:
         cells = [f"{ms[(s, case)][0]:.3f} / {ms[(s, case)][1]:.3f}" for s in stacks]
-        ours = ms[("policylink", case)][0]
+        ours = ms[("policylink", case)][0] if "policylink" in stacks else None
         ratios = [
-            f"{ours / ms[(s, case)][0]:.2f}" if s in stacks else "-" for s in ("bare_zmq", "openpi_ws", "grpc_pickle")
+            f"{ours / ms[(s, case)][0]:.2f}" if s in stacks and ours is not None else "-"
+            for s in ("bare_zmq", "openpi_ws", "grpc_pickle")
         ]
         lines.append(f"| {case} | " + " | ".join([*cells, *ratios, f"{cpu_us[case]:.0f} us"]) + " |")
     return "\n".join(lines) + "\n"
