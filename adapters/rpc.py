@@ -19,7 +19,7 @@ import numpy as np
 import zmq
 
 from policylink.adapters import security
-from policylink.adapters.channel import Channel, recv_message, send_message
+from policylink.adapters.channel import COPY_THRESHOLD, Channel, recv_message, send_message
 from policylink.adapters.codec import CodecError
 from policylink.adapters.protocol import (
     PROTOCOL_VERSION,
@@ -32,7 +32,16 @@ from policylink.adapters.protocol import (
     parse_message,
 )
 
-__all__ = ["BindError", "Channel", "DEFAULT_MAX_MESSAGE_BYTES", "Server", "ServerStats", "recv_message", "send_message"]
+__all__ = [
+    "COPY_THRESHOLD",
+    "BindError",
+    "Channel",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "Server",
+    "ServerStats",
+    "recv_message",
+    "send_message",
+]
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 _POLL_MS = 100
@@ -193,6 +202,7 @@ class Server:
         self._ctx = zmq.Context()
         router = self._ctx.socket(zmq.ROUTER)
         router.linger = 0
+        router.copy_threshold = COPY_THRESHOLD
         router.setsockopt(zmq.MAXMSGSIZE, max(2 * self.max_message_bytes, self.max_message_bytes + 2**20))
         if self._keys is not None:
             self._auth = security.secure_server_socket(self._ctx, router, self._keys)

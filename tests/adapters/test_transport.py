@@ -27,7 +27,7 @@ from policylink.adapters.protocol import (
     encode_message,
     parse_message,
 )
-from policylink.adapters.rpc import Channel
+from policylink.adapters.rpc import COPY_THRESHOLD, Channel
 from policylink.adapters.schema import ActionSpec, FeatureSpec, ObservationError, PolicySpec
 from policylink.adapters.transport import PolicyServer, RemotePolicy
 
@@ -436,6 +436,37 @@ def test_an_observation_with_a_non_str_key_is_refused_when_queued(server):
     remote.update_observation(obs)  # nothing of the refused batches was queued
     assert remote.predict_action_chunk().shape == (1, 3, 2)
     remote.close()
+
+
+class ImageEchoPolicy(RawChunkPolicy):
+    """Keeps a copy of each received (16, width, 3) image; its chunks are zeros."""
+
+    def __init__(self, width):
+        super().__init__(np.zeros((1, 3, 2), np.float32))
+        self.spec = PolicySpec({"observation.images.cam": FeatureSpec("uint8", (16, width, 3))}, SPEC.action, 1, 3, 2)
+        self.received = []
+
+    def update_observation(self, obs):
+        self.received.append(obs["observation.images.cam"].copy())
+
+
+@pytest.mark.parametrize("width", [5461, 5462])  # 16 x width x 3 bytes: just under / just over COPY_THRESHOLD
+def test_frames_just_under_and_over_the_copy_threshold_arrive_exactly(width):
+    assert (16 * width * 3 < COPY_THRESHOLD) == (width == 5461)
+    policy = ImageEchoPolicy(width)
+    srv = PolicyServer(policy, "tcp://127.0.0.1:0").start()
+    try:
+        remote = RemotePolicy(srv.endpoint, timeout_s=5)
+        images = [np.random.default_rng(i).integers(0, 256, (1, 16, width, 3), np.uint8) for i in range(3)]
+        for img in images:  # copied when sent below the threshold, zero-copy above it
+            remote.update_observation({"observation.images.cam": img})
+            remote.predict_action_chunk()
+        assert len(policy.received) == 3
+        for sent, got in zip(images, policy.received, strict=True):
+            np.testing.assert_array_equal(got, sent)
+        remote.close()
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
