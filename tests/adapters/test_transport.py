@@ -1,6 +1,7 @@
 """PolicyServer / RemotePolicy: batched infer with server-side history, structured errors, slow calls,
 timeouts without stale replies, a killed and restarted server process, fuzzed frames, metrics, no torch."""
 
+import gc
 import socket
 import subprocess
 import sys
@@ -467,6 +468,20 @@ def test_frames_just_under_and_over_the_copy_threshold_arrive_exactly(width):
         remote.close()
     finally:
         srv.stop()
+
+
+def test_a_remote_dropped_unclosed_in_a_reference_cycle_is_collected_without_hanging(server):
+    remote = RemotePolicy(server.endpoint, timeout_s=5)
+    remote.update_observation(_obs([1, 2]))
+    remote.predict_action_chunk()
+    conn = remote._channel._conn  # its own ZeroMQ context and socket
+    remote.itself = remote  # garbage only the cycle collector finds
+    del remote
+    collector = threading.Thread(target=gc.collect, daemon=True)
+    collector.start()
+    collector.join(10)
+    assert not collector.is_alive()  # ending the context before its socket would wait forever
+    assert conn.sock is None and conn.ctx is None
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
