@@ -3,9 +3,10 @@
 A message is any tree of dicts (str keys), lists, str, bytes, int, float, bool, None, numpy arrays of a
 supported dtype, numpy scalars and numpy string arrays. Arrays travel as a small msgpack extension (type 1:
 ``dtype code u8, ndim u8, frame index u32, shape u64 x ndim``, little-endian; the dtype code indexes
-:data:`SUPPORTED_DTYPES`) in the header and their bytes in a separate ZMQ frame (sent zero-copy,
-little-endian, C order). Anything else (object arrays, pickles, sets, custom classes) is refused at encode
-time with :class:`CodecError`; nothing is ever pickled (DESIGN.md section 3).
+:data:`SUPPORTED_DTYPES`) in the header and their bytes in a separate ZMQ frame (the array itself, little-endian,
+C order; the sockets send it without a copy from :data:`~policylink.adapters.channel.COPY_THRESHOLD` bytes up).
+Anything else (object arrays, pickles, sets, custom classes) is refused at encode time with :class:`CodecError`;
+nothing is ever pickled (DESIGN.md section 3).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def check_keys(obj: Any, path: str = "message") -> None:
 def decode(frames: Sequence[Any]) -> Any:
     """Decode frames produced by :func:`encode` (``bytes``, ``memoryview`` or ``zmq.Frame``).
 
-    Arrays are zero-copy views of writable ZMQ frame buffers (``recv_multipart(copy=False)``), so a receiver
+    Arrays are zero-copy views of writable ZMQ frame buffers (frames received with ``copy=False``), so a receiver
     may normalise them in place; when a frame is read-only (``bytes``) the array is a writable copy.
 
     Raises:
