@@ -400,6 +400,18 @@ def test_an_observation_with_a_non_str_key_is_refused_when_queued(server):
     remote.close()
 
 
+def test_close_ends_the_channels_context_and_a_later_call_opens_a_new_one(server):
+    remote = RemotePolicy(server.endpoint, timeout_s=5)
+    conn = remote._channel._conn
+    first = conn.ctx
+    remote.close()
+    assert conn.sock is None and conn.ctx is None and first.closed
+    remote.update_observation(_obs([1, 2]))
+    np.testing.assert_array_equal(remote.predict_action_chunk()[0, 0], [1.0, 2.0])
+    assert conn.ctx is not None and conn.ctx is not first
+    remote.close()
+
+
 def test_a_remote_dropped_unclosed_in_a_reference_cycle_is_collected_without_hanging(server):
     remote = RemotePolicy(server.endpoint, timeout_s=5)
     remote.update_observation(_obs([1, 2]))
