@@ -41,7 +41,7 @@ TO_LEROBOT = {REWARD_KEY: "next.reward", DONE_KEY: "next.done"}
 FROM_LEROBOT = {v: k for k, v in TO_LEROBOT.items()}
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 _META_PREFIX = "policylink/"
-_CARRIED_INFO = ("action", "features", "env", "obs_mode", "image_size")  # store info info.json["policylink"] carries
+_CARRIED_INFO = ("action", "features")  # store info that info.json["policylink"] carries
 _SCALAR_KEY = "scalar_features"  # info.json["policylink"]: our per-step scalars (shape ()), LeRobot's shape [1]
 
 
