@@ -1,4 +1,4 @@
-"""EMA through diffusers' EMAModel: Diffusion Policy's warm-up decay, in-place averaging, resume state."""
+"""EMA: Diffusion Policy's warm-up decay (the same as diffusers' EMAModel), in-place averaging, resume state."""
 
 from __future__ import annotations
 
@@ -73,3 +73,37 @@ def test_the_averaged_model_samples_with_its_own_network(kind, kit):
     model = build_model(kit.tiny_config(kind), kit.FEATURES, 2)
     ema = EMA(model)
     assert ema.model.sampler.net is ema.model.net and ema.model.net is not model.net
+
+
+def test_frozen_parameters_are_copied_not_averaged():
+    net = torch.nn.Linear(2, 1)
+    net.bias.requires_grad_(False)
+    ema = EMA(net)
+    ema.update(net)  # decay 0: a copy
+    w0 = net.weight.detach().clone()
+    with torch.no_grad():
+        net.weight.fill_(1.0)
+        net.bias.fill_(5.0)
+    ema.update(net)  # decay 1 - 2**-0.75 = 0.4054 on the weight; the frozen bias is copied
+    assert float(ema.model.bias) == 5.0
+    d = 1 - 2**-0.75
+    torch.testing.assert_close(ema.model.weight, d * w0 + (1 - d) * torch.ones_like(w0), rtol=1e-6, atol=1e-7)
+
+
+def test_matches_diffusers_emamodel_over_many_steps():
+    """Same decays and averages as diffusers' EMAModel (the library formula it replaces), to float32 rounding."""
+    from diffusers.training_utils import EMAModel
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    ours = EMA(net, max_decay=0.99, power=0.75)
+    ref_params = [p.detach().clone() for p in net.parameters()]
+    ref = EMAModel(ref_params, decay=0.99, min_decay=0.0, update_after_step=0, use_ema_warmup=True, power=0.75)
+    for _ in range(40):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(torch.randn_like(p))
+        ours.update(net)
+        ref.step(net.parameters())
+    for got, want in zip(ours.model.parameters(), ref.shadow_params):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
