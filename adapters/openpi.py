@@ -13,7 +13,6 @@ openpi observations are unbatched; keys are mapped to ours by a declared key map
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import threading
 import time
@@ -27,8 +26,8 @@ from policylink.adapters.codec import SUPPORTED_DTYPES
 from policylink.adapters.policy import HistoryPolicy, PolicyAdapter
 from policylink.adapters.protocol import PROTOCOL_VERSION, ErrorCode, RemoteError
 from policylink.adapters.schema import TASK_KEY, ActionError, PolicySpec
-from policylink.adapters.security import check_bind
 from policylink.adapters.validation import validate_observation
+from policylink.adapters.ws import WebsocketServer, connect
 
 DEFAULT_KEY_MAP: Mapping[str, str] = {"prompt": TASK_KEY}
 _CLOSE_INTERNAL_ERROR = 1011
@@ -78,7 +77,7 @@ def to_batch(obs: Mapping[str, Any], key_map: Mapping[str, str], spec: PolicySpe
     return out, False
 
 
-class OpenPIServer:
+class OpenPIServer(WebsocketServer):
     """Serve ``policy`` to openpi clients (``openpi_client.websocket_client_policy.WebsocketClientPolicy``).
 
     Each websocket connection is one episode: the policy is reset (all episodes) when a client connects.
@@ -110,68 +109,14 @@ class OpenPIServer:
         metadata: Mapping[str, Any] | None = None,
         max_message_bytes: int = 256 * 2**20,
     ):
-        check_bind(f"tcp://{host}:{port}", None, insecure)
-        self.policy, self.host, self.port = policy, host, port
+        super().__init__(host, port, insecure=insecure, max_message_bytes=max_message_bytes, name="openpi-server")
+        self.policy = policy
         self.key_map = dict(DEFAULT_KEY_MAP if key_map is None else key_map)
         self.lock = lock or threading.Lock()
         self.metadata = {
             **dict(metadata or {}),
             "policylink": {"protocol": PROTOCOL_VERSION, "spec": policy.spec.to_dict()},
         }
-        self.max_message_bytes = max_message_bytes
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
-
-    def start(self, timeout_s: float = 10.0) -> OpenPIServer:
-        """Listen on a background thread; returns ``self`` once listening. Raises OSError if the port is taken."""
-        ready, failure = threading.Event(), []
-        self._thread = threading.Thread(target=self._run, args=(ready, failure), daemon=True, name="openpi-server")
-        self._thread.start()
-        if not ready.wait(timeout_s):
-            raise TimeoutError(f"openpi server on {self.host}:{self.port}: not listening after {timeout_s} s")
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self) -> None:
-        """Close the listener and every connection."""
-        if self._loop is not None and self._stopped is not None:
-            self._loop.call_soon_threadsafe(self._stopped.set)
-        if self._thread is not None:
-            self._thread.join(timeout=10.0)
-        self._thread = None
-
-    def __enter__(self) -> OpenPIServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def _run(self, ready: threading.Event, failure: list) -> None:
-        asyncio.run(self._main(ready, failure))
-
-    async def _main(self, ready: threading.Event, failure: list) -> None:
-        import websockets.asyncio.server as ws_server
-
-        self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
-        try:
-            server = await ws_server.serve(
-                self._handler,
-                self.host,
-                self.port,
-                compression=None,
-                max_size=self.max_message_bytes,
-                process_request=_health_check,
-            )
-        except OSError as e:
-            failure.append(e)
-            ready.set()
-            return
-        self.port = server.sockets[0].getsockname()[1]
-        ready.set()
-        async with server:
-            await self._stopped.wait()
 
     async def _handler(self, ws: Any) -> None:
         import websockets
@@ -269,20 +214,8 @@ class OpenPIRemotePolicy(HistoryPolicy):
             self._ws = None
 
     def _connect(self) -> Any:
-        import websockets.sync.client
-
-        # websockets >= 17 wants connect() as a context manager unless legacy=True; the connection outlives
-        # this call, so ask for the direct form where the option exists.
-        extra = {"legacy": True} if "legacy" in inspect.signature(websockets.sync.client.connect).parameters else {}
         try:
-            self._ws = websockets.sync.client.connect(
-                self.uri,
-                compression=None,
-                max_size=None,
-                open_timeout=self.timeout_s,
-                additional_headers=self._headers,
-                **extra,
-            )
+            self._ws = connect(self.uri, self.timeout_s, self._headers)
             return unpack(self._ws.recv(timeout=self.timeout_s))
         except TimeoutError:
             self.close()
@@ -373,11 +306,3 @@ def _safe_dtype(s: Any) -> np.dtype:
     if dt is None or dt.kind not in "biuf" or dt.newbyteorder("=").name not in SUPPORTED_DTYPES:
         raise ValueError(f"openpi array: dtype {s!r:.20} is not supported (expected one of {list(SUPPORTED_DTYPES)})")
     return dt
-
-
-def _health_check(connection: Any, request: Any) -> Any:
-    import http
-
-    if request.path == "/healthz":
-        return connection.respond(http.HTTPStatus.OK, "OK\n")
-    return None
