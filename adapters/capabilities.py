@@ -208,6 +208,10 @@ class Conditionable(Protocol):
     ) -> None: ...
 
 
+PREFIX_METHODS = ("guidance", "inpaint")
+""":attr:`ChunkPrefix.method` values: RTC's guidance, or replacement inpainting."""
+
+
 @dataclass
 class ChunkPrefix:
     """Real-time chunking's committed prefix (Black, Galliker, Levine 2025, arXiv 2506.07339).
@@ -215,12 +219,16 @@ class ChunkPrefix:
     Attributes:
         actions: float32 ``(B, H, A)`` committed actions in the new chunk's frame, ActionSpec units.
         weights: float32 ``(B, H)`` prefix weights in ``[0, 1]`` (``rtc_weights`` times validity).
-        max_guidance: RTC's ``beta`` (> 0).
+        max_guidance: RTC's ``beta`` (> 0; used by ``method="guidance"``).
+        method: ``"guidance"`` (RTC's vector-Jacobian guidance, paper eq. 2-4) or ``"inpaint"`` (replacement
+            inpainting of the clean estimate: no gradient, the committed actions reproduced exactly where the
+            weight is 1; :func:`policylink.policies.common.rtc.inpaint_guidance`).
     """
 
     actions: np.ndarray
     weights: np.ndarray
     max_guidance: float = 5.0
+    method: str = "guidance"
 
     def validate(self, batch_size: int, chunk_size: int, action_dim: int) -> ChunkPrefix:
         """Return self when shapes and values fit; raise ValueError naming the field otherwise."""
@@ -236,6 +244,8 @@ class ChunkPrefix:
             raise ValueError(f"prefix.weights: expected values in [0, 1], received [{w.min()}, {w.max()}]")
         if not self.max_guidance > 0:
             raise ValueError(f"prefix.max_guidance: expected > 0, received {self.max_guidance}")
+        if self.method not in PREFIX_METHODS:
+            raise ValueError(f"prefix.method: expected one of {list(PREFIX_METHODS)}, received {self.method!r}")
         return self
 
 
@@ -270,6 +280,7 @@ def capabilities_of(policy: Any) -> list[str]:
 
 __all__ = [
     "CAPABILITIES",
+    "PREFIX_METHODS",
     "ChunkPrefix",
     "Conditionable",
     "ConditioningSpec",

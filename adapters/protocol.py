@@ -110,9 +110,15 @@ _HELLO_REP = {  # capabilities: a policy server's (PolicyServer.hello_extras); a
     "latent_dim": _f(_INT, optional=True),
 }
 _PING_REP = {"time": _f(_FLOAT)}
-PREFIX_FIELDS = {"actions": _f("array"), "weights": _f("array"), "max_guidance": _f(_FLOAT)}
+PREFIX_FIELDS = {
+    "actions": _f("array"),
+    "weights": _f("array"),
+    "max_guidance": _f(_FLOAT),
+    "method": _f((str,), optional=True),
+}
 """``infer``'s ``prefix``: :class:`~policylink.adapters.capabilities.ChunkPrefix` (float32 actions ``(B', H, A)``,
-float32 weights ``(B', H)`` in ``[0, 1]``, ``max_guidance`` > 0; rows follow ``env_ids``)."""
+float32 weights ``(B', H)`` in ``[0, 1]``, ``max_guidance`` > 0, ``method`` ``"guidance"`` (absent = guidance) or
+``"inpaint"``; rows follow ``env_ids``)."""
 TIMING_FIELDS = {"receive_to_reply_s": _f(_FLOAT), "queue_s": _f(_FLOAT), "inference_s": _f(_FLOAT)}
 """Server timing in ``infer``/``embed`` replies, seconds (``time.perf_counter`` on the server): from receiving the
 request to encoding its reply, of which waiting behind earlier calls (``queue_s``) and the policy call itself

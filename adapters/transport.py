@@ -186,7 +186,8 @@ class PolicyServer(Server):
                     f"prefix.{name}: expected dtype float32, received {wire[name].dtype}",
                     f"body.prefix.{name}",
                 )
-        prefix = ChunkPrefix(wire["actions"], wire["weights"], float(wire["max_guidance"]))
+        method = wire.get("method") or "guidance"
+        prefix = ChunkPrefix(wire["actions"], wire["weights"], float(wire["max_guidance"]), method)
         spec = self.policy.spec
         rows = len(env_ids) if env_ids is not None else wire["actions"].shape[0] if wire["actions"].ndim else 0
         try:
@@ -398,6 +399,7 @@ class RemotePolicy:
                     "actions": np.asarray(prefix.actions, np.float32),
                     "weights": np.asarray(prefix.weights, np.float32),
                     "max_guidance": float(prefix.max_guidance),
+                    **({"method": prefix.method} if prefix.method != "guidance" else {}),
                 }
         chunk = self._call("infer", body)["actions"]
         if ids is not None and self._channel.protocol < 2:

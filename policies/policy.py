@@ -410,26 +410,32 @@ class ChunkPolicy(ModelPolicy):
 
 class PrefixChunkPolicy(ChunkPolicy):
     """A :class:`ChunkPolicy` whose sampler predicts a velocity (flow): it also implements
-    :class:`~policylink.adapters.capabilities.PrefixConditioned` (real-time chunking through an autograd
-    guidance hook, :func:`~policylink.policies.common.rtc.rtc_guidance`)."""
+    :class:`~policylink.adapters.capabilities.PrefixConditioned` (real-time chunking through a guidance hook:
+    :func:`~policylink.policies.common.rtc.rtc_guidance` or
+    :func:`~policylink.policies.common.rtc.inpaint_guidance`)."""
 
     def predict_action_chunk_with_prefix(self, prefix: ChunkPrefix, env_ids: Sequence[int] | None = None) -> np.ndarray:
-        """float32 ``(B', H, A)`` for rows ``env_ids`` (``None`` = all), guided toward ``prefix.actions`` (units,
-        rows following ``env_ids``) with weights ``prefix.weights`` and ``beta = prefix.max_guidance`` (Black et
-        al. 2025, eq. 2-4, vector-Jacobian product through the clean estimate).
+        """float32 ``(B', H, A)`` for rows ``env_ids`` (``None`` = all), made to agree with ``prefix.actions``
+        (units, rows following ``env_ids``) with weights ``prefix.weights``: ``prefix.method="guidance"``: RTC's
+        guidance with ``beta = prefix.max_guidance`` (Black et al. 2025, eq. 2-4, vector-Jacobian product through
+        the clean estimate); ``"inpaint"``: replacement inpainting (no gradient; where a weight is 1 the chunk
+        equals the committed action).
 
         Raises:
             RuntimeError: no observation yet. IndexError: a bad id. ValueError: the prefix does not fit.
             ActionError: non-finite output.
         """
-        from policylink.policies.common.rtc import rtc_guidance
+        from policylink.policies.common.rtc import inpaint_guidance, rtc_guidance
 
         ids = self._ids(env_ids)
         prefix.validate(len(ids), self.spec.chunk_size, self.spec.action.dim)
         target = self.normalize_actions(np.asarray(prefix.actions, np.float32))
         weights = torch.as_tensor(np.asarray(prefix.weights, np.float32), device=self.device)
         labels, tokens = self._row_conditioning(ids)
-        guide = rtc_guidance(target, weights, prefix.max_guidance)
+        if prefix.method == "inpaint":
+            guide = inpaint_guidance(target, weights)
+        else:
+            guide = rtc_guidance(target, weights, prefix.max_guidance)
         chunk = self._generate(self._row_latents(ids), labels, tokens, guide, None, None, False)
         return self.spec.action.validate(chunk, batch_dims=2)
 

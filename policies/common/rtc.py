@@ -2,10 +2,15 @@
 arXiv 2506.07339): while the next chunk is generated, guide the flow sampler so that it agrees with the actions
 of the previous chunk that are already committed (inference-time inpainting with a soft mask).
 
-:func:`rtc_weights` and :func:`guidance_scale` are numpy only (the runtime's executors import them without
-torch); :func:`rtc_guidance` is the correction as an autograd :class:`~policylink.adapters.capabilities.Guidance`
-hook, a vector-Jacobian product through the sampler's clean estimate, as the paper (eq. 2-4) and LeRobot's
-``policies/rtc`` compute it.
+:func:`rtc_weights`, :func:`inpaint_weights` and :func:`guidance_scale` are numpy only (the runtime's executors
+import them without torch). Two policy-side corrections, both :class:`~policylink.adapters.capabilities.Guidance`
+hooks of a velocity sampler, chosen by :data:`PREFIX_METHODS`:
+
+- ``"guidance"``: :func:`rtc_guidance`, the paper's correction, a vector-Jacobian product through the sampler's
+  clean estimate (eq. 2-4, as LeRobot's ``policies/rtc`` computes it): about twice the cost of a plain sample.
+- ``"inpaint"``: :func:`inpaint_guidance`, replacement inpainting of the clean estimate (the "hard masking"
+  baseline of the paper's section 4, after the inpainting of Diffuser, Janner et al. 2022, and RePaint, Lugmayr et
+  al. 2022): no gradient, the cost of a plain sample, and the committed prefix is reproduced exactly.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from policylink.adapters.capabilities import Guidance
+from policylink.adapters.capabilities import PREFIX_METHODS, Guidance
 
 
 def rtc_weights(chunk_size: int, delay: int, execution_horizon: int) -> np.ndarray:
@@ -43,6 +48,19 @@ def rtc_weights(chunk_size: int, delay: int, execution_horizon: int) -> np.ndarr
     c = (h - s - i) / (h - s - d + 1)
     w = np.where(i < d, 1.0, c * np.expm1(c) / (math.e - 1.0))
     return np.where(i >= h - s, 0.0, w)
+
+
+def inpaint_weights(chunk_size: int, delay: int) -> np.ndarray:
+    """Hard prefix mask for :func:`inpaint_guidance`, float64 ``(H,)``: ``1`` for ``i < d`` (the actions executed
+    before the new chunk arrives), ``0`` after (the new chunk's own actions, reactive to the new observation).
+
+    Raises:
+        ValueError: not ``0 <= d <= H``.
+    """
+    h, d = int(chunk_size), int(delay)
+    if not 0 <= d <= h:
+        raise ValueError(f"inpaint: expected 0 <= delay <= chunk_size, received delay={d}, chunk_size={h}")
+    return (np.arange(h) < d).astype(np.float64)
 
 
 def guidance_scale(t: np.ndarray | float, max_guidance: float) -> np.ndarray:
@@ -93,4 +111,34 @@ def rtc_guidance(target: Any, weights: Any, max_guidance: float = 5.0) -> Guidan
     return Guidance(fn, autograd=True)
 
 
-__all__ = ["guidance_scale", "rtc_guidance", "rtc_weights"]
+def inpaint_guidance(target: Any, weights: Any) -> Guidance:
+    """Replacement inpainting of a velocity sampler's clean estimate toward a committed prefix (no autograd).
+
+    At each step the clean estimate ``a_hat = x_t + (1 - t) v`` is replaced by ``W * Y + (1 - W) * a_hat``, i.e.
+    ``v' = v + W * (Y - a_hat) / (1 - t)``: the Euler step then moves the prefix along the straight path from
+    ``x_t`` to ``Y`` (``x_t = t Y + (1 - t) eps`` when it started on it), so after the last step (``t = 1 - 1/K``,
+    step ``1/K``) every position with ``W = 1`` equals ``Y`` exactly, and the free positions (``W = 0``) follow the
+    network, which sees the inpainted prefix in ``x_t`` at every later step (the coupling that makes them agree).
+    Cost: one network evaluation per step, as a plain sample (RTC's guidance, :func:`rtc_guidance`, adds a
+    vector-Jacobian product). Source: the hard-masking baseline of Black et al. 2025 (arXiv 2506.07339, section 4),
+    the inpainting of Janner et al. 2022 (Diffuser) and Lugmayr et al. 2022 (RePaint).
+
+    Args:
+        target: torch float ``(B, H, A)``: the committed actions ``Y`` in the sampler's (normalised) units.
+        weights: torch float ``(B, H)`` or ``(H,)`` in ``[0, 1]`` (:func:`inpaint_weights` times validity).
+
+    Returns:
+        ``Guidance(fn, autograd=False)`` with ``fn(x_t, t, v, cond, sampler) -> v'`` (torch ``(B, H, A)``).
+    """
+    w = weights if weights.dim() == 2 else weights[None].expand(target.shape[0], -1)
+    w = w[..., None].to(target.dtype)
+
+    def fn(x_t: Any, t: Any, v: Any, cond: Any, sampler: Any) -> Any:
+        a_hat = sampler.clean_estimate(x_t, t, v)
+        left = (1.0 - t.to(v.dtype))[:, None, None]  # > 0: the Euler grid stops at t = 1 - 1/K
+        return v + w.to(v.device) * (target.to(v.device) - a_hat) / left
+
+    return Guidance(fn, autograd=False)
+
+
+__all__ = ["PREFIX_METHODS", "guidance_scale", "inpaint_guidance", "inpaint_weights", "rtc_guidance", "rtc_weights"]

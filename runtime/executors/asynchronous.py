@@ -17,7 +17,7 @@ import numpy as np
 from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, PrefixConditioned
 from policylink.adapters.policy import PolicyAdapter
 from policylink.runtime.executors.base import ChunkExecutor, ExecutorConfig, request_chunk
-from policylink.runtime.executors.rtc import rtc_weights
+from policylink.runtime.executors.rtc import inpaint_weights, rtc_weights
 
 
 @dataclass
@@ -72,7 +72,9 @@ class AsyncExecutor(ChunkExecutor):
     Real-time chunking: when the policy is :class:`~policylink.adapters.capabilities.PrefixConditioned` and
     ``config.rtc`` is set, each periodic request carries a :class:`~policylink.adapters.capabilities.ChunkPrefix`
     (the current chunk's unread actions, weights ``rtc_weights(H, d, s)`` times their validity, ``beta =
-    config.rtc_max_guidance``), ``d`` being the sampled delay or the last measured one.
+    config.rtc_max_guidance``), ``d`` being the sampled delay or the last measured one; with
+    ``config.rtc_method="inpaint"`` the weights are ``inpaint_weights(H, d)`` (the ``d`` actions executed while the
+    chunk is computed are inpainted exactly, at the cost of a plain inference).
 
     Reply timeout (deployment, off by default): after :meth:`watch_replies`, a chunk request unanswered for longer
     than the timeout raises :class:`PolicyStoppedAnswering` from :meth:`act` instead of executing more of the old
@@ -195,12 +197,20 @@ class AsyncExecutor(ChunkExecutor):
         self._since_trigger[ids] = 0
 
     def _prefix(self, ids: np.ndarray, delay: int) -> ChunkPrefix:
-        """RTC's prefix for rows ``ids``: their unread actions in the new chunk's frame (index 0 = now)."""
+        """RTC's prefix for rows ``ids``: their unread actions in the new chunk's frame (index 0 = now), weighted
+        by ``rtc_weights(H, d, s)`` (``rtc_method="guidance"``) or ``inpaint_weights(H, d)`` (``"inpaint"``)
+        times their validity; ``d`` is the sampled delay or the last measured one."""
         d = delay if self.config.latency.simulated else self._last_delay
         d = min(d, self.chunk_size - self.n_action_steps)
         committed, valid = self.queue.remaining(ids)
-        weights = rtc_weights(self.chunk_size, d, self.n_action_steps)[None] * valid
-        return ChunkPrefix(committed.astype(np.float32), weights.astype(np.float32), self.config.rtc_max_guidance)
+        method = self.config.rtc_method
+        w = (
+            inpaint_weights(self.chunk_size, d)
+            if method == "inpaint"
+            else rtc_weights(self.chunk_size, d, self.n_action_steps)
+        )
+        weights = (w[None] * valid).astype(np.float32)
+        return ChunkPrefix(committed.astype(np.float32), weights, self.config.rtc_max_guidance, method)
 
     def _collect(self, wait_rows: np.ndarray | None = None) -> int:
         """Install every ready request, waiting for those that serve ``wait_rows``; returns the stall steps that

@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, GuidedSampler, PrefixConditioned
+from policylink.adapters.capabilities import (
+    PREFIX_METHODS,
+    ChunkPrefix,
+    Guidance,
+    GuidanceFn,
+    GuidedSampler,
+    PrefixConditioned,
+)
 from policylink.adapters.policy import PolicyAdapter
 from policylink.adapters.registry import unknown_name_message
 from policylink.adapters.validation import batch_size_of
@@ -62,6 +69,12 @@ class ExecutorConfig:
         rtc: use real-time chunking when the policy is
             :class:`~policylink.adapters.capabilities.PrefixConditioned`.
         rtc_max_guidance: RTC's guidance weight clip ``beta`` (5 in the paper).
+        rtc_method: how the new chunk is made to agree with the committed actions (``rtc`` on):
+            ``"guidance"``: RTC's soft-masked guidance (Black et al. 2025, eq. 2-5: weights ``rtc_weights``, a
+            vector-Jacobian product per sampler step, about twice a plain inference); ``"inpaint"``: replacement
+            inpainting of the ``d`` actions executed while the chunk is computed (weights ``inpaint_weights``: 1
+            for ``i < d``, 0 after; no gradient, the cost of a plain inference, so it adds no delay of its own;
+            the hard-masking baseline of the same paper, section 4).
     """
 
     kind: str = ExecutorKind.RECEDING_HORIZON.value
@@ -70,6 +83,7 @@ class ExecutorConfig:
     latency: LatencyConfig = field(default_factory=LatencyConfig)
     rtc: bool = True
     rtc_max_guidance: float = 5.0
+    rtc_method: str = "guidance"
     corrective: CorrectiveConfig = field(default_factory=CorrectiveConfig)  # kind: corrective (issue 16)
 
     def __post_init__(self) -> None:
@@ -87,6 +101,10 @@ class ExecutorConfig:
             raise ExecutorConfigError(f"executor.ensemble_m: expected a finite number, received {self.ensemble_m}")
         if not self.rtc_max_guidance > 0:
             raise ExecutorConfigError(f"executor.rtc_max_guidance: expected > 0, received {self.rtc_max_guidance}")
+        if self.rtc_method not in PREFIX_METHODS:
+            raise ExecutorConfigError(
+                unknown_name_message("executor.rtc_method", self.rtc_method, list(PREFIX_METHODS))
+            )
         default = CorrectiveConfig()
         if self.kind != ExecutorKind.CORRECTIVE.value and self.corrective != default:
             names = [f.name for f in fields(default) if getattr(self.corrective, f.name) != getattr(default, f.name)]

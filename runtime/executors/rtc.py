@@ -4,6 +4,6 @@ policy-side correction (:func:`~policylink.policies.common.rtc.rtc_guidance`, an
 
 from __future__ import annotations
 
-from policylink.policies.common.rtc import guidance_scale, rtc_weights
+from policylink.policies.common.rtc import guidance_scale, inpaint_weights, rtc_weights
 
-__all__ = ["guidance_scale", "rtc_weights"]
+__all__ = ["guidance_scale", "inpaint_weights", "rtc_weights"]
