@@ -7,7 +7,20 @@ in pyproject.toml.
 
 from setuptools import find_packages, setup
 
-PARTS = ("adapters", "policies", "sim", "real", "data", "runtime", "train", "evaluate", "serve", "cli", "configs")
+PARTS = (
+    "adapters",
+    "policies",
+    "sim",
+    "real",
+    "data",
+    "runtime",
+    "train",
+    "evaluate",
+    "serve",
+    "plugins",
+    "cli",
+    "configs",
+)
 # Files a wheel must carry besides the code: each folder of them is a (data) package of its own, so setuptools
 # neither warns that it is "absent from the packages configuration" nor drops it. A test builds the wheel.
 PACKAGE_DATA = {

@@ -20,7 +20,20 @@ ALLOWED = {
     "evaluate": {"adapters", "data", "policies", "runtime", "sim"},
     "serve": {"adapters", "policies"},
     "real": {"adapters", "data", "policies", "runtime"},
-    "cli": {"adapters", "configs", "data", "policies", "runtime", "sim", "real", "train", "evaluate", "serve"},
+    "plugins": {"adapters", "data", "policies", "runtime", "real"},
+    "cli": {
+        "adapters",
+        "configs",
+        "data",
+        "policies",
+        "runtime",
+        "sim",
+        "real",
+        "train",
+        "evaluate",
+        "serve",
+        "plugins",
+    },
 }
 
 
