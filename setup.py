@@ -25,6 +25,7 @@ PARTS = (
 # neither warns that it is "absent from the packages configuration" nor drops it. A test builds the wheel.
 PACKAGE_DATA = {
     "policylink.sim.mujoco.assets": ["*.xml"],  # MJCF of the MuJoCo tasks
+    "policylink.sim.mujoco.gaps": ["*.yaml"],  # reality-gap presets (--gap NAME)
     "policylink.sim.genesis.assets": ["*.xml"],
     "policylink.configs.train": ["*.yaml", "*.json"],  # `policylink demo`, `--config <name>` from an install
     "policylink.configs.eval": ["*.yaml"],

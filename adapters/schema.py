@@ -22,6 +22,7 @@ ENV_STATE_KEY = "observation.environment_state"
 IMAGE_PREFIX = "observation.images."
 TASK_KEY = "task"
 ACTION_KEY = "action"
+REALITY_GAP_INFO = "reality_gap"  # reset-info key: the episode's reality-gap parameters (JSON), recorded in its meta
 
 # Numeric dtypes of the contract, in a fixed order (the wire codec numbers them by this order).
 NUMERIC_DTYPES: tuple[str, ...] = (

@@ -1,9 +1,9 @@
 """Per-episode metadata (:class:`EpisodeMeta`) and how the episode store codes it as integers.
 
 Each field is one int per episode in ``meta/episode_<field>`` (:data:`META_ARRAYS` gives the dtype and the fill
-value that means unknown): ``success`` 1 / 0 / -1, ``seed`` or -1, and the strings ``task``, ``source`` and
-``quality`` as indices into a vocabulary (field -> list of words, :data:`STRING_FIELDS`) kept in the store's root
-attributes. A code of -1, or one outside the vocabulary, reads as unknown, so a store without these arrays
+value that means unknown): ``success`` 1 / 0 / -1, ``seed`` or -1, and the strings ``task``, ``source``,
+``quality`` and ``gap`` as indices into a vocabulary (field -> list of words, :data:`STRING_FIELDS`) kept in the
+store's root attributes. A code of -1, or one outside the vocabulary, reads as unknown, so a store without these arrays
 (diffusion_policy's) reads as all unknown. The store itself is :class:`policylink.data.buffer.EpisodeStore`.
 """
 
@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 
 SOURCES = ("expert", "policy", "human", "unknown")
-STRING_FIELDS = ("task", "source", "quality")
+STRING_FIELDS = ("task", "source", "quality", "gap")
 META_ARRAYS = {  # name -> (dtype, fill meaning "unknown")
     "episode_success": ("int8", -1),
     "episode_seed": ("int64", -1),
     "episode_task": ("int32", -1),
     "episode_source": ("int32", -1),
     "episode_quality": ("int32", -1),
+    "episode_gap": ("int32", -1),
 }
 
 
@@ -37,6 +38,8 @@ class EpisodeMeta:
         source: who acted: ``"expert"`` (scripted), ``"policy"`` (rollout), ``"human"`` (teleop) or
             ``"unknown"``.
         quality: free-form quality tag (``"expert"``, ``"noisy"``, ``"poor"``, a checkpoint name...).
+        gap: the reality-gap parameters the episode ran under, as JSON (the env's reset info
+            ``"reality_gap"``: :meth:`policylink.sim.mujoco.gap.RealityGap.to_json`), ``""`` for none or unknown.
     """
 
     task: str = ""
@@ -44,6 +47,7 @@ class EpisodeMeta:
     seed: int | None = None
     source: str = "unknown"
     quality: str = ""
+    gap: str = ""
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -90,6 +94,7 @@ def decode_meta(codes: Mapping[str, int], vocab: Mapping[str, Sequence[str]]) ->
         seed=None if codes["episode_seed"] < 0 else codes["episode_seed"],
         source=word("source", "unknown"),
         quality=word("quality", ""),
+        gap=word("gap", ""),
     )
 
 

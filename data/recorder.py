@@ -9,6 +9,7 @@ termination that ``env.step(a_t)`` returned. Several slots record parallel episo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -139,7 +140,7 @@ class EpisodeRecorder:
         meta = ep["meta"]
         task = meta.task or ep["task"] or ""
         quality = meta.quality if quality is None else quality
-        meta = EpisodeMeta(task=task, success=success, seed=meta.seed, source=meta.source, quality=quality)
+        meta = dataclasses.replace(meta, task=task, success=success, quality=quality)
         del self._slots[slot]
         return self.store.add_episode(data, meta)
 

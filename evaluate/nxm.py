@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.config_checks import require_counts
 from policylink.adapters.schema import IncompatibleSpecError
 from policylink.evaluate import report
 from policylink.evaluate.refs import (  # noqa: F401 - ENV_PLACEHOLDER re-exported for callers
@@ -34,7 +35,7 @@ from policylink.evaluate.refs import (  # noqa: F401 - ENV_PLACEHOLDER re-export
 )
 from policylink.evaluate.resume import load_done, run_settings, shard_plan
 from policylink.policies import load_policy
-from policylink.runtime.checks import cell_problems, limit_threads, require_counts
+from policylink.runtime.checks import cell_problems, limit_threads
 from policylink.runtime.executors import ExecutorConfig, ExecutorConfigError, make_executor
 from policylink.runtime.instructions import InstructionEnvFn, instruction_problems
 from policylink.runtime.rollout import (
@@ -81,6 +82,8 @@ class EvalConfig:
         env_kwargs: keyword arguments of every env factory (``obs_mode``...; mid-episode perturbations of the MuJoCo
             tasks: ``{perturbation: {displacement: 0.03, force: 2.0}}``, fields of ``PerturbationConfig``).
         executor: chunk execution (:class:`ExecutorConfig`), including simulated latency.
+        gap: a reality gap for every MuJoCo env: a preset name (``worn_gantry``...) or a YAML file
+            (:mod:`policylink.sim.mujoco.gap`); the same as ``env_kwargs: {gap: NAME}``. None: nominal sim.
         instructions: a JSON file goal key (``"red/left"``) -> list of instructions: each episode keeps the env's
             goal and tells the policy one of the file's instructions for it (:mod:`policylink.runtime.instructions`).
 
@@ -103,10 +106,13 @@ class EvalConfig:
     resume: bool = True
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    gap: str | None = None
     instructions: str | None = None
 
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, workers=0, num_envs=1, shard_episodes=1, videos=0)
+        if self.gap is not None:
+            self.env_kwargs = {**self.env_kwargs, "gap": self.gap}
 
 
 @dataclass
@@ -127,6 +133,7 @@ class ShardTask:
     video_dir: str
     device: str
     cfg_scale: float | None = None
+    env_spec: Any = None  # the cell env's EnvSpec: the spec of an xpl:// policy that advertises none
 
 
 def evaluate(
@@ -269,6 +276,7 @@ def _plan_shards(cfg: EvalConfig, pols, env_fns, specs, out: Path, on_mismatch: 
                     ShardTask(
                         cell, ref, env_fns[e_label], first, count, cfg.seed, cfg.num_envs, spec.max_episode_steps,
                         spec.control_frequency, cfg.executor, vids, str(cdir / "videos"), cfg.device, cfg.cfg_scale,
+                        spec,
                     )
                 )  # fmt: skip
     return tasks, done_shards
@@ -300,7 +308,7 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
     start = time.perf_counter()
     limit_threads(1)  # parallelism comes from workers, not from oversubscribed thread pools
     shard_seed = task.seed + task.first
-    policy = load_policy(task.policy_ref, task.device, shard_seed, task.cfg_scale)
+    policy = load_policy(task.policy_ref, task.device, shard_seed, task.cfg_scale, env_spec=task.env_spec)
     limit_threads(1)
     np.random.seed(shard_seed % 2**32)
     if "torch" in sys.modules:
@@ -367,9 +375,11 @@ def _probe_cells(pols, env_fns, cfg: EvalConfig) -> tuple[dict[str, Any], list[s
         for e_label, espec in specs.items():
             cell_ref = policy_ref_for(ref, e_label)
             key = cell_ref if isinstance(cell_ref, str) else id(cell_ref)
+            if isinstance(cell_ref, str) and cell_ref.startswith("xpl://"):
+                key = (cell_ref, e_label)  # its spec is the env's
             if key not in loaded:
                 try:
-                    policy = load_policy(cell_ref, cfg.device, cfg_scale=cfg.cfg_scale)
+                    policy = load_policy(cell_ref, cfg.device, cfg_scale=cfg.cfg_scale, env_spec=espec)
                 except (KeyError, OSError, ValueError) as e:
                     loaded[key] = f"cannot load policy {cell_ref!r}: {e}"
                 else:

@@ -67,6 +67,11 @@ class RecordConfig:
             state every step and recovers, so the demos show recoveries from displaced objects. None: none. Fields:
             ``action_noise_std``, ``action_delay_steps``, ``displacement`` (m), ``displacement_steps`` (default
             ``[10, 30]``), ``force`` (N), ``force_probability`` (default 0.05 per step), ``force_duration_steps``.
+        gap: a reality gap of a MuJoCo task (:mod:`policylink.sim.mujoco.gap`): a preset name (``worn_gantry``...)
+            or a YAML file; each episode's drawn parameters go into its metadata (``EpisodeMeta.gap``). The
+            expert reads the true state and acts through the gap's dynamics. None: the nominal simulator.
+        randomize: with ``gap``, domain randomisation: each episode draws every gap parameter uniformly between
+            its nominal value and ``nominal + randomize * (value - nominal)`` (0: the gap's values as they are).
         max_steps: step cap per episode, >= 1 (default None: the env's ``max_episode_steps``).
         zarr_format: 3 (default) or 2 for a new store.
         lock_timeout: seconds to wait when another process is writing the store (0 = fail at once).
@@ -81,6 +86,8 @@ class RecordConfig:
     image_size: int = 96
     dart_noise: float = 0.0
     perturbation: dict[str, Any] | None = None
+    gap: str | None = None
+    randomize: float = 0.0
     max_steps: int | None = None
     zarr_format: int = 3
     lock_timeout: float = 0.0
@@ -134,6 +141,8 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
         from policylink.adapters.registry import make_env
 
         extra = {"perturbation": cfg.perturbation} if cfg.perturbation is not None else {}
+        if cfg.gap is not None:
+            extra["gap"] = {"base": cfg.gap, "randomize": cfg.randomize} if cfg.randomize else cfg.gap
         env = make_env(cfg.env, **obs_mode_env_kwargs(cfg.obs_mode, cfg.image_size), **extra)
     from policylink.data.buffer import EpisodeStore
 
@@ -322,6 +331,8 @@ def _validate(cfg: RecordConfig) -> None:
         raise ValueError(f"dart_noise: expected a value in [0, 1], received {cfg.dart_noise}")
     if cfg.max_steps is not None and cfg.max_steps < 1:
         raise ValueError(f"max_steps: expected an int >= 1 (or omit it for the env's limit), received {cfg.max_steps}")
+    if cfg.randomize and cfg.gap is None:
+        raise ValueError(f"randomize: expected a gap to randomise (--gap NAME), received randomize={cfg.randomize}")
     if cfg.seed is not None and cfg.seed < 0:
         raise ValueError(f"seed: expected an int >= 0 (or omit it to continue the store), received {cfg.seed}")
     _perturbed(cfg)  # its errors name the field

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import gymnasium as gym
 import numpy as np
 
-from policylink.adapters.schema import TASK_KEY
+from policylink.adapters.schema import REALITY_GAP_INFO, TASK_KEY
 from policylink.runtime.vector_env import (  # noqa: F401 - re-exported: the loop's vector-env side
     EPISODE_INDEX,
     EPISODE_SEED,
@@ -150,11 +150,13 @@ class RecorderSubscriber(EpisodeSubscriber):
         self._reset_success: dict[int, bool] = {}
 
     def on_reset(self, slot: int, index: int, seed: int, info: Mapping[str, Any]) -> None:
-        """Open the episode in the recorder's ``slot``."""
+        """Open the episode in the recorder's ``slot``; its metadata carries the reset info's reality gap
+        (``"reality_gap"``, JSON) when the env has one."""
         from policylink.data.episode_meta import EpisodeMeta
 
         m = self.meta
-        meta = EpisodeMeta(task=m.task, seed=None if seed < 0 else seed, source=m.source, quality=m.quality)
+        gap = str(info.get(REALITY_GAP_INFO, m.gap))  # the env's drawn reality gap, when it has one
+        meta = EpisodeMeta(task=m.task, seed=None if seed < 0 else seed, source=m.source, quality=m.quality, gap=gap)
         self.recorder.start_episode(meta, slot=slot)
         self._reset_success[slot] = bool(info.get("is_success", False))
 

@@ -20,6 +20,7 @@ from policylink.adapters.obs_modes import OBS_MODES, obs_mode_parts
 from policylink.adapters.pointmaps import POINTMAP_PREFIX, POINTMAP_UNIT
 from policylink.adapters.schema import (
     IMAGE_PREFIX,
+    REALITY_GAP_INFO,
     STATE_KEY,
     TASK_KEY,
     ActionSpec,
@@ -28,6 +29,8 @@ from policylink.adapters.schema import (
 )
 from policylink.adapters.validation import STEP_BEFORE_RESET, coerce_action
 from policylink.sim.mujoco.cameras import CameraPoseShift, apply_camera_pose_shift, mujoco_pointmap
+from policylink.sim.mujoco.gap import RealityGap, load_gap
+from policylink.sim.mujoco.gap_runtime import GapRuntime
 from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
 from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_quality
@@ -95,6 +98,10 @@ class MujocoTaskEnv(EnvAdapter):
         camera_pose_shift: a :class:`~policylink.sim.mujoco.cameras.CameraPoseShift` (or a mapping of its
             fields, e.g. ``{"yaw_deg": 20}`` from ``--env_kwargs``) moving every camera about ``workspace_center``
             (evaluation under an unseen viewpoint); None keeps the nominal cameras.
+        gap: a reality gap (:class:`~policylink.sim.mujoco.gap.RealityGap`, a mapping of its fields, a preset
+            name such as ``"worn_gantry"`` or a YAML file): dynamics and sensing differences drawn per episode
+            (seeded by the reset seed), applied after the visual randomisation; the reset info carries the
+            episode's values as JSON under ``"reality_gap"``. None: the nominal simulator.
 
     Raises:
         ValueError: an unknown ``obs_mode``, ``render_quality`` or ``render_mode``, a bad ``image_size`` or
@@ -127,6 +134,7 @@ class MujocoTaskEnv(EnvAdapter):
         randomization: RandomizationConfig | None = None,
         render_size: int = 256,
         camera_pose_shift: CameraPoseShift | Mapping[str, Any] | None = None,
+        gap: RealityGap | Mapping[str, Any] | str | None = None,
     ):
         height, width = _checked_args(obs_mode, render_mode, image_size)
         perturbation = PerturbationConfig.coerce(perturbation)
@@ -168,6 +176,19 @@ class MujocoTaskEnv(EnvAdapter):
             else None
         )
         self._main_body = self.model.body(self.main_object).id
+        self.reality_gap = load_gap(gap)
+        self._gap = (
+            None
+            if self.reality_gap is None
+            else GapRuntime(
+                self.model,
+                self.reality_gap,
+                action,
+                self.n_proprio,
+                np.asarray(self.workspace_center),
+                self._hold_action(),
+            )
+        )
         self.env_spec = EnvSpec(
             name=self.name,
             observation_features=self._observation_features(height, width),
@@ -278,16 +299,21 @@ class MujocoTaskEnv(EnvAdapter):
             ``(observation, info)`` with ``info["is_success"]`` (bool).
         """
         super().reset(seed=seed)
-        self._reset_physics(dict(options or {}))
+        self._reset_physics(dict(options or {}), seed)
         self._needs_reset = False
         values, success = self._observe()
         state = np.array(values, np.float32)
-        return self._observation(state), self._info(success, state, start=True)
+        obs, info = self._observation(state), self._info(success, state, start=True)
+        if self._gap is None:
+            return obs, info
+        return self._gap.observe(obs), {**info, REALITY_GAP_INFO: self._gap.episode_gap.to_json()}
 
-    def _reset_physics(self, options: dict[str, Any]) -> None:
+    def _reset_physics(self, options: dict[str, Any], seed: int | None = None) -> None:
         """Everything of :meth:`reset` except building the observation (so no frame is rendered)."""
         mujoco.mj_resetData(self.model, self.data)
         self._randomizer.apply(self.np_random)
+        if self._gap is not None:
+            self._gap.reset(seed)
         self._sample_episode(self.np_random, options)
         if self._perturber is not None:
             self._perturber.reset(self.np_random)
@@ -316,6 +342,8 @@ class MujocoTaskEnv(EnvAdapter):
         a = self._clipped_action(action)
         if self._perturber is not None:
             a = self._perturb(a)
+        if self._gap is not None:
+            a = self._gap.action(a)
         self._apply_action(a)
         model, data = self.model, self.data
         _mj_step(model, data, nstep=self.n_substeps)
@@ -328,6 +356,8 @@ class MujocoTaskEnv(EnvAdapter):
             obs = {STATE_KEY: state if self._full_state else state[: self._n_state], TASK_KEY: self.task}
         else:
             obs = self._observation(state)
+        if self._gap is not None:
+            obs = self._gap.observe(obs)
         return obs, float(success), success, self.elapsed_steps >= self.max_episode_steps, info
 
     def _clipped_action(self, action: Any) -> list[float]:
