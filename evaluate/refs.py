@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from policylink.policies.loading import kind_ref
+from policylink.policies.loading import REMOTE_SCHEMES, kind_ref
 
 ENV_PLACEHOLDER = "{env}"  # in a policy reference: one checkpoint per env, e.g. outputs/train/{env}/diffusion
 
@@ -40,7 +40,7 @@ def reference_label(ref: str) -> str:
     text = ref.replace(ENV_PLACEHOLDER, "") if ENV_PLACEHOLDER in ref else ref
     if kind_ref(text) is not None:  # kind:<run>/checkpoints/last/pretrained_model -> <run>
         text = kind_ref(text)[1].rstrip("/").removesuffix("/pretrained_model")
-    if text.startswith(("tcp://", "ipc://")) or ("/" not in text and not Path(text).is_dir()):
+    if text.startswith(REMOTE_SCHEMES) or ("/" not in text and not Path(text).is_dir()):
         return (text.strip("_-.") or ref) if text != ref else ref
     path = Path(text.rstrip("/"))
     if path.parent.name == "checkpoints":
@@ -137,7 +137,7 @@ def require_policy_refs(pols: list[tuple[str, Any]], env_labels: Sequence[str], 
 
     names, missing, unknown = available_policies(), [], []
     for _, ref in pols:
-        if not isinstance(ref, str) or ref.startswith(("tcp://", "ipc://")):
+        if not isinstance(ref, str) or ref.startswith(REMOTE_SCHEMES):
             continue
         for cell_ref in dict.fromkeys(policy_ref_for(ref, e) for e in env_labels or [""]):
             typed = kind_ref(cell_ref)
@@ -151,7 +151,7 @@ def require_policy_refs(pols: list[tuple[str, Any]], env_labels: Sequence[str], 
             elif cell_ref not in names:
                 unknown.append(cell_ref)
     if unknown:
-        other = "a checkpoint folder, a tcp:// address"
+        other = "a checkpoint folder, a tcp:// or xpl:// address"
         value = unknown[0] if len(unknown) == 1 else unknown
         raise UnknownNameError(unknown_name_message(field, value, names, other=other))
     if missing:

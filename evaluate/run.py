@@ -107,7 +107,7 @@ def run_policy(cfg: RunConfig) -> int:
     probe = env_fn()
     spec = env_spec_of(probe)
     probe.close()
-    policy = load_policy(cfg.policy, cfg.device, cfg.seed, cfg.cfg_scale)
+    policy = load_policy(cfg.policy, cfg.device, cfg.seed, cfg.cfg_scale, env_spec=spec)  # xpl:// takes the env's
     limit_threads(cfg.threads)  # torch may have been imported by the load
     problems = cell_problems(cfg.policy, policy.spec, cfg.env, spec, cfg.executor)
     if problems:

@@ -2,10 +2,12 @@
 same everywhere a policy is named (``run``, ``eval``, ``serve``, deployment, Python).
 
 A reference is one of: a server address (``tcp://``, ``ipc://``: a :class:`~policylink.adapters.transport.
-RemotePolicy` with the capabilities its server advertises), a checkpoint folder (config, weights, normaliser and
-spec inside), a typed checkpoint ``kind:folder`` (the factory of registry name ``kind`` with ``checkpoint=folder``,
-e.g. ``lerobot:/path/to/pretrained_model``), a policy registry name (its factory, no arguments), or a
-zero-argument callable returning a policy. torch is imported only when a checkpoint is loaded.
+RemotePolicy` with the capabilities its server advertises; ``xpl://HOST:PORT[?options]``: any XPolicyLab model
+server, :func:`policylink.adapters.xpolicylab.load_remote`, its spec from the env it runs on), a checkpoint
+folder (config, weights, normaliser and spec inside), a typed checkpoint ``kind:folder`` (the factory of registry
+name ``kind`` with ``checkpoint=folder``, e.g. ``lerobot:/path/to/pretrained_model``), a policy registry name (its
+factory, no arguments), or a zero-argument callable returning a policy. torch is imported only when a checkpoint
+is loaded.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-REMOTE_SCHEMES = ("tcp://", "ipc://")
-"""Address prefixes of a policy served over our ZeroMQ protocol."""
+REMOTE_SCHEMES = ("tcp://", "ipc://", "xpl://")
+"""Address prefixes of a served policy: our ZeroMQ protocol (``tcp://``, ``ipc://``) and XPolicyLab's websocket
+protocol (``xpl://``)."""
 
 
 def kind_ref(ref: Any) -> tuple[str, str] | None:
@@ -30,7 +33,9 @@ def kind_ref(ref: Any) -> tuple[str, str] | None:
     return kind, folder
 
 
-def load_policy(ref: Any, device: Any = "auto", seed: int = 0, cfg_scale: float | None = None) -> Any:
+def load_policy(
+    ref: Any, device: Any = "auto", seed: int = 0, cfg_scale: float | None = None, env_spec: Any = None
+) -> Any:
     """A ready PolicyAdapter from a policy reference (see the module docstring for the forms).
 
     Args:
@@ -47,6 +52,9 @@ def load_policy(ref: Any, device: Any = "auto", seed: int = 0, cfg_scale: float 
         ValueError: a registered name that cannot be built without a checkpoint (``diffusion``, ``flow``); a bad
             ``cfg_scale``, or one given for a reference that is not a checkpoint folder (a served policy uses the
             server's: ``policylink serve --cfg_scale``).
+        env_spec: the :class:`~policylink.adapters.schema.EnvSpec` the policy will run on; an ``xpl://`` server
+            that advertises no spec takes its observation features, action and control frequency from it
+            (:func:`policylink.adapters.xpolicylab.spec_from_env`). Ignored by every other reference.
     """
     path = Path(str(ref)).expanduser()
     if cfg_scale is not None and (callable(ref) or not path.is_dir()):
@@ -57,6 +65,10 @@ def load_policy(ref: Any, device: Any = "auto", seed: int = 0, cfg_scale: float 
     if callable(ref):
         return ref()
     ref = str(ref)
+    if ref.startswith("xpl://"):
+        from policylink.adapters.xpolicylab import load_remote
+
+        return load_remote(ref, env_spec)
     if ref.startswith(REMOTE_SCHEMES):
         from policylink.adapters.transport import RemotePolicy
 

@@ -339,7 +339,7 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
     safety = robot.rearm()  # starting a run is the operator's explicit re-arm after an earlier watchdog trip
     spec = robot.env_spec
     period = 1.0 / float(cfg.hz or spec.control_frequency)
-    policy = _load_deploy_policy(cfg, period)
+    policy = _load_deploy_policy(cfg, period, spec)
     limit_threads(cfg.threads)
     problems = cell_problems(cfg.policy, policy.spec, cfg.robot, spec, cfg.executor)
     if problems:
@@ -437,9 +437,10 @@ def _ending(e: BaseException) -> tuple[int, str]:
     return 1, f"policy or robot server stopped answering ({type(e).__name__}: {e}); the robot holds"
 
 
-def _load_deploy_policy(cfg: Any, period: float) -> Any:
+def _load_deploy_policy(cfg: Any, period: float, env_spec: Any = None) -> Any:
     """The policy of ``cfg.policy`` (a server address gets a short timeout: a dead server ends the run within
-    ``max(5 s, 20 periods)``), with ``cfg.inject_latency_ms`` added to its inference."""
+    ``max(5 s, 20 periods)``; an ``xpl://`` server without a spec of its own takes ``env_spec``, the robot's), with
+    ``cfg.inject_latency_ms`` added to its inference."""
     from policylink.policies import load_policy
 
     ref = str(cfg.policy)
@@ -447,6 +448,10 @@ def _load_deploy_policy(cfg: Any, period: float) -> Any:
         from policylink.adapters.transport import RemotePolicy
 
         policy = RemotePolicy(ref, timeout_s=max(5.0, 20 * period))
+    elif ref.startswith("xpl://"):
+        from policylink.adapters.xpolicylab import load_remote
+
+        policy = load_remote(ref, env_spec, timeout_s=max(5.0, 20 * period))
     else:
         policy = load_policy(ref, cfg.device, cfg.seed, cfg.cfg_scale)
     return inject_inference_latency(policy, float(cfg.inject_latency_ms) / 1e3)
