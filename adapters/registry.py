@@ -4,19 +4,27 @@ Built-in and third-party entries come from Python entry points (groups ``policyl
 ``policylink.envs``, declared in a package's ``pyproject.toml``), loaded only when a name is looked up, so
 importing the registry imports no simulator or deep-learning stack. Entries can also be registered in code
 with :func:`register_env` / :func:`register_policy`.
+
+An *env family* (entry-point group ``policylink.env_families``, or :func:`register_env_family`) names many envs at
+once: ``<family>/<task>`` (``metaworld/push``) resolves to ``family(task, **kwargs)`` for each ``task`` in the
+family's ``tasks``. Benchmarks that run in an isolated virtual environment behind the env transport
+(:mod:`policylink.sim.isolated`) are families; looking one up imports only its light host-side module.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
 ENV_GROUP = "policylink.envs"
 POLICY_GROUP = "policylink.policies"
+FAMILY_GROUP = "policylink.env_families"
+FAMILY_SEPARATOR = "/"
 
-_registries: dict[str, dict[str, Callable[..., Any]]] = {ENV_GROUP: {}, POLICY_GROUP: {}}
+_registries: dict[str, dict[str, Callable[..., Any]]] = {ENV_GROUP: {}, POLICY_GROUP: {}, FAMILY_GROUP: {}}
 
 
 class UnknownNameError(KeyError, ValueError):
@@ -48,7 +56,8 @@ def unknown_name_message(field: str, value: Any, choices: Iterable[str], other: 
 
 def check_env_name(name: str, field: str = "env") -> None:
     """Raise :class:`UnknownNameError` (:func:`unknown_name_message`, naming ``field``) when no environment is
-    registered or declared as ``name``. Nothing is imported, so a command checks its names before any work."""
+    registered or declared as ``name`` (``<family>/<task>`` for an env family's task). Nothing but the env families'
+    light host-side modules is imported, so a command checks its names before any work."""
     if name not in available_envs():
         raise UnknownNameError(unknown_name_message(field, name, available_envs()))
 
@@ -76,6 +85,31 @@ def register_policy(name: str, factory: Callable[..., Any], overwrite: bool = Fa
         ValueError: ``name`` is taken and ``overwrite`` is False.
     """
     _register(POLICY_GROUP, name, factory, overwrite)
+
+
+def register_env_family(name: str, family: Callable[..., Any], overwrite: bool = False) -> None:
+    """Register an env family: ``family(task, **kwargs) -> EnvAdapter`` with a ``tasks`` attribute (a sequence of
+    task names); each ``<name>/<task>`` is then an environment name.
+
+    Raises:
+        TypeError: ``family`` is not callable or has no ``tasks``.
+        ValueError: ``name`` is taken (and not ``overwrite``) or holds ``/``.
+    """
+    if FAMILY_SEPARATOR in name:
+        raise ValueError(f"family name: expected no {FAMILY_SEPARATOR!r}, received {name!r}")
+    if not isinstance(getattr(family, "tasks", None), (list, tuple)):
+        raise TypeError(f"family {name!r}: expected a `tasks` list or tuple of task names")
+    _register(FAMILY_GROUP, name, family, overwrite)
+
+
+def env_family(name: str) -> Any:
+    """The env family registered (or declared as an entry point) as ``name``. Raises :class:`UnknownNameError`."""
+    return _lookup(FAMILY_GROUP, name)
+
+
+def available_env_families() -> list[str]:
+    """Sorted names of every registered or entry-point env family (nothing is imported)."""
+    return _names(FAMILY_GROUP)
 
 
 def make_env(name: str, **kwargs: Any) -> Any:
@@ -110,7 +144,8 @@ def policy_factory(name: str) -> Callable[..., Any]:
 
 
 def available_envs() -> list[str]:
-    """Sorted names of every registered or entry-point environment (nothing is imported)."""
+    """Sorted names of every registered or entry-point environment, and ``<family>/<task>`` for each env family's
+    tasks (only the families' light host-side modules are imported)."""
     return _names(ENV_GROUP)
 
 
@@ -140,11 +175,23 @@ def _lookup(group: str, name: str) -> Callable[..., Any]:
     if name in eps:
         reg[name] = eps[name].load()
         return reg[name]
-    kind = "environment" if group == ENV_GROUP else "policy"
+    if group == ENV_GROUP and FAMILY_SEPARATOR in name:
+        prefix, task = name.split(FAMILY_SEPARATOR, 1)
+        if prefix in _names(FAMILY_GROUP):
+            family = _lookup(FAMILY_GROUP, prefix)
+            if task not in family.tasks:
+                raise UnknownNameError(unknown_name_message(f"{prefix} task", task, family.tasks))
+            reg[name] = functools.partial(family, task)
+            return reg[name]
+    kind = {ENV_GROUP: "environment", POLICY_GROUP: "policy", FAMILY_GROUP: "env family"}[group]
     close = closest_name(name, _names(group))
     hint = f"; did you mean {close!r}?" if close is not None else ""
     raise UnknownNameError(f"{kind} {name!r}: unknown; available: {_names(group)}{hint}")
 
 
 def _names(group: str) -> list[str]:
-    return sorted(set(_registries[group]) | set(_entry_points(group)))
+    names = set(_registries[group]) | set(_entry_points(group))
+    if group == ENV_GROUP:  # each family's tasks (loads the families' light host-side modules)
+        for prefix in _names(FAMILY_GROUP):
+            names |= {f"{prefix}{FAMILY_SEPARATOR}{t}" for t in _lookup(FAMILY_GROUP, prefix).tasks}
+    return sorted(names)

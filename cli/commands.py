@@ -21,4 +21,5 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("policylink.cli.bench", "run a benchmark from benchmarks/ and write its results"),
     "keys": ("policylink.cli.keys", "CURVE key pairs for authenticated, encrypted serving"),
+    "envs": ("policylink.cli.envs", "install / list isolated benchmark environments (MetaWorld) in venvs of their own"),
 }

@@ -1,7 +1,8 @@
 """Scripted experts for every policylink environment, behind one call: :func:`make_expert`.
 
 Experts are found by the env's ``env_spec.name`` in :data:`EXPERT_FACTORIES` (``"module:function"`` strings,
-imported only when used). Each factory is ``(env, quality="expert", seed=None) -> expert`` and the expert has
+imported only when used); ``<family>/*`` serves every task of an env family (``metaworld/push``).
+Each factory is ``(env, quality="expert", seed=None) -> expert`` and the expert has
 ``reset(seed)`` and ``act(obs, env) -> float32 (A,)``; it may read the simulator's privileged state.
 """
 
@@ -23,6 +24,7 @@ EXPERT_FACTORIES: dict[str, str] = {
     "genesis_pick_place": "policylink.sim.mujoco.pick_place_expert:make_pick_place_expert",
     "reacher": "policylink.sim.gym_experts:make_reacher_expert",
     "pusher": "policylink.sim.gym_experts:make_pusher_expert",
+    "metaworld/*": "policylink.sim.isolated.metaworld:make_metaworld_expert",  # every task of the env family
 }
 
 
@@ -46,6 +48,8 @@ def make_expert(env: Any, quality: str = "expert", seed: int | None = None) -> A
     if quality not in QUALITIES:
         raise ValueError(f"quality: expected one of {QUALITIES}, received {quality!r}")
     name = env.unwrapped.env_spec.name
+    if name not in EXPERT_FACTORIES and "/" in name:
+        name = name.split("/", 1)[0] + "/*"
     if name not in EXPERT_FACTORIES:
         raise KeyError(
             f"env name: expected one of {sorted(EXPERT_FACTORIES)} (envs with a scripted expert), received {name!r}"

@@ -1,0 +1,94 @@
+"""MetaWorld, host side: the ``metaworld`` env family (``metaworld/<task>`` names, served from the venv that
+``policylink envs install metaworld`` builds) and its scripted expert. Imports no MetaWorld; the env itself is
+:mod:`policylink.sim.isolated.metaworld_env`, run inside the venv.
+
+``metaworld`` 3.1.1 pins ``mujoco==3.3.0`` (ours is 4.x: its models fail to load, an ``eq_data`` shape error), hence
+the venv. Env kwargs (JSON-serialisable, passed to the venv): ``obs_mode`` (``state``, ``image``, ``state+image``),
+``image_size``, ``cameras``, ``max_episode_steps``, ``expert_actions``, ``render_mode``; see
+:class:`~policylink.sim.isolated.metaworld_env.MetaWorldAdapter`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from policylink.sim.isolated.families import IsolatedFamily
+
+MT10_TASKS: tuple[str, ...] = (
+    "reach",
+    "push",
+    "pick-place",
+    "door-open",
+    "drawer-open",
+    "drawer-close",
+    "button-press-topdown",
+    "peg-insert-side",
+    "window-open",
+    "window-close",
+)
+"""The MT10 tasks (v3); the same tuple as ``metaworld_env.MT10_TASKS`` (a test checks it), kept here so the host
+never imports the venv module."""
+
+METAWORLD = IsolatedFamily(
+    name="metaworld",
+    requirements=("metaworld==3.1.1",),
+    factory="policylink.sim.isolated.metaworld_env:make_metaworld_env",
+    tasks=MT10_TASKS,
+    check="import metaworld",
+)
+"""The ``metaworld`` family (entry point ``policylink.env_families``)."""
+
+NOISE = {"expert": 0.0, "noisy": 0.3, "poor": 0.6}
+"""Std of the Gaussian noise added to the scripted action per quality (the action range is [-1, 1])."""
+
+
+class MetaWorldExpert:
+    """MetaWorld's own scripted policy (``metaworld.policies``), computed in the env process: an env built with
+    ``expert_actions=True`` (the default) carries ``expert_action`` in each reset/step info, for the observation it
+    returns.
+
+    Args:
+        quality: ``"expert"``, or ``"noisy"``/``"poor"`` (:data:`NOISE` added, clipped to [-1, 1]).
+        seed: seeds the noise (:meth:`reset` reseeds it).
+
+    Raises:
+        ValueError: unknown ``quality``.
+    """
+
+    def __init__(self, quality: str = "expert", seed: int | None = None):
+        if quality not in NOISE:
+            raise ValueError(f"quality: expected one of {list(NOISE)}, received {quality!r}")
+        self.noise = NOISE[quality]
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        """Reseed the noise."""
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: Any, env: Any) -> np.ndarray:
+        """float32 ``(4,)``: the scripted action for ``env``'s latest observation.
+
+        Raises:
+            RuntimeError: the env's info has no ``expert_action`` (built without ``expert_actions=True``).
+        """
+        info = getattr(env.unwrapped, "last_info", {})
+        if "expert_action" not in info:
+            raise RuntimeError(
+                "metaworld expert: the env's info has no 'expert_action'; build the env with expert_actions=True "
+                "(the default)"
+            )
+        a = np.asarray(info["expert_action"], np.float32)
+        if self.noise:
+            a = np.clip(a + self.rng.normal(0.0, self.noise, a.shape).astype(np.float32), -1.0, 1.0)
+        return a
+
+
+def make_metaworld_expert(env: Any, quality: str = "expert", seed: int | None = None) -> MetaWorldExpert:
+    """The scripted expert for a ``metaworld/<task>`` env (``sim.experts.make_expert`` dispatches here).
+
+    Raises:
+        ValueError: unknown ``quality``.
+    """
+    return MetaWorldExpert(quality, seed)
