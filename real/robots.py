@@ -19,6 +19,9 @@ class RobotConfig:
     Attributes:
         sim: a registered task served as a sim-as-real robot (exclusive with ``driver``).
         sim_kwargs: keyword arguments of the task factory (``obs_mode``, ``image_size``...).
+        gap: sim-as-real: a reality gap, a preset name (``worn_gantry``, ``noisy_sensors``, ``moved_camera``,
+            ``lab_robot``) or a YAML file (``policylink.sim.mujoco.gap``): dynamics and sensing inside the task,
+            and its ``timing`` section for the latency / jitter options left at 0.
         driver: ``lerobot:<RobotConfig type>`` or ``module:factory`` returning a :class:`Robot`.
         driver_kwargs: keyword arguments of the driver factory (the LeRobot ``RobotConfig`` fields for lerobot).
         low: LeRobot motor lower limit (one value for every motor), in ``unit``.
@@ -42,6 +45,7 @@ class RobotConfig:
 
     sim: str | None = None
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
+    gap: str | None = None
     driver: str | None = None
     driver_kwargs: dict[str, Any] = field(default_factory=dict)
     low: float = -100.0
@@ -72,17 +76,13 @@ def build_robot(cfg: RobotConfig) -> Robot:
     if (cfg.sim is None) == (cfg.driver is None):
         raise ValueError(f"--sim and --driver: expected exactly one, received sim={cfg.sim!r} driver={cfg.driver!r}")
     if cfg.sim is not None:
-        from policylink.real.sim_robot import SimRobot, SimTiming
+        from policylink.real.sim_robot import TIMING_MS_FIELDS, SimRobot, SimTiming, gap_timing_ms
         from policylink.runtime.rollout import RegistryEnvFn
 
-        timing = SimTiming(
-            cfg.observation_latency_ms / 1e3,
-            cfg.actuation_latency_ms / 1e3,
-            cfg.jitter_ms / 1e3,
-            cfg.seed,
-            cfg.time_scale,
-        )
-        return SimRobot(RegistryEnvFn(cfg.sim, **cfg.sim_kwargs)(), timing)
+        env = RegistryEnvFn(cfg.sim, **cfg.sim_kwargs, **({"gap": cfg.gap} if cfg.gap else {}))()
+        ms = {k: getattr(cfg, k) for k in TIMING_MS_FIELDS}
+        ms = {k: v or (gap_timing_ms(env) or {}).get(k, 0.0) for k, v in ms.items()}  # a flag given wins
+        return SimRobot(env, SimTiming.from_ms(**ms, seed=cfg.seed, time_scale=cfg.time_scale))
     kind, _, name = cfg.driver.partition(":")
     if not name:
         raise ValueError(f"--driver: expected 'lerobot:<type>' or 'module:factory', received {cfg.driver!r}")

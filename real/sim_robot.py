@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.env import EnvAdapter
+from policylink.adapters.schema import REALITY_GAP_INFO
 from policylink.real.robot import Clock, Robot
 from policylink.real.safety import DELTA_MODES
 
@@ -59,6 +60,32 @@ class SimTiming:
             if not (np.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: expected a finite number of seconds >= 0, received {v}")
 
+    @classmethod
+    def from_ms(
+        cls,
+        observation_latency_ms: float = 0.0,
+        actuation_latency_ms: float = 0.0,
+        jitter_ms: float = 0.0,
+        seed: int = 0,
+        time_scale: float = 1.0,
+    ) -> SimTiming:
+        """The timing from milliseconds (the units of ``policylink robot``'s flags and of a reality gap's
+        ``timing`` section). Raises ValueError as the constructor (the field names end in ``_s``)."""
+        return cls(observation_latency_ms / 1e3, actuation_latency_ms / 1e3, jitter_ms / 1e3, seed, time_scale)
+
+
+TIMING_MS_FIELDS = ("observation_latency_ms", "actuation_latency_ms", "jitter_ms")
+
+
+def gap_timing_ms(env: Any) -> dict[str, float] | None:
+    """The ``timing`` section of a task env's reality gap (``env.unwrapped.reality_gap``, set by the MuJoCo tasks'
+    ``gap`` kwarg: :class:`policylink.sim.mujoco.gap.TimingGap`) as ``{field: ms}`` for :meth:`SimTiming.from_ms`;
+    None when the env has no gap. Read by attribute, so ``real`` needs no import of ``sim``."""
+    gap = getattr(getattr(env, "unwrapped", env), "reality_gap", None)
+    if gap is None:
+        return None
+    return {k: float(getattr(gap.timing, k)) for k in TIMING_MS_FIELDS}
+
 
 class SimRobot(Robot):
     """A gymnasium task (an :class:`EnvAdapter` with ``env_spec``) run in real time as a robot.
@@ -72,6 +99,10 @@ class SimRobot(Robot):
     Attributes:
         ticks, holds, overwritten: steps taken in this episode, of which with the hold command, and actions
             replaced by a newer one before any tick used them.
+
+    A task built with a reality gap (``policylink robot --sim push --gap worn_gantry``) applies its dynamics and
+    sensing inside the env; :meth:`reset`'s info and :meth:`episode_info` carry the episode's drawn parameters
+    as JSON under ``"reality_gap"``, so a deployment recorder keeps them with the episode.
     """
 
     def __init__(
@@ -87,6 +118,7 @@ class SimRobot(Robot):
         self._last_applied = np.zeros(self.env_spec.action.dim, np.float32)
         self._active = False
         self._info: dict[str, Any] = {"is_success": False, "terminated": False, "truncated": False}
+        self._gap_json: str | None = None
         self.ticks = self.holds = self.overwritten = 0
         self._t0 = clock()
         self._stop = threading.Event()
@@ -109,6 +141,7 @@ class SimRobot(Robot):
             self.ticks = self.holds = self.overwritten = 0
             self._last_applied = self._hold()
             self._info = {"is_success": bool(info.get("is_success", False)), "terminated": False, "truncated": False}
+            self._gap_json = info.get(REALITY_GAP_INFO)
         self._wake.set()
         return obs, dict(info)
 
@@ -138,9 +171,11 @@ class SimRobot(Robot):
         return self._hold()
 
     def episode_info(self) -> dict[str, Any]:
-        """``is_success``, ``terminated``, ``truncated`` of the episode; ``ticks``, ``holds``, ``overwritten``."""
+        """``is_success``, ``terminated``, ``truncated`` of the episode; ``ticks``, ``holds``, ``overwritten``; and
+        ``reality_gap`` (JSON) when the task has a gap."""
         with self._lock:
-            return {**self._info, "ticks": self.ticks, "holds": self.holds, "overwritten": self.overwritten}
+            gap = {} if self._gap_json is None else {REALITY_GAP_INFO: self._gap_json}
+            return {**self._info, "ticks": self.ticks, "holds": self.holds, "overwritten": self.overwritten, **gap}
 
     def tick(self) -> bool:
         """Apply the newest due action (or hold) and step the env once; False when no episode is running."""
@@ -204,4 +239,4 @@ class SimRobot(Robot):
                     self._active = False
 
 
-__all__ = ["SimRobot", "SimTiming"]
+__all__ = ["TIMING_MS_FIELDS", "SimRobot", "SimTiming", "gap_timing_ms"]
