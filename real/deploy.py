@@ -1,11 +1,9 @@
-"""The deployment loop for robots: fixed-rate control paced by absolute deadlines (:mod:`policylink.real.pacing`:
-overruns are counted and skipped, never accumulated), actions stamped with the period they are for and dropped when
-late, human takeover, per-step timing, crash-safe recording, and a stop within the robot's watchdog (the robot
-holds, the run says why) when the policy stops answering.
-
-It is the one rollout loop (:func:`policylink.runtime.rollout.rollout`) over a one-slot vector env whose env is a
-:class:`DeployEnv`: ``step(a)`` sends ``a`` if its period has not ended, sleeps to the next deadline and reads
-the next observation. ``policylink run --robot tcp://HOST:PORT`` runs it (:func:`run_on_robot`).
+"""The deployment loop for robots: the one rollout loop (:func:`policylink.runtime.rollout.rollout`) over a
+one-slot vector env whose env is the robot itself, a :class:`~policylink.real.robot.RobotEnv` whose ``step`` paces
+itself (absolute deadlines, late actions dropped, an episode's first chunk from ``a_0``) behind the robot's safety
+layer; plus per-step timing statistics, crash-safe recording, and a stop within the robot's watchdog (the robot
+holds, the run says why) when the policy stops answering. ``policylink run --robot tcp://HOST:PORT`` runs it
+(:func:`run_on_robot`).
 """
 
 from __future__ import annotations
@@ -19,11 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from policylink.adapters.env import EnvAdapter
-from policylink.real.pacing import Pacer, precise_sleep
-from policylink.real.robot import Clock, Robot
+from policylink.real.pacing import Pacer, precise_sleep  # noqa: F401 - Pacer: its old import path
+from policylink.real.robot import RobotEnv, WatchdogTripped
 from policylink.real.teleop import STEP_SOURCES, Teleoperator
-from policylink.runtime.rollout import RecorderSubscriber
+from policylink.runtime.rollout import EpisodeSubscriber, RecorderSubscriber
 
 DEPLOY_KEYS = ("deploy.latency_s", "deploy.period_error_s", "deploy.late", "deploy.source")
 """Per-step fields recorded with each deployed step: seconds from the observation to the action (float32), wake-up
@@ -32,8 +29,9 @@ error of the period's deadline (float32, s), the action missed its period (bool)
 
 
 @dataclass
-class DeployStats:
-    """Counters of a deployment run (all episodes).
+class DeployStats(EpisodeSubscriber):
+    """Counters of a deployment run (all episodes): the rollout loop's subscriber reading each step's
+    ``info["deploy"]`` (:class:`~policylink.real.robot.RobotEnv`).
 
     Attributes:
         steps, late, human: steps taken, of which with a late (dropped) action, and by the human.
@@ -43,6 +41,7 @@ class DeployStats:
         startup_steps, startup_late, startup_s: each episode's first step (its first chunk is a blocking
             inference while the robot stands still): counted here, not in the running figures above.
             ``startup_late`` counts first chunks slower than a period; their first action is executed all the same.
+        status: called with these stats about once a second (the live status line), or None.
     """
 
     steps: int = 0
@@ -56,6 +55,30 @@ class DeployStats:
     periods_s: list[float] = field(default_factory=list)
     active_s: float = 0.0
     safety: dict[str, Any] = field(default_factory=dict)
+    status: Callable[[DeployStats], None] | None = field(default=None, repr=False)
+    _shown: float = field(default=0.0, repr=False)
+
+    def on_step(self, slot, obs, action, reward, done, info) -> None:
+        """Count one step from its ``info["deploy"]`` timing (steps without one are not counted)."""
+        d = info.get("deploy")
+        if d is None:
+            return
+        self.human += int(d["source"])
+        if d["first"]:
+            self.startup_steps += 1
+            self.startup_late += int(d["late"])
+            self.startup_s += float(d["period_s"])
+        else:
+            self.steps += 1
+            self.late += int(d["late"])
+            self.latencies_s.append(float(d["latency_s"]))
+            self.period_errors_s.append(float(d["period_error_s"]))
+            self.periods_s.append(float(d["period_s"]))
+            self.active_s += float(d["period_s"])
+        self.safety = dict(info.get("safety") or self.safety)
+        if self.status is not None and time.monotonic() - self._shown >= 1.0:
+            self._shown = time.monotonic()
+            self.status(self)
 
     def summary(self, period_s: float) -> dict[str, float]:
         """``rate_hz`` (steps / active time), ``rate_error`` (relative to ``1 / period_s``), ``late``,
@@ -87,122 +110,6 @@ class DeployStats:
         )
 
 
-class WatchdogTripped(RuntimeError):
-    """The robot's watchdog tripped (no fresh action within its period): it holds and refuses commands until an
-    explicit re-arm, so the run ends rather than feeding a robot that executes nothing."""
-
-
-class DeployEnv(EnvAdapter):
-    """A robot as a gymnasium env stepped in real time (one slot of the rollout loop's vector env).
-
-    ``reset`` begins an episode on the robot and restarts the pacing grid at the returned observation. ``step(a)``:
-    a human's action replaces ``a`` while ``teleop`` is engaged; ``a`` is sent unless its period (the one that
-    began at the observation it answers) has already ended -- then it is dropped and counted late; then the loop
-    sleeps to the next deadline and reads ``(observation, info)``. An episode's first action is never late: the
-    robot held while the first chunk was inferred, so when that took longer than a period the pacing grid restarts
-    at the reply and the chunk is executed from its first action ``a_0`` (counted in ``stats.startup_late``).
-    ``terminated``/``truncated`` come from the robot (a simulator's episode end); hardware episodes end at the
-    plan's ``max_episode_steps``. Reward is 1 on success.
-
-    Args:
-        robot: the robot (a :class:`~policylink.real.server.RemoteRobot` or an in-process one).
-        hz: control rate (default the robot's ``control_frequency``).
-        teleop: an optional :class:`~policylink.real.teleop.Teleoperator`.
-        stats: the :class:`DeployStats` to fill (shared across episodes).
-        status: called with :attr:`stats` about once a second (the live status line).
-        clock: monotonic clock, seconds.
-    """
-
-    metadata: dict[str, Any] = {"render_modes": []}
-
-    def __init__(
-        self,
-        robot: Robot,
-        hz: float | None = None,
-        *,
-        teleop: Teleoperator | None = None,
-        stats: DeployStats | None = None,
-        status: Callable[[DeployStats], None] | None = None,
-        clock: Clock = time.monotonic,
-    ):
-        self.robot, self.teleop, self.clock = robot, teleop, clock
-        self.env_spec = robot.env_spec
-        self._init_spaces()
-        self.period = 1.0 / float(hz or self.env_spec.control_frequency)
-        self.pacer = Pacer(self.period, clock)
-        self.stats = stats if stats is not None else DeployStats()
-        self._status, self._last_status = status, clock()
-        self._obs: dict[str, Any] = {}
-        self._obs_t, self._first = clock(), True
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict]:
-        """Begin an episode on the robot; the pacing grid starts now."""
-        super().reset(seed=seed)
-        obs, info = self.robot.reset(seed=seed, options=options)
-        self.pacer.start()
-        self._obs, self._obs_t, self._first = obs, self.pacer.t0, True
-        return obs, {"is_success": bool(info.get("is_success", False))}
-
-    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict]:
-        """Send (or drop) ``action``, wait for the next deadline, observe. ``info["deploy"]`` holds this step's
-        timing, who acted, whether it was late, and ``sent``: float32 ``(A,)`` the command the robot executes."""
-        source = 0
-        if self.teleop is not None:
-            if self.teleop.estop_requested and hasattr(self.robot, "estop"):
-                self.robot.estop("operator (keyboard)")
-            if self.teleop.engaged:
-                action, source = self.teleop.action(self._obs), 1
-        now = self.clock()
-        latency = now - self._obs_t
-        slow = now > self._obs_t + self.period
-        late = slow and not self._first
-        if slow and self._first:  # the robot held for the episode's first chunk: a_0 starts now, for a whole period
-            self.pacer.start(now)
-        if late:
-            hold = self.robot.hold_action()
-            sent = np.zeros(self.env_spec.action.dim, np.float32) if hold is None else np.asarray(hold, np.float32)
-        else:
-            sent = np.asarray(self.robot.send_action(action), np.float32)
-            if "tripped" in getattr(self.robot, "last_reasons", ()):
-                raise WatchdogTripped(
-                    "the robot's watchdog tripped (no fresh action within its period); it holds until re-armed"
-                )
-        wake_error = self.pacer.wait()
-        obs, info = self.robot.observe()
-        t = self.clock()
-        s = self.stats
-        s.human += source
-        if self._first:
-            s.startup_steps += 1
-            s.startup_late += int(slow)
-            s.startup_s += t - self._obs_t
-        else:
-            s.steps += 1
-            s.late += int(late)
-            s.latencies_s.append(latency)
-            s.period_errors_s.append(wake_error)
-            s.periods_s.append(t - self._obs_t)
-            s.active_s += t - self._obs_t
-        self._first = False
-        s.safety = dict(info.get("safety") or s.safety)
-        self._obs, self._obs_t = obs, t
-        if self._status is not None and t - self._last_status >= 1.0:
-            self._last_status = t
-            self._status(s)
-        success = bool(info.get("is_success", False))
-        step_info = {
-            "is_success": success,
-            "deploy": {
-                "latency_s": latency,
-                "period_error_s": wake_error,
-                "late": late,
-                "source": source,
-                "sent": sent,
-            },
-        }
-        return obs, float(success), bool(info.get("terminated", False)), bool(info.get("truncated", False)), step_info
-
-
 class DeployRecorder(RecorderSubscriber):
     """The rollout loop's recorder subscriber for deployments: records the command the robot actually executed
     (the human's, the policy's after safety, or the hold for a late action) with the :data:`DEPLOY_KEYS` per-step
@@ -223,7 +130,7 @@ class DeployRecorder(RecorderSubscriber):
                 {
                     "deploy.latency_s": np.float32(d["latency_s"]),
                     "deploy.period_error_s": np.float32(d["period_error_s"]),
-                    "deploy.late": np.bool_(d["late"]),
+                    "deploy.late": np.bool_(d["late"] and not d["first"]),
                     "deploy.source": np.int8(d["source"]),
                 }
             )
@@ -335,64 +242,66 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
     from policylink.runtime.checks import cell_problems, limit_threads
     from policylink.runtime.executors import make_executor
 
-    robot = RemoteRobot(cfg.robot)
+    robot = RemoteRobot(cfg.robot, hz=cfg.hz)
     safety = robot.rearm()  # starting a run is the operator's explicit re-arm after an earlier watchdog trip
     spec = robot.env_spec
-    period = 1.0 / float(cfg.hz or spec.control_frequency)
-    policy = _load_deploy_policy(cfg, period, spec)
+    policy = _load_deploy_policy(cfg, robot.period, spec)
     limit_threads(cfg.threads)
     problems = cell_problems(cfg.policy, policy.spec, cfg.robot, spec, cfg.executor)
     if problems:
         raise IncompatibleSpecError(problems)
-    line = (lambda st: print_status(st, period)) if status else None
-    env = DeployEnv(robot, 1.0 / period, teleop=_teleop(cfg, spec.action.dim), stats=DeployStats(), status=line)
+    robot.teleop = _teleop(cfg, spec.action.dim)
+    stats = DeployStats(status=(lambda st: print_status(st, robot.period)) if status else None)
     executor = make_executor(policy, cfg.executor)
     recorder = open_deploy_recorder(cfg.record, spec) if cfg.record else None
     timeout = reply_timeout_s(safety)
     return run_deployment(
-        robot, env, executor, cfg.episodes, seed=cfg.seed, recorder=recorder, reply_timeout_s=timeout, status=status
+        robot, executor, cfg.episodes, seed=cfg.seed, recorder=recorder, reply_timeout_s=timeout, stats=stats
     )
 
 
 def run_deployment(
-    robot: Robot,
-    env: DeployEnv,
+    robot: RobotEnv,
     executor: Any,
     episodes: int,
     *,
     seed: int = 0,
     recorder: Any = None,
     reply_timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S,
-    status: bool = False,
+    stats: DeployStats | None = None,
 ) -> DeployOutcome:
-    """Run ``episodes`` episodes (reset seeds ``seed + i``) of ``executor`` on ``env``, a :class:`DeployEnv` of
-    ``robot``, through the rollout loop, recording to ``recorder`` (from :func:`open_deploy_recorder`) when given.
+    """Run ``episodes`` episodes (reset seeds ``seed + i``) of ``executor`` on ``robot`` (a
+    :class:`~policylink.real.robot.RobotEnv`: a :class:`~policylink.real.server.RemoteRobot`, or a
+    :class:`~policylink.real.robot.SafeRobot` in this process) through the rollout loop, counting into ``stats``
+    (a :class:`DeployStats`; a new one when None; its ``status`` line also gets one line per episode) and recording
+    to ``recorder`` (from :func:`open_deploy_recorder`) when given.
 
     An :class:`~policylink.runtime.executors.AsyncExecutor` stops at a chunk request unanswered for more than
-    ``reply_timeout_s`` seconds of ``env.clock`` (None = never): after the policy's last reply the robot executes
+    ``reply_timeout_s`` seconds of ``robot.clock`` (None = never): after the policy's last reply the robot executes
     the planned actions up to the next request, then at most ``reply_timeout_s`` more. Ctrl-C, a policy that
     stops answering, a dead policy or robot server and a tripped robot watchdog end the run with one message on
     stderr, also in the outcome's ``code`` and ``reason``. Whatever ends it, the robot is asked to hold, an
     unfinished episode is committed (success unknown, quality ``aborted``), and the executor, the recorder and
-    the robot connection are closed.
+    the robot (its connection) are closed.
 
     Raises:
         Exception: any other error (after the same clean-up).
     """
     from policylink.adapters.protocol import RemoteError
     from policylink.runtime.executors import AsyncExecutor
-    from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
+    from policylink.runtime.rollout import make_vector_env, plan_episodes, rollout
 
     if reply_timeout_s is not None and isinstance(executor, AsyncExecutor):
-        executor.watch_replies(reply_timeout_s, env.clock)
-    vec = make_vector_env(lambda: BorrowedEnv(env), plan_episodes(episodes, seed, 1), env.env_spec.max_episode_steps)
-    subs = [DeployRecorder(recorder)] if recorder is not None else []
-    out = DeployOutcome(0, [], env.stats, env.period)
+        executor.watch_replies(reply_timeout_s, robot.clock)
+    stats = stats if stats is not None else DeployStats()
+    vec = make_vector_env(lambda: robot, plan_episodes(episodes, seed, 1), robot.env_spec.max_episode_steps)
+    subs = [stats, DeployRecorder(recorder)] if recorder is not None else [stats]
+    out = DeployOutcome(0, [], stats, robot.period)
 
     def progress(r: Any) -> None:
         out.results.append(r)
-        if status:
-            line = env.stats.line(env.period)
+        if stats.status is not None:
+            line = stats.line(robot.period)
             print(f"\repisode {r.index} seed {r.seed}: success={r.success} steps={r.n_steps} | {line}")
 
     try:
@@ -403,10 +312,9 @@ def run_deployment(
     finally:
         _hold_quietly(robot)
         executor.close()
-        vec.close()
+        vec.close()  # closes the robot
         if recorder is not None:
             recorder.close()
-        robot.disconnect()
     return out
 
 

@@ -7,7 +7,8 @@ import math
 import time
 from collections.abc import Callable
 
-from policylink.real.robot import Clock
+Clock = Callable[[], float]
+"""A monotonic clock, seconds (``time.monotonic``; tests inject a fake one)."""
 
 
 def precise_sleep(until: float, clock: Clock = time.monotonic, spin_s: float = 0.0015) -> None:

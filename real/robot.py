@@ -1,5 +1,6 @@
-"""The Robot protocol (one class per arm) and :class:`SafeRobot`, the robot behind its safety layer: the only way a
-command reaches the motors in the robot server.
+"""The Robot protocol (one class per arm), :class:`RobotEnv` (a robot behind its safety layer is an environment
+stepped in real time: the deployment loop's env) and :class:`SafeRobot`, a driver behind its safety layer: the only
+way a command reaches the motors in the robot server.
 
 A driver for a new arm subclasses :class:`Robot` and implements ``env_spec``, :meth:`Robot.get_observation` and
 :meth:`Robot.send_action` (plus ``connect``/``disconnect``/``home``/``stop`` where the hardware needs them)::
@@ -21,12 +22,13 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from policylink.adapters.env import EnvAdapter
 from policylink.adapters.schema import STATE_KEY, EnvSpec
+from policylink.real.pacing import Clock, Pacer
 from policylink.real.safety import (
     POSE_MODES,
     SafetyConfig,
@@ -35,8 +37,8 @@ from policylink.real.safety import (
     SafetyReport,
     TimeoutAction,
 )
+from policylink.real.teleop import Teleoperator
 
-Clock = Callable[[], float]
 log = logging.getLogger(__name__)
 
 
@@ -118,8 +120,114 @@ class Robot(ABC):
             self.disconnect()
 
 
-class SafeRobot(Robot):
-    """``robot`` behind a :class:`SafetyLayer` and its watchdog thread; every motor command passes here.
+class WatchdogTripped(RuntimeError):
+    """The robot's watchdog tripped (no fresh action within its period): it holds and refuses commands until an
+    explicit re-arm, so the run ends rather than feeding a robot that executes nothing."""
+
+
+class RobotEnv(Robot, EnvAdapter):
+    """A robot behind its safety layer as an environment stepped in real time: the env of the deployment loop.
+
+    :class:`SafeRobot` (a driver in this process) and :class:`~policylink.real.server.RemoteRobot` (a robot server's
+    client; the safety layer is the server's) are robot envs. ``reset`` begins an episode and starts the pacing grid
+    (:class:`~policylink.real.pacing.Pacer`: deadlines ``t0 + k * period``, overruns skipped, never accumulated) at
+    the returned observation. ``step(a)``: a human's action replaces ``a`` while :attr:`teleop` is engaged (an
+    e-stop request latches the robot's e-stop); ``a`` goes through the safety layer to the motors unless its period
+    (the one that began at the observation it answers) has already ended: then it is dropped, counted late, and the
+    robot holds; then the step sleeps to the next deadline and reads ``(observation, info)``. An episode's first
+    action is never late: the robot held while the first chunk was inferred, so when that took longer than a period
+    the grid restarts at the reply and the chunk is executed from its first action ``a_0``. ``terminated`` /
+    ``truncated`` come from the robot (a simulator's episode end); hardware episodes end at the plan's
+    ``max_episode_steps``. Reward is 1 on success. Timing rules: ``real/README.md``.
+
+    ``info["deploy"]`` holds this step's ``latency_s`` (observation to action), ``period_error_s`` (wake-up error at
+    the deadline), ``period_s`` (observation to observation), all seconds; ``late`` (the action came after its
+    period: dropped, unless ``first``, the episode's first step); ``source`` (int, index into
+    :data:`~policylink.real.teleop.STEP_SOURCES`); ``sent``: float32 ``(A,)``, the command the robot executes (for a
+    dropped action the hold command, else zeros). ``info["safety"]``: the safety status (clip and hold counts) when
+    the robot reports one.
+
+    Args:
+        env_spec: the robot's EnvSpec; hz: control rate (default its ``control_frequency``); clock: monotonic, s.
+
+    Attributes:
+        period: control period, seconds; ``pacer``; ``clock``; ``teleop``: an optional
+            :class:`~policylink.real.teleop.Teleoperator`; ``last_report``: the safety report of the latest action.
+
+    Raises:
+        WatchdogTripped: (``step``) the robot's watchdog tripped; it holds until re-armed.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+    teleop: Teleoperator | None = None
+
+    def __init__(self, env_spec: EnvSpec, hz: float | None, clock: Clock):
+        self.env_spec, self.clock = env_spec, clock
+        self._init_spaces()
+        self.period = 1.0 / float(hz or env_spec.control_frequency)
+        self.pacer = Pacer(self.period, clock)
+        self.last_report = SafetyReport(None)
+        self._obs: dict[str, Any] = {}
+        self._obs_t, self._first = clock(), True
+
+    @abstractmethod
+    def _begin(self, seed: int | None, options: dict | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Begin an episode on the robot: ``(observation, info)``."""
+
+    @abstractmethod
+    def estop(self, reason: str = "") -> Any:
+        """Latch the e-stop and stop the robot."""
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Begin an episode on the robot (homes hardware; a simulator re-samples its scene from ``seed``); the
+        pacing grid starts now. ``info["is_success"]`` is always set."""
+        obs, info = self._begin(seed, options)
+        self.pacer.start()
+        self._obs, self._obs_t, self._first = obs, self.pacer.t0, True
+        return obs, {**info, "is_success": bool(info.get("is_success", False))}
+
+    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Send (or drop, when late) float32 ``(A,)`` ``action``, wait for the next deadline, observe (see the
+        class). Raises WatchdogTripped when the safety layer held the action because its watchdog tripped."""
+        source = 0
+        if self.teleop is not None:
+            if self.teleop.estop_requested:
+                self.estop("operator (keyboard)")
+            if self.teleop.engaged:
+                action, source = self.teleop.action(self._obs), 1
+        now, first = self.clock(), self._first
+        late = now > self._obs_t + self.period
+        if late and first:  # the robot held for the episode's first chunk: a_0 starts now, for a whole period
+            self.pacer.start(now)
+        if late and not first:
+            hold = self.hold_action()
+            sent = np.zeros(self.env_spec.action.dim, np.float32) if hold is None else np.asarray(hold, np.float32)
+        else:
+            sent = np.asarray(self.send_action(action), np.float32)
+            if "tripped" in self.last_report.reasons:
+                raise WatchdogTripped(
+                    "the robot's watchdog tripped (no fresh action within its period); it holds until re-armed"
+                )
+        wake_error = self.pacer.wait()
+        obs, info = self.observe()
+        t = self.clock()
+        deploy = {"latency_s": now - self._obs_t, "period_error_s": wake_error, "period_s": t - self._obs_t}
+        deploy.update(late=late, first=first, source=source, sent=sent)
+        self._obs, self._obs_t, self._first = obs, t, False
+        success = bool(info.get("is_success", False))
+        step_info = {"is_success": success, "deploy": deploy}
+        if "safety" in info:
+            step_info["safety"] = info["safety"]
+        return obs, float(success), bool(info.get("terminated", False)), bool(info.get("truncated", False)), step_info
+
+    def close(self) -> None:
+        """Disconnect (the env's end is the connection's)."""
+        self.disconnect()
+
+
+class SafeRobot(RobotEnv):
+    """``robot`` behind a :class:`SafetyLayer` and its watchdog thread; every motor command passes here. A
+    :class:`RobotEnv`: the deployment loop steps it in this process (the robot server serves it to clients).
 
     The watchdog thread checks every ``watchdog_s / 4`` (at most 50 ms apart) and, when no valid action arrived
     within ``watchdog_s`` since the session's first one, holds or stops the robot once and refuses further actions
@@ -131,6 +239,7 @@ class SafeRobot(Robot):
     Args:
         robot: the driver.
         config: limits and timing (default: ``SafetyConfig.from_action_spec(robot.env_spec.action)``).
+        hz: control rate of :meth:`step` (default the driver's ``control_frequency``).
         clock: monotonic clock, seconds (tests inject a fake one and call :meth:`poll_watchdog`).
         watchdog_thread: run the watchdog thread (False in tests that drive :meth:`poll_watchdog`).
 
@@ -147,6 +256,7 @@ class SafeRobot(Robot):
         robot: Robot,
         config: SafetyConfig | None = None,
         *,
+        hz: float | None = None,
         clock: Clock = time.monotonic,
         watchdog_thread: bool = True,
     ):
@@ -158,11 +268,9 @@ class SafeRobot(Robot):
                 "command from the robot's measured pose: implement measured_pose() -> float32 (A,) in the "
                 "action's units, or set max_step=None"
             )
+        super().__init__(robot.env_spec, hz, clock)
         self.robot = robot
-        self.env_spec = robot.env_spec
         self.safety = SafetyLayer(config)
-        self.clock = clock
-        self.last_report = SafetyReport(None)
         self._state: np.ndarray | None = None
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -184,7 +292,14 @@ class SafeRobot(Robot):
 
     def get_observation(self) -> dict[str, Any]:
         """The driver's observation (its state is kept for delta-mode workspace checks)."""
-        obs = self.robot.get_observation()
+        return self._keep_state(self.robot.get_observation())
+
+    def observe(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The driver's ``(observation, episode info)`` plus the safety status under ``"safety"``."""
+        obs, info = self.robot.observe()
+        return self._keep_state(obs), {**info, "safety": self.safety.status()}
+
+    def _keep_state(self, obs: dict[str, Any]) -> dict[str, Any]:
         if STATE_KEY in obs:
             self._state = np.asarray(obs[STATE_KEY])
         return obs
@@ -253,21 +368,16 @@ class SafeRobot(Robot):
         with self._lock:
             self.robot.stop()
 
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Begin an episode on the driver (refused while e-stopped); the watchdog restarts unarmed unless tripped.
-
-        Raises:
-            RuntimeError: the e-stop is latched.
-        """
+    def _begin(self, seed: int | None, options: dict | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Begin an episode on the driver (:meth:`reset`; refused while e-stopped: RuntimeError); the watchdog
+        restarts unarmed unless tripped."""
         with self._lock:
             self._refuse_when_estopped("reset")
             self.safety.forget_reference()
             obs, info = self.robot.reset(seed=seed, options=options)
             if not self._tripped():
                 self.safety.rearm()
-            if STATE_KEY in obs:
-                self._state = np.asarray(obs[STATE_KEY])
-            return obs, info
+            return self._keep_state(obs), info
 
     def episode_info(self) -> dict[str, Any]:
         """The driver's episode info plus the safety status under ``"safety"``."""
@@ -314,4 +424,4 @@ class SafeRobot(Robot):
             self.poll_watchdog()
 
 
-__all__ = ["Clock", "Robot", "SafeRobot"]
+__all__ = ["Clock", "Robot", "RobotEnv", "SafeRobot", "WatchdogTripped"]

@@ -1,7 +1,8 @@
 """A robot served over ZeroMQ: :class:`RobotServer` puts a :class:`~policylink.real.robot.Robot` behind its
 :class:`~policylink.real.robot.SafeRobot` (always: a client cannot reach the motors any other way) and answers the
 env verbs (so a plain :class:`~policylink.adapters.env_transport.RemoteEnv` can read it) plus robot verbs;
-:class:`RemoteRobot` is the client, itself a :class:`Robot`.
+:class:`RemoteRobot` is the client, itself a :class:`~policylink.real.robot.RobotEnv` (the deployment loop steps it
+in real time; the server's safety layer filters every action).
 
 Robot verbs (wire protocol of DESIGN.md section 3, schemas below): ``observe`` (observation + episode info with
 the safety status), ``act`` (an action -> the command actually sent, whether it was held, why), ``estop`` /
@@ -14,6 +15,7 @@ the ``estop``/``reset_estop``/``rearm``/``home``/``hold`` replies includes the w
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,9 @@ from policylink.adapters.env_transport import EnvServer
 from policylink.adapters.protocol import ENV_REPLIES, ENV_REQUESTS, ErrorCode, Field, ProtocolError
 from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES
 from policylink.adapters.schema import EnvSpec
-from policylink.real.robot import Robot, SafeRobot
-from policylink.real.safety import SafetyConfig
+from policylink.real.pacing import Clock
+from policylink.real.robot import Robot, RobotEnv, SafeRobot
+from policylink.real.safety import SafetyConfig, SafetyReport
 
 _STATUS = {"safety": Field("any_map"), "info": Field("any_map", optional=True)}
 ROBOT_REQUESTS: dict[str, dict[str, Field]] = {
@@ -81,7 +84,7 @@ class RobotServer(EnvServer):
     ):
         self.robot = robot if isinstance(robot, SafeRobot) else SafeRobot(robot, safety)
         super().__init__(
-            self.robot,  # type: ignore[arg-type]  (EnvServer reads env_spec only)
+            self.robot,
             bind,
             curve_keys=curve_keys,
             insecure=insecure,
@@ -100,9 +103,11 @@ class RobotServer(EnvServer):
         if verb == "send_action":
             r.send_action(body["action"])
             return {}
-        if verb in ("observe", "get_observation"):
-            obs = r.get_observation()
-            return {"observation": obs, "info": r.episode_info()} if verb == "observe" else {"observation": obs}
+        if verb == "observe":
+            obs, info = r.observe()
+            return {"observation": obs, "info": info}
+        if verb == "get_observation":
+            return {"observation": r.get_observation()}
         if verb == "reset":
             try:
                 obs, info = r.reset(seed=body.get("seed"), options=body.get("options"))
@@ -138,31 +143,38 @@ class RobotServer(EnvServer):
             self.robot.disconnect()
 
 
-class RemoteRobot(Robot):
-    """A robot served by a :class:`RobotServer` at ``endpoint``, as a :class:`Robot` (its safety layer is the
-    server's).
+class RemoteRobot(RobotEnv):
+    """A robot served by a :class:`RobotServer` at ``endpoint``, as a :class:`~policylink.real.robot.RobotEnv`:
+    ``step`` paces itself here (one ``act`` and one ``observe`` per period), the server's safety layer filters
+    every action.
 
     Args:
         endpoint: e.g. ``"tcp://127.0.0.1:5556"``.
+        hz: control rate of :meth:`step` (default the robot's ``control_frequency``).
         timeout_s: per-request timeout, seconds.
         curve_keys: for a CURVE server (as :class:`~policylink.adapters.env_transport.RemoteEnv`).
+        clock: monotonic clock, seconds.
 
     Attributes:
-        last_sent, last_held, last_reasons: the latest ``act`` reply.
+        last_report: the latest ``act`` reply (command sent, held, reasons) as a SafetyReport.
 
     Raises:
         TimeoutError, VersionMismatchError: at construction, when the server does not answer ``hello``.
     """
 
     def __init__(
-        self, endpoint: str, *, timeout_s: float = 5.0, curve_keys: str | Path | security.ClientKeys | None = None
+        self,
+        endpoint: str,
+        *,
+        hz: float | None = None,
+        timeout_s: float = 5.0,
+        curve_keys: str | Path | security.ClientKeys | None = None,
+        clock: Clock = time.monotonic,
     ):
         self.endpoint = endpoint
         self._channel = Channel(endpoint, ROBOT_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys)
         self.server_info = self._channel.hello("env")
-        self.env_spec = EnvSpec.from_dict(self.server_info["spec"])
-        self.last_sent: np.ndarray | None = None
-        self.last_held, self.last_reasons = False, ()
+        super().__init__(EnvSpec.from_dict(self.server_info["spec"]), hz, clock)
 
     def get_observation(self) -> dict[str, Any]:
         """The robot's current observation."""
@@ -176,11 +188,11 @@ class RemoteRobot(Robot):
     def send_action(self, action: Any) -> np.ndarray:
         """Send float32 ``(A,)``; returns the command the server sent to the motors after its safety layer."""
         r = self._channel.request("act", {"action": np.asarray(action, np.float32)})
-        self.last_sent, self.last_held, self.last_reasons = r["sent"], r["held"], tuple(r["reasons"])
+        self.last_report = SafetyReport(r["sent"], r["held"], tuple(r["reasons"]))
         return r["sent"]
 
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Begin an episode on the robot (homes hardware; re-samples a simulator's scene from ``seed``)."""
+    def _begin(self, seed: int | None, options: dict | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The server's ``reset`` (homes hardware; re-samples a simulator's scene from ``seed``)."""
         r = self._channel.request(
             "reset", {"seed": seed, "options": options}, timeout_s=max(self._channel.timeout_s, 30.0)
         )

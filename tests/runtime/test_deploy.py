@@ -1,5 +1,6 @@
-"""The deployment loop: absolute-deadline pacing (fake clock), late actions dropped, human takeover recorded with
-source ``human``, interrupted episodes kept; and the three processes on loopback (policy server, sim-as-real robot
+"""The deployment loop: absolute-deadline pacing (fake clock), a robot env (the driver behind its safety layer)
+dropping late actions, human takeover recorded with source ``human``, a tripped watchdog ending the run,
+interrupted episodes kept; and the three processes on loopback (policy server, sim-as-real robot
 server, ``policylink run --robot``) with a trained reach policy, including a policy server killed mid-run."""
 
 from __future__ import annotations
@@ -17,25 +18,15 @@ import pytest
 
 from policylink.adapters.schema import ActionSpec, ControlMode, EnvSpec, FeatureSpec
 from policylink.data.buffer import EpisodeStore
-from policylink.real.deploy import DEPLOY_KEYS, DeployEnv, DeployRecorder, Pacer, open_deploy_recorder
+from policylink.real.deploy import DEPLOY_KEYS, DeployRecorder, DeployStats, open_deploy_recorder
+from policylink.real.pacing import Pacer
 from policylink.real.robot import Robot
 from policylink.real.teleop import KeyboardTeleop
-from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
+from policylink.runtime.rollout import make_vector_env, plan_episodes, rollout
 
 
-class FakeClock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, until, clock=None):
-        self.t = max(self.t, until)
-
-
-def test_pacing_1000_periods_at_100_hz_with_2_ms_work_takes_10_s_exactly():
-    clock = FakeClock()
+def test_pacing_1000_periods_at_100_hz_with_2_ms_work_takes_10_s_exactly(fake_clock):
+    clock = fake_clock
     pacer = Pacer(0.01, clock, clock.sleep)
     t0 = pacer.t0
     for _ in range(1000):
@@ -44,8 +35,9 @@ def test_pacing_1000_periods_at_100_hz_with_2_ms_work_takes_10_s_exactly():
     assert clock.t - t0 == pytest.approx(10.0, abs=1e-9) and pacer.overruns == 0
 
 
-def test_an_overrun_is_counted_and_skipped_not_accumulated():
-    clock = FakeClock(0.0)
+def test_an_overrun_is_counted_and_skipped_not_accumulated(fake_clock):
+    clock = fake_clock
+    clock.t = 0.0
     pacer = Pacer(0.1, clock, clock.sleep)
     clock.t = 0.05
     pacer.wait()
@@ -61,8 +53,9 @@ def test_an_overrun_is_counted_and_skipped_not_accumulated():
         Pacer(0.0)
 
 
-def test_catch_up_keeps_every_deadline_so_the_total_stays_n_periods():
-    clock = FakeClock(0.0)
+def test_catch_up_keeps_every_deadline_so_the_total_stays_n_periods(fake_clock):
+    clock = fake_clock
+    clock.t = 0.0
     pacer = Pacer(0.1, clock, clock.sleep, catch_up=True)
     clock.t = 0.43  # a stall: deadlines 0.1 .. 0.4 passed
     errors = [pacer.wait() for _ in range(4)]
@@ -107,40 +100,41 @@ class FakeRobot(Robot):
 
 
 class SlowOnce:
-    """An action source whose second act takes 0.15 s (longer than the 0.1 s period)."""
+    """An action source whose second act takes ``action_delay_s`` (0.15 s: longer than the 0.1 s period)."""
 
     def __init__(self, clock, action=(0.02, 0.0)):
         self.clock, self.calls, self.action = clock, 0, np.array([action], np.float32)
+        self.action_delay_s = 0.15
         self.inferences = np.zeros(1, np.int64)
         self.stall_steps = np.zeros(1, np.int64)
 
     def act(self, obs):
         self.calls += 1
         if self.calls == 2:
-            self.clock.t += 0.15
+            self.clock.t += self.action_delay_s
         return self.action
 
     def reset(self, env_ids=None):
         pass
 
 
-def _deploy(tmp_path, clock, robot, source, episodes=1, teleop=None):
-    env = DeployEnv(robot, teleop=teleop, clock=clock)
-    env.pacer._sleep = clock.sleep
-    vec = make_vector_env(lambda: BorrowedEnv(env), plan_episodes(episodes, 7, 1), 4)
+def _deploy(tmp_path, robot, source, episodes=1):
+    """Run ``episodes`` of ``source`` on the robot env ``robot`` through the rollout loop, recorded."""
+    vec = make_vector_env(lambda: robot, plan_episodes(episodes, 7, 1), 4)
     rec = open_deploy_recorder(str(tmp_path / "run.zarr"), robot.env_spec)
+    stats = DeployStats()
     try:
-        results = rollout(vec, source, episodes, subscribers=[DeployRecorder(rec)])
+        results = rollout(vec, source, episodes, subscribers=[stats, DeployRecorder(rec)])
     finally:
         rec.close()
-    return env, results, EpisodeStore(tmp_path / "run.zarr", "r")
+    return stats, results, EpisodeStore(tmp_path / "run.zarr", "r")
 
 
-def test_a_late_action_is_dropped_and_every_step_is_recorded_with_its_timing(tmp_path):
-    clock = FakeClock()
+def test_a_late_action_is_dropped_and_every_step_is_recorded_with_its_timing(tmp_path, fake_clock, on_fake_clock):
+    clock = fake_clock
     robot = FakeRobot(clock)
-    env, results, store = _deploy(tmp_path, clock, robot, SlowOnce(clock))
-    assert (env.stats.startup_steps, env.stats.steps, env.stats.late) == (1, 3, 1)
+    stats, results, store = _deploy(tmp_path, on_fake_clock(robot), SlowOnce(clock))
+    assert (stats.startup_steps, stats.steps, stats.late) == (1, 3, 1)
     assert len(robot.sent) == 3  # the late action never reached the robot
     ep = store.get_episode(0)
     np.testing.assert_array_equal(ep["deploy.late"], [False, True, False, False])
@@ -151,44 +145,40 @@ def test_a_late_action_is_dropped_and_every_step_is_recorded_with_its_timing(tmp
     assert results[0].success and store.episode_meta(0).success is True
 
 
-def test_a_tripped_watchdog_ends_the_run_instead_of_feeding_a_robot_that_refuses(tmp_path):
+def test_a_tripped_watchdog_ends_the_run_instead_of_feeding_a_robot_that_refuses(tmp_path, fake_clock, on_fake_clock):
     from policylink.real.deploy import WatchdogTripped
 
-    class TripsAtThirdAction(FakeRobot):
-        last_reasons = ()
-
-        def send_action(self, action):  # RemoteRobot.send_action reports the reasons of the safety layer
-            self.last_reasons = ("tripped",) if len(self.sent) >= 2 else ()
-            return super().send_action(action)
-
-    clock = FakeClock()
+    clock = fake_clock
+    robot = FakeRobot(clock)
     policy = SlowOnce(clock)
-    policy.calls = 10  # never slow
+    policy.action_delay_s = 0.6  # the second action is 0.6 s late (dropped); the third finds the watchdog tripped
     with pytest.raises(WatchdogTripped, match="watchdog tripped"):
-        _deploy(tmp_path, clock, TripsAtThirdAction(clock), policy)
+        _deploy(tmp_path, on_fake_clock(robot, watchdog_s=0.5), policy)
+    # the first action reached the motors, then only holds: the watchdog's, and the one replacing the third action
+    np.testing.assert_allclose(np.stack(robot.sent), [[0.02, 0.0], [0.0, 0.0], [0.0, 0.0]], atol=1e-7)
     store = EpisodeStore(tmp_path / "run.zarr", "r")  # the interrupted episode is committed, success unknown
     assert store.n_episodes == 1 and store.episode_lengths.tolist() == [2] and store.episode_meta(0).success is None
 
 
-def test_human_takeover_replaces_the_policy_and_is_recorded_as_human(tmp_path):
-    clock = FakeClock()
-    robot = FakeRobot(clock)
-    tele = KeyboardTeleop(2, step=0.01, keys={"d": (0, 1.0)})
+def test_human_takeover_replaces_the_policy_and_is_recorded_as_human(tmp_path, fake_clock, on_fake_clock):
+    clock = fake_clock
+    robot = on_fake_clock(FakeRobot(clock))
+    robot.teleop = tele = KeyboardTeleop(2, step=0.01, keys={"d": (0, 1.0)})
     tele.press(" ")
     tele.press("d")
     policy = SlowOnce(clock, action=(-0.02, 0.0))
-    policy.calls = 10  # never slow
-    env, _, store = _deploy(tmp_path, clock, robot, policy, teleop=tele)
+    policy.action_delay_s = 0.0  # never slow
+    stats, _, store = _deploy(tmp_path, robot, policy)
     ep = store.get_episode(0)
     np.testing.assert_array_equal(ep["deploy.source"], [1, 1, 1, 1])
     np.testing.assert_allclose(ep["action"][0], [0.01, 0.0])  # the human's key press, not the policy's -0.02
     np.testing.assert_allclose(ep["action"][1], [0.0, 0.0])  # engaged, no key: hold still
-    assert env.stats.human == 4
+    assert stats.human == 4
 
 
-def test_an_interrupted_episode_is_committed_with_unknown_success(tmp_path):
-    clock = FakeClock()
-    robot = FakeRobot(clock)
+def test_an_interrupted_episode_is_committed_with_unknown_success(tmp_path, fake_clock, on_fake_clock):
+    clock = fake_clock
+    robot = on_fake_clock(FakeRobot(clock))
 
     class Interrupt(SlowOnce):
         def act(self, obs):
@@ -198,7 +188,7 @@ def test_an_interrupted_episode_is_committed_with_unknown_success(tmp_path):
             return self.action
 
     with pytest.raises(KeyboardInterrupt):
-        _deploy(tmp_path, clock, robot, Interrupt(clock))
+        _deploy(tmp_path, robot, Interrupt(clock))
     store = EpisodeStore(tmp_path / "run.zarr", "r")
     assert store.n_episodes == 1 and store.episode_lengths.tolist() == [2]
     assert store.episode_meta(0).success is None

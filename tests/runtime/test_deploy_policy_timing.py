@@ -15,25 +15,14 @@ import pytest
 from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import ActionSpec, ControlMode, EnvSpec, FeatureSpec, PolicySpec
 from policylink.data.buffer import EpisodeStore
-from policylink.real.deploy import DeployEnv, open_deploy_recorder, run_deployment
+from policylink.real.deploy import DeployStats, open_deploy_recorder, run_deployment
 from policylink.real.robot import Robot
 from policylink.runtime.executors import ExecutorConfig, LatencyConfig, make_executor
-from policylink.runtime.rollout import BorrowedEnv, make_vector_env, plan_episodes, rollout
+from policylink.runtime.rollout import make_vector_env, plan_episodes, rollout
 
 STATE = "observation.state"
 HZ = 8.0  # period 0.125 s, a binary fraction: fake-clock times add up exactly
 PERIOD = 1.0 / HZ
-
-
-class FakeClock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, until, clock=None):
-        self.t = max(self.t, until)
 
 
 def _action_spec():
@@ -123,21 +112,15 @@ def _chunk_starts(commands):
     return starts
 
 
-def _fake_env(robot, clock):
-    env = DeployEnv(robot, clock=clock)
-    env.pacer._sleep = clock.sleep
-    return env
-
-
-def test_a_first_chunk_slower_than_a_period_starts_at_its_first_action():
-    clock = FakeClock()
+def test_a_first_chunk_slower_than_a_period_starts_at_its_first_action(fake_clock, on_fake_clock):
+    clock = fake_clock
     robot = StepRobot(clock, steps=12)
     policy = StepPolicy(clock, chunk_size=8, n_action_steps=4, first_s=0.3)  # 2.4 periods
     ex = make_executor(policy, ExecutorConfig(kind="async", latency=LatencyConfig("fixed", 2)))
-    env = _fake_env(robot, clock)
-    vec = make_vector_env(lambda: BorrowedEnv(env), plan_episodes(1, 0, 1), 12)
+    vec = make_vector_env(lambda: on_fake_clock(robot), plan_episodes(1, 0, 1), 12)
+    stats = DeployStats()
     try:
-        rollout(vec, ex, 1)
+        rollout(vec, ex, 1, subscribers=[stats])
     finally:
         ex.close()
     first_k, first_t, first_a = robot.commands[0]
@@ -145,7 +128,7 @@ def test_a_first_chunk_slower_than_a_period_starts_at_its_first_action():
     np.testing.assert_array_equal(first_a, [1000.0, 0.0])
     assert [c[2][1] for c in robot.commands] == [c[0] for c in robot.commands]  # each action at its own step
     assert _chunk_starts(robot.commands) == [0, 2, 2]  # later chunks: the 2 actions of the delay are dropped
-    assert len(robot.commands) == 12 and (env.stats.late, env.stats.startup_late) == (0, 1)
+    assert len(robot.commands) == 12 and (stats.late, stats.startup_late) == (0, 1)
     times = [c[1] for c in robot.commands]
     np.testing.assert_allclose(np.diff(times), PERIOD)  # a_0 gets a whole period, like every later action
 
@@ -197,14 +180,16 @@ def test_through_the_servers_a_slow_first_chunk_starts_at_a0_and_later_chunks_st
 
 
 @pytest.mark.parametrize("n_action_steps", [1, 2])
-def test_a_policy_that_stops_answering_stops_the_robot_within_the_watchdog(tmp_path, n_action_steps):
-    clock, hang = FakeClock(), threading.Event()
+def test_a_policy_that_stops_answering_stops_the_robot_within_the_watchdog(
+    tmp_path, n_action_steps, fake_clock, on_fake_clock
+):
+    clock, hang = fake_clock, threading.Event()
     robot = StepRobot(clock, steps=64)
     policy = StepPolicy(clock, chunk_size=16, n_action_steps=n_action_steps, hang=hang)  # a chunk lasts 2 s
     ex = make_executor(policy, ExecutorConfig(kind="async"))
     rec = open_deploy_recorder(str(tmp_path / "run.zarr"), robot.env_spec)
     try:
-        out = run_deployment(robot, _fake_env(robot, clock), ex, 1, recorder=rec, reply_timeout_s=0.5)
+        out = run_deployment(on_fake_clock(robot), ex, 1, recorder=rec, reply_timeout_s=0.5)
     finally:
         hang.set()
     (last_reply,) = policy.replies  # it answered the first request only
