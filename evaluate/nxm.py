@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.config_checks import require_counts
 from policylink.adapters.schema import IncompatibleSpecError
 from policylink.evaluate import report
 from policylink.evaluate.refs import (  # noqa: F401 - ENV_PLACEHOLDER re-exported for callers
@@ -34,7 +35,7 @@ from policylink.evaluate.refs import (  # noqa: F401 - ENV_PLACEHOLDER re-export
 )
 from policylink.evaluate.resume import load_done, run_settings, shard_plan
 from policylink.policies import load_policy
-from policylink.runtime.checks import cell_problems, limit_threads, require_counts
+from policylink.runtime.checks import cell_problems, limit_threads
 from policylink.runtime.executors import ExecutorConfig, ExecutorConfigError, make_executor
 from policylink.runtime.instructions import InstructionEnvFn, instruction_problems
 from policylink.runtime.rollout import (

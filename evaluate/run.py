@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from policylink.adapters.config_checks import require_counts
 from policylink.adapters.schema import IncompatibleSpecError
-from policylink.runtime.checks import cell_problems, limit_threads, require_counts
+from policylink.runtime.checks import cell_problems, limit_threads
 from policylink.runtime.executors import ExecutorConfig, make_executor
 from policylink.runtime.rollout import RegistryEnvFn, env_spec_of, make_vector_env, plan_episodes, rollout
 

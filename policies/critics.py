@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from policylink.adapters.config_checks import require_counts, require_within
 from policylink.policies.serialization import load_json, load_tensors, refuse_legacy, save_json, save_tensors
 
 CRITIC_WEIGHTS = "critic.safetensors"
@@ -58,15 +59,8 @@ class CriticConfig:
 
     def validate(self) -> CriticConfig:
         """Return self if consistent. Raises ValueError naming the field, expected and received value."""
-        for name in ("state_dim", "action_dim", "horizon", "hidden_dim", "n_layers", "n_heads"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"critic.{name}: expected an int >= 1, received {getattr(self, name)}")
-        if not 0.0 < self.expectile < 1.0:
-            raise ValueError(f"critic.expectile: expected a value in (0, 1), received {self.expectile}")
-        if not 0.0 < self.gamma <= 1.0:
-            raise ValueError(f"critic.gamma: expected a discount in (0, 1], received {self.gamma}")
-        if not 0.0 < self.polyak <= 1.0:
-            raise ValueError(f"critic.polyak: expected a rate in (0, 1], received {self.polyak}")
+        require_counts(self, "critic.", state_dim=1, action_dim=1, horizon=1, hidden_dim=1, n_layers=1, n_heads=1)
+        require_within(self, "critic.", expectile="(0, 1)", gamma="(0, 1]", polyak="(0, 1]")
         return self
 
 

@@ -1,6 +1,7 @@
-"""Checks every job's options share (train, fine-tune, evaluate, run, deploy): integer counts and positive values
-of a config, an output folder that never replaces an input, the CPU thread cap, and why a policy cannot run on an
-environment with an executor. Each raises one error naming the field, the expected and the received value."""
+"""Checks every job's options share (train, fine-tune, evaluate, run, deploy), beyond the field checks of
+:mod:`policylink.adapters.config_checks`: an output folder that never replaces an input, the CPU thread cap, and
+why a policy cannot run on an environment with an executor. Each raises one error naming the field, the expected
+and the received value."""
 
 from __future__ import annotations
 
@@ -12,30 +13,6 @@ from typing import Any
 from policylink.adapters.compatibility import compatibility_problems
 from policylink.adapters.schema import EnvSpec
 from policylink.runtime.executors import ExecutorConfig, executor_problems
-
-
-def require_counts(config: Any, prefix: str = "", **minimums: int) -> None:
-    """Check integer fields of a config: ``require_counts(cfg, episodes=1)`` requires ``cfg.episodes >= 1``;
-    ``prefix`` (``"critic."``) is put before the field's name in the message.
-
-    Raises:
-        ValueError: the first field below its minimum (naming the field, the minimum and the value).
-    """
-    for name, low in minimums.items():
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{prefix}{name}: expected an integer >= {low}, received {value!r}")
-
-
-def require_positive(config: Any, *names: str, prefix: str = "") -> None:
-    """Check float fields of a config: ``require_positive(cfg, "lr")`` requires ``cfg.lr > 0``.
-
-    Raises:
-        ValueError: the first field not above 0 (``prefix`` + its name, the expectation and the value).
-    """
-    for name in names:
-        if not getattr(config, name) > 0:
-            raise ValueError(f"{prefix}{name}: expected > 0, received {getattr(config, name)}")
 
 
 def require_output_folder(out: str | Path, field: str = "out", **inputs: str | Path | None) -> None:
@@ -81,4 +58,4 @@ def cell_problems(
     return [f"{label} x {env_label}: {p}" for p in problems]
 
 
-__all__ = ["cell_problems", "limit_threads", "require_counts", "require_output_folder", "require_positive"]
+__all__ = ["cell_problems", "limit_threads", "require_output_folder"]

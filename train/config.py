@@ -8,6 +8,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from policylink.adapters.config_checks import require_counts, require_non_negative, require_positive, require_within
 from policylink.adapters.obs_modes import check_obs_mode
 from policylink.adapters.registry import UnknownNameError, check_env_name, unknown_name_message
 from policylink.adapters.schema import ControlMode
@@ -147,33 +148,13 @@ def validate_config(cfg: TrainConfig) -> None:
             "installed; leave it empty for metrics.csv and TensorBoard only"
         )
     check_obs_mode(d.obs_mode, field="dataset.obs_mode")
-    if not 0.0 <= d.val_fraction < 1.0:
-        raise ValueError(f"dataset.val_fraction: expected a value in [0, 1), received {d.val_fraction}")
-    positive = {
-        "steps": cfg.steps,
-        "batch_size": cfg.batch_size,
-        "val_windows": cfg.val_windows,
-        "dataset.image_size": d.image_size,
-    }
-    non_negative = {
-        "warmup_steps": cfg.warmup_steps,
-        "grad_clip": cfg.grad_clip,
-        "log_every": cfg.log_every,
-        "val_every": cfg.val_every,
-        "save_every": cfg.save_every,
-        "torch_threads": cfg.torch_threads,
-        "weight_decay": cfg.weight_decay,
-        "eval.every": cfg.eval.every,
-        "eval.episodes": cfg.eval.episodes,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise ValueError(f"{name}: expected an int >= 1, received {value}")
-    for name, value in non_negative.items():
-        if value < 0:
-            raise ValueError(f"{name}: expected a value >= 0, received {value}")
-    if not cfg.lr > 0:
-        raise ValueError(f"lr: expected a learning rate > 0, received {cfg.lr}")
+    require_within(d, "dataset.", val_fraction="[0, 1)")
+    require_counts(cfg, steps=1, batch_size=1, val_windows=1, warmup_steps=0, log_every=0, val_every=0, save_every=0,
+                   torch_threads=0)  # fmt: skip
+    require_counts(d, "dataset.", image_size=1)
+    require_counts(cfg.eval, "eval.", every=0, episodes=0)
+    require_non_negative(cfg, "grad_clip", "weight_decay")
+    require_positive(cfg, "lr")
     if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
         raise ValueError(f"betas: expected two values in [0, 1), received {cfg.betas}")
     from policylink.policies.checkpoint import resolve_device  # torch: imported when a run starts, not for --help

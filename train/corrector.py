@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.config_checks import require_counts, require_positive, require_within
+
 
 @dataclass
 class MonitorCmdConfig:
@@ -67,11 +69,8 @@ class MonitorCmdConfig:
     torch_threads: int = 1
 
     def __post_init__(self) -> None:
-        from policylink.runtime.checks import require_counts, require_positive
-
         require_counts(self, horizon=1, hidden_dim=1, steps=1, batch_size=1, chunk_period=0, torch_threads=0)
-        if not 0 < self.ewma <= 1:
-            raise ValueError(f"ewma: expected a smoothing weight in (0, 1], received {self.ewma}")
+        require_within(self, ewma="(0, 1]")
         require_positive(self, "lr")
         if not (0 < self.calibration_fraction and 0 <= self.test_fraction and
                 self.calibration_fraction + self.test_fraction < 1):  # fmt: skip

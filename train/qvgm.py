@@ -17,7 +17,7 @@ import sys
 import time
 import types
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 from policylink.adapters.capabilities import Prediction
+from policylink.adapters.config_checks import require_choice, require_counts, require_positive
+from policylink.policies.finetune.qvgm import QVGMConfig
 from policylink.policies.serialization import load_json, save_json
 from policylink.train.trainer import OptimConfig, Optimization, fit, tty_progress
 
@@ -32,8 +34,6 @@ METHODS = ("qvgm", "bc", "awr")
 LINEAGE_FILE = "lineage.json"
 SOURCE_FILE = "critic_source.json"
 CRITIC_FIELDS = ("hidden_dim", "n_layers", "n_heads", "expectile", "gamma", "polyak", "lr")
-QVGM_FIELDS = ("last_steps", "ascent_steps", "step_size", "trust_radius", "alpha", "bc_weight", "pessimism",
-               "candidates", "anchor", "target")  # fmt: skip
 
 
 @dataclass
@@ -83,8 +83,6 @@ class CriticCmdConfig:
     def validate(self, prefix: str = "") -> CriticCmdConfig:
         """Return self if every value is usable (no file is read). Raises ValueError naming the field (``prefix``
         before it: ``critic.`` in the loop), the expected and the received value."""
-        from policylink.runtime.checks import require_counts, require_positive
-
         require_counts(self, prefix, steps=1, batch_size=1, horizon=0, torch_threads=0)
         require_positive(self, "lr", prefix=prefix)
         self.critic_config().validate()
@@ -98,9 +96,11 @@ class CriticCmdConfig:
                              f"{self.horizon}")  # fmt: skip
 
 
-@dataclass
-class QVGMCmdConfig:
-    """``policylink finetune qvgm``: fine-tune a flow policy on a replay buffer.
+@dataclass(frozen=True)
+class QVGMCmdConfig(QVGMConfig):
+    """``policylink finetune qvgm``: fine-tune a flow policy on a replay buffer: the Q-VGM settings of
+    :class:`~policylink.policies.finetune.qvgm.QVGMConfig` (``last_steps``, ``ascent_steps``, ``step_size``,
+    ``trust_radius``, ``alpha``, ``bc_weight``, ``pessimism``, ``candidates``, ``anchor``, ``target``) plus the job's.
 
     Attributes:
         policy: checkpoint folder of the flow policy to improve (and the frozen reference of the critic).
@@ -117,20 +117,6 @@ class QVGMCmdConfig:
             toward its failures).
         bc_buffer: method qvgm: an episode store for the flow-matching term instead of the buffer (e.g. the
             base policy's own training demos; with bc_only_success, its successful episodes).
-        last_steps: intermediate times among the last M of the sampler's K Euler steps (paper: 5 of 10).
-        ascent_steps: normalised Q-gradient steps from the clean estimate (keep-best, start included).
-        step_size: length of one ascent step, RMS per normalised action entry.
-        trust_radius: max RMS distance of an ascent iterate from the clean estimate.
-        alpha: fraction of (a* - a_hat) the clean estimate is moved by.
-        bc_weight: lambda_bc, weight of flow matching on the buffer's actions.
-        pessimism: k of the ascent objective mean - k std over the critic's heads (0: the mean, as the paper).
-        anchor: centre of the ascent's trust region: current (the current policy's clean estimate, as the paper)
-            or reference (the base policy's, so the total drift from the base stays within trust_radius).
-        candidates: N chunks sampled from the frozen base policy per state that also enter keep-best (0: ascent
-            only, as the paper); a better candidate becomes the target, which distils best-of-N reranking.
-        target: how the improved chunk a* trains the policy: residual (the paper's velocity target at the
-            rollout's own intermediate step) or flow_matching (flow matching from fresh noise onto a*; with
-            candidates, a distillation of best-of-N reranking that can change the chunk's mode).
         awr_beta: method awr: temperature on the batch-standardised advantage.
         awr_max_weight: method awr: weight cap w_max.
         steps: optimizer steps.
@@ -151,16 +137,6 @@ class QVGMCmdConfig:
     only_success: bool = False
     bc_only_success: bool = False
     bc_buffer: str = ""
-    last_steps: int = 5
-    ascent_steps: int = 10
-    step_size: float = 0.05
-    trust_radius: float = 0.25
-    alpha: float = 1.0
-    bc_weight: float = 1.0
-    pessimism: float = 0.0
-    candidates: int = 0
-    anchor: str = "current"
-    target: str = "residual"
     awr_beta: float = 1.0
     awr_max_weight: float = 20.0
     steps: int = 500
@@ -172,20 +148,15 @@ class QVGMCmdConfig:
     base: str = ""
     round: int = 0
 
-    def qvgm_config(self) -> Any:
-        """The :class:`~policylink.policies.finetune.qvgm.QVGMConfig` of these options."""
-        from policylink.policies.finetune.qvgm import QVGMConfig
+    def qvgm_config(self) -> QVGMConfig:
+        """The :class:`~policylink.policies.finetune.qvgm.QVGMConfig` part of these options."""
+        return QVGMConfig(**{f.name: getattr(self, f.name) for f in fields(QVGMConfig)})
 
-        return QVGMConfig(**{f: getattr(self, f) for f in QVGM_FIELDS})
-
-    def validate(self, prefix: str = "") -> QVGMCmdConfig:
+    def validate(self, prefix: str = "") -> QVGMCmdConfig:  # type: ignore[override]
         """Return self if every value is usable (no file is read; ``last_steps`` against the sampler's steps is
         checked once the policy is loaded). Raises ValueError naming the field (``prefix`` before it: ``qvgm.`` in
         the loop; the Q-VGM settings are always named ``qvgm.*``), the expected and the received value."""
-        from policylink.runtime.checks import require_counts, require_positive
-
-        if self.method not in METHODS:
-            raise ValueError(f"{prefix}method: expected one of {METHODS}, received {self.method!r}")
+        require_choice(self, prefix, method=METHODS)
         require_counts(self, prefix, steps=1, batch_size=1, torch_threads=0)
         require_positive(self, "lr", "grad_clip", "awr_beta", "awr_max_weight", prefix=prefix)
         self.qvgm_config().validate()

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from policylink.adapters.config_checks import require_choice, require_counts
 from policylink.data.buffer import EpisodeStore
 from policylink.data.normalize import Normalizer
 from policylink.data.sampler import SequenceDataset
@@ -50,13 +51,11 @@ class ValueConfig:
     folds: int = 2
 
     def __post_init__(self) -> None:
-        if self.kind not in VALUE_KINDS:
-            raise ValueError(f"value.kind: expected one of {VALUE_KINDS}, received {self.kind!r}")
+        require_choice(self, "value.", kind=VALUE_KINDS)
         if self.kind == "bins" and (self.num_bins < 2 or not self.v_min < self.v_max):
             raise ValueError(f"value bins: expected num_bins >= 2 and v_min < v_max, received {self.num_bins}, "
                              f"[{self.v_min}, {self.v_max}]")  # fmt: skip
-        if self.folds < 1 or self.steps < 1:
-            raise ValueError(f"value.folds / value.steps: expected >= 1, received {self.folds}, {self.steps}")
+        require_counts(self, "value.", folds=1, steps=1)
 
 
 class ValueModel(nn.Module):

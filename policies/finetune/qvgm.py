@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from policylink.adapters.config_checks import require_choice, require_counts, require_non_negative, require_positive
 from policylink.policies.critics import ChunkCritic, critic_state
 from policylink.policies.model import ChunkModel
 
@@ -74,19 +75,10 @@ class QVGMConfig:
         """Return self if consistent (``last_steps <= num_steps`` when given). Raises ValueError naming the field."""
         if self.last_steps < 1 or (num_steps is not None and self.last_steps > num_steps):
             raise ValueError(f"qvgm.last_steps: expected in [1, {num_steps}], received {self.last_steps}")
-        for name in ("ascent_steps", "candidates"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"qvgm.{name}: expected >= 0, received {getattr(self, name)}")
-        for name in ("step_size", "trust_radius", "alpha"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"qvgm.{name}: expected > 0, received {getattr(self, name)}")
-        if self.anchor not in ANCHORS:
-            raise ValueError(f"qvgm.anchor: expected one of {ANCHORS}, received {self.anchor!r}")
-        if self.target not in TARGETS:
-            raise ValueError(f"qvgm.target: expected one of {TARGETS}, received {self.target!r}")
-        for name in ("bc_weight", "pessimism"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"qvgm.{name}: expected >= 0, received {getattr(self, name)}")
+        require_counts(self, "qvgm.", ascent_steps=0, candidates=0)
+        require_positive(self, "step_size", "trust_radius", "alpha", prefix="qvgm.")
+        require_non_negative(self, "bc_weight", "pessimism", prefix="qvgm.")
+        require_choice(self, "qvgm.", anchor=ANCHORS, target=TARGETS)
         return self
 
 

@@ -169,7 +169,7 @@ def test_qvgm_with_candidates_reports_how_often_a_sample_won(kit):
     _, metrics = loss_fn(model, {"obs": obs, "action": torch.zeros(16, 4, 2), "noise": noise}, 0)
     # with no ascent the start wins unless a sample is better: 8 fresh samples beat one clean estimate usually
     assert 0.5 < metrics["candidate_won"] <= 1.0 and metrics["start_won"] == pytest.approx(1 - metrics["candidate_won"])
-    with pytest.raises(ValueError, match="qvgm.candidates: expected >= 0, received -1"):
+    with pytest.raises(ValueError, match="qvgm.candidates: expected an integer >= 0, received -1"):
         QVGMConfig(candidates=-1).validate()
 
 

@@ -357,13 +357,13 @@ def test_monitor_options_and_out_are_checked_before_training(tmp_path, capsys):
     for change, message in [
         ({"steps": -3}, "steps: expected an integer >= 1, received -3"),
         ({"batch_size": 0}, "batch_size: expected an integer >= 1, received 0"),
-        ({"ewma": 0.0}, r"ewma: expected a smoothing weight in \(0, 1\], received 0.0"),
+        ({"ewma": 0.0}, r"ewma: expected a value in \(0, 1\], received 0.0"),
     ]:
         with pytest.raises(ValueError, match=f"^{message}$"):
             MonitorCmdConfig(**change)
     assert cli.main(["finetune", "monitor", "--ewma", "0"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "policylink finetune: error: ewma: expected a smoothing weight in (0, 1], received 0.0"
+        "policylink finetune: error: ewma: expected a value in (0, 1], received 0.0"
     ]
     buf = _buffer(tmp_path / "buf.zarr")
     base = _checkpoint(tmp_path / "base", buf)

@@ -225,10 +225,10 @@ def test_ddp_two_processes_match_one_process(reach_store, tmp_path):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"batch_size": 0}, "batch_size: expected an int >= 1, received 0"),
-        ({"steps": -5}, "steps: expected an int >= 1, received -5"),
-        ({"lr": 0.0}, "lr: expected a learning rate > 0, received 0.0"),
-        ({"log_every": -1}, "log_every: expected a value >= 0, received -1"),
+        ({"batch_size": 0}, "batch_size: expected an integer >= 1, received 0"),
+        ({"steps": -5}, "steps: expected an integer >= 1, received -5"),
+        ({"lr": 0.0}, "lr: expected > 0, received 0.0"),
+        ({"log_every": -1}, "log_every: expected an integer >= 0, received -1"),
         ({"device": "tpu"}, "device: expected 'auto', 'cpu' or 'cuda[:N]', received 'tpu'"),
         ({"betas": [0.9]}, "betas: expected two values in [0, 1), received [0.9]"),
     ],
