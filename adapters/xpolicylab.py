@@ -471,10 +471,13 @@ def parse_ref(ref: str) -> tuple[str, dict[str, Any]]:
     return address, options
 
 
-def load_remote(ref: str, env_spec: EnvSpec | None = None) -> XPolicyLabRemotePolicy:
+def load_remote(ref: str, env_spec: EnvSpec | None = None, timeout_s: float | None = None) -> XPolicyLabRemotePolicy:
     """The policy of reference ``xpl://HOST:PORT[?options]`` (:func:`parse_ref`); ``env=NAME`` in the reference
-    takes the spec of registry env ``NAME`` (default settings) instead of ``env_spec``."""
+    takes the spec of registry env ``NAME`` (default settings) instead of ``env_spec``; ``timeout_s`` is the
+    default of the reference's ``timeout_s`` (None: 30 s)."""
     address, options = parse_ref(ref)
+    if timeout_s is not None:
+        options.setdefault("timeout_s", timeout_s)
     name = options.pop("env", None)
     if name:
         from policylink.adapters.registry import make_env

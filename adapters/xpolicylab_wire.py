@@ -14,7 +14,8 @@ bytes}`` (numpy scalars ``{b"nd": False, b"type", b"data"}``). There is no proto
 
 Decoding is stricter than ``msgpack_numpy.decode``, which unpickles ``kind == b"O"`` arrays: only numeric
 dtypes of the contract (:data:`~policylink.adapters.codec.SUPPORTED_DTYPES`) with a matching byte length
-decode; anything else is an ``invalid_frame`` error and nothing is ever unpickled.
+decode; anything else is an ``invalid_frame`` error and nothing is ever unpickled. ``msgpack_numpy`` (the
+``xpolicylab`` extra) is imported at the first array.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from enum import StrEnum
 from typing import Any
 
 import msgpack
-import msgpack_numpy
 import numpy as np
 
 from policylink.adapters.codec import SUPPORTED_DTYPES
@@ -241,6 +241,8 @@ def describe(value: Any) -> str:
 
 
 def _encode_default(obj: Any) -> Any:
+    import msgpack_numpy  # the xpolicylab extra; the core install imports this module without it
+
     if isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.kind in "OV":
         raise XPolicyLabError(ErrorCode.INVALID_FRAME, f"dtype {obj.dtype}: object/structured arrays are not supported")
     out = msgpack_numpy.encode(obj)
@@ -250,6 +252,8 @@ def _encode_default(obj: Any) -> Any:
 
 
 def _decode_hook(obj: dict) -> Any:
+    import msgpack_numpy
+
     if b"nd" not in obj:
         return msgpack_numpy.decode(obj) if b"complex" in obj else obj
     descr, data = obj.get(b"type"), obj.get(b"data")

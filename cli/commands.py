@@ -9,7 +9,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("policylink.cli.train", "train a policy from a dataset (imitation)"),
     "finetune": ("policylink.cli.finetune", "offline improvement from rollouts: critic, Q-VGM, advantage"),
     "eval": ("policylink.cli.eval", "evaluate N policies on M environments; tables, plots, videos"),
-    "serve": ("policylink.cli.serve", "serve a policy over ZeroMQ (and the openpi websocket protocol)"),
+    "serve": ("policylink.cli.serve", "serve a policy over ZeroMQ, openpi or XPolicyLab websockets"),
     "robot": (
         "policylink.cli.robot",
         "serve a robot (or a simulated task as a robot) over ZeroMQ, behind its safety layer",

@@ -24,7 +24,7 @@ COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("train",),
     "finetune": ("train",),
     "eval": ("sim", "train"),
-    "serve": ("train", "openpi"),
+    "serve": ("train", "openpi", "xpolicylab"),
     "robot": ("sim",),
     "run": ("sim", "train"),
     "dataset": ("data",),

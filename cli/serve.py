@@ -13,7 +13,11 @@ from policylink.serve.server import ServeConfig, check_binds, serve
 
 def main(argv: Sequence[str]) -> int:
     """Run ``policylink serve``; returns the exit code (2 for a bad configuration: a malformed ``--bind``, an
-    unsafe bind, missing keys, a port already in use; the reason is printed as one line on stderr)."""
+    unsafe bind, missing keys, a port already in use; the reason is printed as one line on stderr). A first
+    argument that is not a flag is the checkpoint: ``policylink serve CHECKPOINT --protocol xpolicylab``."""
+    argv = list(argv)
+    if argv and not argv[0].startswith("-"):
+        argv = ["--checkpoint", argv[0], *argv[1:]]
     cfg = parse_config(ServeConfig, normalise_flags(argv), prog="policylink serve")
     if (cfg.checkpoint is None) == (cfg.policy is None):
         print(
@@ -40,12 +44,14 @@ def normalise_flags(argv: Sequence[str]) -> list[str]:
 
 
 def _check_reference(cfg: ServeConfig) -> None:
-    """Before torch is imported: ``--checkpoint`` must be a folder (FileNotFoundError), ``--policy`` a registered
-    name (UnknownNameError naming the field, the names and the closest one)."""
+    """Before torch is imported: ``--checkpoint`` must be a folder or a served policy to relay (``tcp://``,
+    ``ipc://``, ``xpl://``; FileNotFoundError), ``--policy`` a registered name (UnknownNameError naming the field,
+    the names and the closest one)."""
     from policylink.adapters.registry import check_policy_name
     from policylink.evaluate.refs import require_checkpoint_folder
+    from policylink.policies.loading import REMOTE_SCHEMES
 
-    if cfg.checkpoint is not None:
+    if cfg.checkpoint is not None and not cfg.checkpoint.startswith(REMOTE_SCHEMES):
         require_checkpoint_folder(cfg.checkpoint, "checkpoint")
     if cfg.policy is not None:
         check_policy_name(cfg.policy, "policy")
