@@ -194,9 +194,12 @@ class MetaWorldAdapter(EnvAdapter):
 
     def close(self) -> None:
         """Free the renderer and the MetaWorld env."""
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
+        renderer, self._renderer = self._renderer, None
+        if renderer is not None:
+            try:
+                renderer.close()
+            except Exception:  # noqa: BLE001 (its GL context is current on another thread; process exit frees it)
+                pass
         self.raw_env.close()
 
     def _observation(self, raw: np.ndarray) -> dict[str, Any]:
