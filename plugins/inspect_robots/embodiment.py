@@ -7,8 +7,8 @@ inspect-robots' ``Embodiment`` protocol (:class:`EnvEmbodiment`), and the factor
 - ``policylink/genesis_reach``, ``policylink/genesis_pick_place``: the same tasks on Genesis physics (the
   ``genesis`` extra; the first scene build compiles kernels, about 70 s).
 - ``policylink/sim_robot``: the sim-as-real robot (:class:`~policylink.real.sim_robot.SimRobot`, ``-E task=reach``)
-  stepped in real time by the deployment loop (:class:`~policylink.real.deploy.DeployEnv`), with the latency, jitter
-  and ``time_scale`` options of ``policylink robot --sim``; it paces itself (``self_paced``).
+  behind its safety layer (:class:`~policylink.real.robot.SafeRobot`), stepped in real time, with the latency,
+  jitter and ``time_scale`` options of ``policylink robot --sim``; it paces itself (``self_paced``).
 - ``policylink/robot``: a robot served by ``policylink robot`` (``-E address=tcp://HOST:PORT``), in real time behind
   its safety layer; success comes from the robot when it is a simulator.
 - ``policylink``: any registered environment, ``-E env=NAME``.
@@ -223,18 +223,21 @@ def sim_robot(
     jitter_ms: float = 0.0,
     seed: int = 0,
     time_scale: float = 1.0,
+    watchdog_ms: float = 500.0,
     **env_kwargs: Any,
 ) -> EnvEmbodiment:
-    """Entry point ``policylink/sim_robot``: task ``task`` as the sim-as-real robot (``policylink robot --sim``'s
-    options, milliseconds), stepped in real time at ``control_frequency * time_scale`` wall-clock Hz; ``info``
+    """Entry point ``policylink/sim_robot``: task ``task`` as the sim-as-real robot with ``policylink robot --sim``'s
+    options (milliseconds; ``time_scale`` its wall-clock speed), behind its safety layer (the task's limits, a
+    ``watchdog_ms`` watchdog), stepped in real time at ``control_frequency * time_scale`` wall-clock Hz. ``info``
     keeps the task's control rate (simulated seconds).
 
     Raises:
         ConfigError: an unknown task, bad env kwargs or timing values (names the field).
     """
-    from policylink.real.deploy import DeployEnv
-    from policylink.real.robots import RobotConfig, build_robot
+    from policylink.real.robot import SafeRobot
+    from policylink.real.robots import RobotConfig, build_robot, safety_config
 
+    what = f"embodiment policylink/sim_robot task {task!r}"
     cfg = RobotConfig(
         sim=task,
         sim_kwargs=dict(env_kwargs),
@@ -243,31 +246,27 @@ def sim_robot(
         jitter_ms=jitter_ms,
         seed=seed,
         time_scale=time_scale,
+        watchdog_ms=watchdog_ms,
     )
     try:
-        robot = build_robot(cfg)
+        driver = build_robot(cfg)
     except (KeyError, ValueError, TypeError) as e:
-        raise _config_error(f"embodiment policylink/sim_robot task {task!r}", e) from None
-    env = DeployEnv(robot, hz=robot.env_spec.control_frequency * time_scale)
+        raise _config_error(what, e) from None
     try:
-        return EnvEmbodiment(
-            env,
-            "policylink/sim_robot",
-            frozenset({target_kind(task)}),
-            capabilities=SIM_CAPABILITIES | {SELF_PACED},
-            close_fn=robot.disconnect,
-        )
-    except SpecError as e:
-        robot.disconnect()
-        raise _config_error(f"embodiment policylink/sim_robot task {task!r}", e) from None
+        env = SafeRobot(driver, safety_config(cfg, driver), hz=driver.env_spec.control_frequency * time_scale)
+        caps = SIM_CAPABILITIES | {SELF_PACED}
+        return EnvEmbodiment(env, "policylink/sim_robot", frozenset({target_kind(task)}), capabilities=caps)
+    except (SpecError, ValueError) as e:  # an unmappable control mode, a bad safety value
+        driver.disconnect()
+        raise _config_error(what, e) from None
 
 
 def robot(
     address: str = "", hz: float | None = None, timeout_s: float = 5.0, curve_keys: str | None = None
 ) -> EnvEmbodiment:
     """Entry point ``policylink/robot``: the robot served by ``policylink robot`` at ``address`` (``tcp://``),
-    stepped in real time at ``hz`` (default its control frequency) behind its safety layer. Episode ends and
-    success come from the robot: a simulator behind the server reports them; hardware runs to the task's
+    stepped in real time at ``hz`` (default its control frequency) behind the server's safety layer. Episode ends
+    and success come from the robot: a simulator behind the server reports them; hardware runs to the task's
     ``max_steps`` (score it with inspect-robots' operator grader). Not ``seedable`` nor ``privileged_success``:
     the server does not say whether a simulator stands behind it.
 
@@ -279,24 +278,19 @@ def robot(
             "address: expected the robot server's address (-E address=tcp://HOST:PORT of policylink robot)"
         )
     from policylink.adapters.protocol import ProtocolError
-    from policylink.real.deploy import DeployEnv
     from policylink.real.server import RemoteRobot
 
+    what = f"embodiment policylink/robot address {address!r}"
     try:
-        remote = RemoteRobot(address, timeout_s=timeout_s, curve_keys=curve_keys)
+        env = RemoteRobot(address, hz=hz, timeout_s=timeout_s, curve_keys=curve_keys)
     except (OSError, RuntimeError, ValueError, ProtocolError) as e:  # TimeoutError, RemoteError, bad keys
-        raise _config_error(f"embodiment policylink/robot address {address!r}", e) from None
+        raise _config_error(what, e) from None
     try:
-        return EnvEmbodiment(
-            DeployEnv(remote, hz=hz),
-            "policylink/robot",
-            is_simulated=False,
-            capabilities=frozenset({RESETTABLE, SELF_PACED}),
-            close_fn=remote.disconnect,
-        )
+        caps = frozenset({RESETTABLE, SELF_PACED})
+        return EnvEmbodiment(env, "policylink/robot", is_simulated=False, capabilities=caps)
     except SpecError as e:
-        remote.disconnect()
-        raise _config_error(f"embodiment policylink/robot address {address!r}", e) from None
+        env.close()
+        raise _config_error(what, e) from None
 
 
 __all__ = [
