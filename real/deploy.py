@@ -1,9 +1,7 @@
-"""The deployment loop for robots: the one rollout loop (:func:`policylink.runtime.rollout.rollout`) over a
-one-slot vector env whose env is the robot itself, a :class:`~policylink.real.robot.RobotEnv` whose ``step`` paces
-itself (absolute deadlines, late actions dropped, an episode's first chunk from ``a_0``) behind the robot's safety
-layer; plus per-step timing statistics, crash-safe recording, and a stop within the robot's watchdog (the robot
-holds, the run says why) when the policy stops answering. ``policylink run --robot tcp://HOST:PORT`` runs it
-(:func:`run_on_robot`).
+"""The deployment loop: the one rollout loop (:func:`policylink.runtime.rollout.rollout`) stepping the robot itself,
+a :class:`~policylink.real.robot.RobotEnv` (it paces its own steps behind its safety layer); plus per-step timing
+statistics, crash-safe recording, and a stop within the robot's watchdog (the robot holds, the run says why) when the
+policy stops answering. ``policylink run --robot tcp://HOST:PORT`` runs it (:func:`run_on_robot`).
 """
 
 from __future__ import annotations
@@ -59,10 +57,8 @@ class DeployStats(EpisodeSubscriber):
     _shown: float = field(default=0.0, repr=False)
 
     def on_step(self, slot, obs, action, reward, done, info) -> None:
-        """Count one step from its ``info["deploy"]`` timing (steps without one are not counted)."""
-        d = info.get("deploy")
-        if d is None:
-            return
+        """Count one step from its ``info["deploy"]`` timing."""
+        d = info["deploy"]
         self.human += int(d["source"])
         if d["first"]:
             self.startup_steps += 1
@@ -122,20 +118,14 @@ class DeployRecorder(RecorderSubscriber):
     """
 
     def on_step(self, slot, obs, action, reward, done, info) -> None:
-        """Buffer the step with its deployment fields."""
+        """Buffer the step with its deployment fields (``info["deploy"]``; a step without them as any other)."""
         d = info.get("deploy")
-        row = dict(obs)
-        if d is not None:
-            row.update(
-                {
-                    "deploy.latency_s": np.float32(d["latency_s"]),
-                    "deploy.period_error_s": np.float32(d["period_error_s"]),
-                    "deploy.late": np.bool_(d["late"] and not d["first"]),
-                    "deploy.source": np.int8(d["source"]),
-                }
-            )
-            action = d["sent"]
-        self.recorder.add_step(row, action, reward, done, slot=slot)
+        if d is None:
+            return super().on_step(slot, obs, action, reward, done, info)
+        row = {**obs, "deploy.latency_s": np.float32(d["latency_s"]), "deploy.source": np.int8(d["source"])}
+        row["deploy.period_error_s"] = np.float32(d["period_error_s"])
+        row["deploy.late"] = np.bool_(d["late"] and not d["first"])  # dropped: the first action never is
+        self.recorder.add_step(row, d["sent"], reward, done, slot=slot)
 
     def on_abort(self, slot: int) -> None:
         """Commit the unfinished episode when it has steps: success unknown, ``aborted`` added to its quality tag."""
@@ -270,11 +260,10 @@ def run_deployment(
     reply_timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S,
     stats: DeployStats | None = None,
 ) -> DeployOutcome:
-    """Run ``episodes`` episodes (reset seeds ``seed + i``) of ``executor`` on ``robot`` (a
-    :class:`~policylink.real.robot.RobotEnv`: a :class:`~policylink.real.server.RemoteRobot`, or a
-    :class:`~policylink.real.robot.SafeRobot` in this process) through the rollout loop, counting into ``stats``
-    (a :class:`DeployStats`; a new one when None; its ``status`` line also gets one line per episode) and recording
-    to ``recorder`` (from :func:`open_deploy_recorder`) when given.
+    """Run ``episodes`` episodes (reset seeds ``seed + i``) of ``executor`` on ``robot``, a
+    :class:`~policylink.real.robot.RobotEnv`, through the rollout loop, counting into ``stats`` (default a new
+    :class:`DeployStats`; with a ``status`` it also prints a line per episode) and recording to ``recorder`` (from
+    :func:`open_deploy_recorder`) when given.
 
     An :class:`~policylink.runtime.executors.AsyncExecutor` stops at a chunk request unanswered for more than
     ``reply_timeout_s`` seconds of ``robot.clock`` (None = never): after the policy's last reply the robot executes
@@ -310,7 +299,10 @@ def run_deployment(
         out.code, out.reason = _ending(e)
         print(f"\n{out.reason}", file=sys.stderr)
     finally:
-        _hold_quietly(robot)
+        try:
+            robot.stop()  # hold now; a robot server that is gone already holds by its watchdog
+        except Exception as e:  # noqa: BLE001 (the run is ending; the watchdog covers a dead link)
+            print(f"hold request failed ({type(e).__name__}); the robot's watchdog holds it", file=sys.stderr)
         executor.close()
         vec.close()  # closes the robot
         if recorder is not None:
@@ -380,11 +372,3 @@ def _teleop(cfg: Any, action_dim: int) -> Teleoperator | None:
     tele.start_terminal()
     print("keyboard takeover: space toggles, w/s a/d r/f move, x = e-stop", file=sys.stderr)
     return tele
-
-
-def _hold_quietly(robot: Any) -> None:
-    """Ask the robot to hold; a robot server that is gone already holds by its watchdog."""
-    try:
-        robot.stop()
-    except Exception as e:  # noqa: BLE001 (the run is ending; the watchdog covers a dead link)
-        print(f"hold request failed ({type(e).__name__}); the robot's watchdog holds it", file=sys.stderr)

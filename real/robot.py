@@ -1,19 +1,10 @@
-"""The Robot protocol (one class per arm), :class:`RobotEnv` (a robot behind its safety layer is an environment
+"""The Robot protocol (one class per arm), :class:`RobotEnv` (a robot behind its safety layer as an environment
 stepped in real time: the deployment loop's env) and :class:`SafeRobot`, a driver behind its safety layer: the only
 way a command reaches the motors in the robot server.
 
 A driver for a new arm subclasses :class:`Robot` and implements ``env_spec``, :meth:`Robot.get_observation` and
-:meth:`Robot.send_action` (plus ``connect``/``disconnect``/``home``/``stop`` where the hardware needs them)::
-
-    class MyArm(Robot):
-        def __init__(self, port: str):
-            self.env_spec = EnvSpec(name="my_arm", observation_features={...}, action=ActionSpec(...),
-                                    control_frequency=30.0, max_episode_steps=900)
-        def get_observation(self):
-            return {"observation.state": read_joints(), "task": ""}
-        def send_action(self, action):
-            write_joints(action)
-            return action
+:meth:`Robot.send_action` (plus ``measured_pose`` in pose modes, ``connect``/``disconnect``/``home``/``stop`` where
+the hardware needs them): the README's ``OneJointArm`` (tested as written) is a complete one.
 """
 
 from __future__ import annotations
@@ -126,36 +117,31 @@ class WatchdogTripped(RuntimeError):
 
 
 class RobotEnv(Robot, EnvAdapter):
-    """A robot behind its safety layer as an environment stepped in real time: the env of the deployment loop.
-
+    """A robot behind its safety layer as an environment stepped in real time: the deployment loop's env.
     :class:`SafeRobot` (a driver in this process) and :class:`~policylink.real.server.RemoteRobot` (a robot server's
-    client; the safety layer is the server's) are robot envs. ``reset`` begins an episode and starts the pacing grid
-    (:class:`~policylink.real.pacing.Pacer`: deadlines ``t0 + k * period``, overruns skipped, never accumulated) at
-    the returned observation. ``step(a)``: a human's action replaces ``a`` while :attr:`teleop` is engaged (an
-    e-stop request latches the robot's e-stop); ``a`` goes through the safety layer to the motors unless its period
-    (the one that began at the observation it answers) has already ended: then it is dropped, counted late, and the
-    robot holds; then the step sleeps to the next deadline and reads ``(observation, info)``. An episode's first
-    action is never late: the robot held while the first chunk was inferred, so when that took longer than a period
-    the grid restarts at the reply and the chunk is executed from its first action ``a_0``. ``terminated`` /
-    ``truncated`` come from the robot (a simulator's episode end); hardware episodes end at the plan's
-    ``max_episode_steps``. Reward is 1 on success. Timing rules: ``real/README.md``.
+    client; the server's safety layer) are robot envs. Timing rules: ``real/README.md``.
 
-    ``info["deploy"]`` holds this step's ``latency_s`` (observation to action), ``period_error_s`` (wake-up error at
-    the deadline), ``period_s`` (observation to observation), all seconds; ``late`` (the action came after its
-    period: dropped, unless ``first``, the episode's first step); ``source`` (int, index into
-    :data:`~policylink.real.teleop.STEP_SOURCES`); ``sent``: float32 ``(A,)``, the command the robot executes (for a
-    dropped action the hold command, else zeros). ``info["safety"]``: the safety status (clip and hold counts) when
-    the robot reports one.
+    ``reset`` begins an episode and starts the pacing grid (:class:`~policylink.real.pacing.Pacer`: deadlines
+    ``t0 + k * period``, overruns skipped) at its observation. ``step(a)``: the :attr:`teleop` human's action replaces
+    ``a`` while engaged (an e-stop request latches the e-stop); ``a`` goes through the safety layer unless its period
+    (begun at the observation it answers) has ended: then it is dropped and the robot holds, except for an episode's
+    first action (the robot held during the first inference: the grid restarts now and the chunk runs from ``a_0``);
+    then the step sleeps to the next deadline and observes. ``terminated``/``truncated`` come from the robot (a
+    simulator's episode end); reward is 1 on success. ``info["deploy"]``: ``latency_s`` (observation to action),
+    ``period_error_s`` (wake-up error), ``period_s`` (observation to observation), seconds; ``late`` (after its
+    period), ``first``, ``source`` (index into :data:`~policylink.real.teleop.STEP_SOURCES`), ``sent`` float32
+    ``(A,)`` (the command executed: a dropped action's is the hold command, else zeros); ``info["safety"]``: the
+    safety status when the robot reports one.
 
     Args:
         env_spec: the robot's EnvSpec; hz: control rate (default its ``control_frequency``); clock: monotonic, s.
 
     Attributes:
-        period: control period, seconds; ``pacer``; ``clock``; ``teleop``: an optional
-            :class:`~policylink.real.teleop.Teleoperator`; ``last_report``: the safety report of the latest action.
+        period (s), pacer, clock; ``teleop``: a :class:`~policylink.real.teleop.Teleoperator` or None;
+        ``last_report``: the :class:`SafetyReport` of the latest action.
 
     Raises:
-        WatchdogTripped: (``step``) the robot's watchdog tripped; it holds until re-armed.
+        WatchdogTripped: (``step``) the safety layer held the action: its watchdog tripped.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -187,8 +173,7 @@ class RobotEnv(Robot, EnvAdapter):
         return obs, {**info, "is_success": bool(info.get("is_success", False))}
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        """Send (or drop, when late) float32 ``(A,)`` ``action``, wait for the next deadline, observe (see the
-        class). Raises WatchdogTripped when the safety layer held the action because its watchdog tripped."""
+        """Send (or drop, when late) float32 ``(A,)`` ``action``, wait for the next deadline, observe (see above)."""
         source = 0
         if self.teleop is not None:
             if self.teleop.estop_requested:
@@ -211,11 +196,10 @@ class RobotEnv(Robot, EnvAdapter):
         wake_error = self.pacer.wait()
         obs, info = self.observe()
         t = self.clock()
-        deploy = {"latency_s": now - self._obs_t, "period_error_s": wake_error, "period_s": t - self._obs_t}
-        deploy.update(late=late, first=first, source=source, sent=sent)
+        timing = dict(latency_s=now - self._obs_t, period_error_s=wake_error, period_s=t - self._obs_t, late=late)
         self._obs, self._obs_t, self._first = obs, t, False
         success = bool(info.get("is_success", False))
-        step_info = {"is_success": success, "deploy": deploy}
+        step_info = {"is_success": success, "deploy": {**timing, "first": first, "source": source, "sent": sent}}
         if "safety" in info:
             step_info["safety"] = info["safety"]
         return obs, float(success), bool(info.get("terminated", False)), bool(info.get("truncated", False)), step_info

@@ -108,12 +108,6 @@ class RobotServer(EnvServer):
             return {"observation": obs, "info": info}
         if verb == "get_observation":
             return {"observation": r.get_observation()}
-        if verb == "reset":
-            try:
-                obs, info = r.reset(seed=body.get("seed"), options=body.get("options"))
-            except RuntimeError as e:
-                raise ProtocolError(ErrorCode.ENV_FAILED, str(e)) from None
-            return {"observation": obs, "info": dict(info)}
         if verb == "step":
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED,
@@ -121,14 +115,13 @@ class RobotServer(EnvServer):
             )
         if verb == "estop":
             r.estop(body.get("reason") or "client")
-        elif verb == "reset_estop":
-            r.reset_estop()
-        elif verb == "rearm":
-            r.rearm()
-        elif verb == "hold":
-            r.hold()
-        elif verb == "home":
+        elif verb in ("reset_estop", "rearm", "hold"):
+            getattr(r, verb)()
+        else:  # reset, home: refused while the e-stop is latched
             try:
+                if verb == "reset":
+                    obs, info = r.reset(seed=body.get("seed"), options=body.get("options"))
+                    return {"observation": obs, "info": dict(info)}
                 r.home()
             except RuntimeError as e:
                 raise ProtocolError(ErrorCode.ENV_FAILED, str(e)) from None
@@ -156,7 +149,8 @@ class RemoteRobot(RobotEnv):
         clock: monotonic clock, seconds.
 
     Attributes:
-        last_report: the latest ``act`` reply (command sent, held, reasons) as a SafetyReport.
+        last_report: the latest ``act`` reply (command sent, held, reasons) as a SafetyReport; ``last_sent``,
+            ``last_held``, ``last_reasons``: the same under their old names (deprecated: removed in the next release).
 
     Raises:
         TimeoutError, VersionMismatchError: at construction, when the server does not answer ``hello``.
@@ -175,6 +169,7 @@ class RemoteRobot(RobotEnv):
         self._channel = Channel(endpoint, ROBOT_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys)
         self.server_info = self._channel.hello("env")
         super().__init__(EnvSpec.from_dict(self.server_info["spec"]), hz, clock)
+        self.last_sent, self.last_held, self.last_reasons = None, False, ()
 
     def get_observation(self) -> dict[str, Any]:
         """The robot's current observation."""
@@ -189,6 +184,7 @@ class RemoteRobot(RobotEnv):
         """Send float32 ``(A,)``; returns the command the server sent to the motors after its safety layer."""
         r = self._channel.request("act", {"action": np.asarray(action, np.float32)})
         self.last_report = SafetyReport(r["sent"], r["held"], tuple(r["reasons"]))
+        self.last_sent, self.last_held, self.last_reasons = r["sent"], r["held"], self.last_report.reasons
         return r["sent"]
 
     def _begin(self, seed: int | None, options: dict | None) -> tuple[dict[str, Any], dict[str, Any]]:
