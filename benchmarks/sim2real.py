@@ -1,0 +1,128 @@
+"""Sim-to-real figures of issue 34 from ``policylink eval`` output folders: the reality gap (nominal policy on the
+nominal sim and on a gap preset, randomised policy on the gap) and the camera shift (RGB and pointmap policies on
+the nominal cameras and under the shift). Reads each folder's ``results.json`` (one policy x one env cell), writes
+the keys ``"gap"`` and ``"camera_shift"`` of ``benchmarks/results/sim2real.json`` (read-modify-write: other keys,
+e.g. ``"latency"``, are kept) and a bar plot with 95% Wilson intervals.
+
+    python benchmarks/sim2real.py \\
+        --gap preset=worn_gantry task=pick_place nominal_on_nominal=outputs/s2r/eval/nominal_on_none \\
+              nominal_on_gap=outputs/s2r/eval/nominal_on_worn_gantry randomized_on_gap=outputs/s2r/eval/rand_on_worn \\
+        --camera rgb_nominal=... rgb_shift=... pointmap_nominal=... pointmap_shift=...
+
+Any further ``name=FOLDER`` pairs given to ``--gap`` are kept under ``"gap"."cells"`` (e.g. the other presets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from policylink.evaluate.report import wilson_interval
+
+RESULTS = Path(__file__).resolve().parent / "results"
+JSON_PATH, PLOT_PATH = RESULTS / "sim2real.json", RESULTS / "sim2real.png"
+CAMERA_CELLS = ("rgb_nominal", "rgb_shift", "pointmap_nominal", "pointmap_shift")
+
+
+def read_cell(folder: str | Path) -> dict[str, Any]:
+    """``{"success": fraction, "n_success", "n_episodes", "ci95": [low, high] fractions, "folder"}`` of the single
+    cell in ``folder/results.json``.
+
+    Raises:
+        ValueError: the folder holds no ``results.json`` or more than one cell.
+    """
+    path = Path(folder) / "results.json"
+    if not path.is_file():
+        raise ValueError(f"{folder}: expected a policylink eval output folder with results.json")
+    rows = json.loads(path.read_text())
+    if len(rows) != 1:
+        raise ValueError(f"{path}: expected one policy x env cell, received {len(rows)}")
+    k, n = int(rows[0]["n_success"]), int(rows[0]["n_episodes"])
+    low, high = wilson_interval(k, n)
+    return {"success": k / n, "n_success": k, "n_episodes": n, "ci95": [low, high], "folder": str(folder)}
+
+
+def pairs(items: list[str], flag: str) -> dict[str, str]:
+    """``name=value`` strings as a dict. Raises ValueError naming ``flag`` for an item without ``=``."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"{flag}: expected name=value items, received {item!r}")
+        out[name] = value
+    return out
+
+
+def gap_section(args: dict[str, str]) -> dict[str, Any]:
+    """The ``"gap"`` key: preset, task, the three required success fractions and every cell's details."""
+    cells = {k: read_cell(v) for k, v in args.items() if k not in ("preset", "task")}
+    out: dict[str, Any] = {"preset": args["preset"], "task": args["task"]}
+    for key in ("nominal_on_nominal", "nominal_on_gap", "randomized_on_gap"):
+        out[key] = cells[key]["success"] if key in cells else None
+    out["cells"] = cells
+    return out
+
+
+def camera_section(args: dict[str, str], shift: str) -> dict[str, Any]:
+    """The ``"camera_shift"`` key: success under the shift / nominal success for RGB and pointmap policies."""
+    cells = {k: read_cell(v) for k, v in args.items()}
+    missing = [c for c in CAMERA_CELLS if c not in cells]
+    if missing:
+        raise ValueError(f"--camera: expected cells {list(CAMERA_CELLS)}, missing {missing}")
+
+    def ratio(kind: str) -> float | None:
+        nominal = cells[f"{kind}_nominal"]["success"]
+        return cells[f"{kind}_shift"]["success"] / nominal if nominal > 0 else None
+
+    return {"rgb_ratio": ratio("rgb"), "pointmap_ratio": ratio("pointmap"), "shift": shift, "cells": cells}
+
+
+def plot(sections: dict[str, Any], path: Path) -> None:
+    """One bar per cell (success %, 95% Wilson interval as error bars), one panel per section."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s for s in ("gap", "camera_shift") if s in sections and sections[s]]
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        cells = sections[name]["cells"]
+        labels = list(cells)
+        y = [100 * cells[c]["success"] for c in labels]
+        err = [[y[i] - 100 * cells[c]["ci95"][0] for i, c in enumerate(labels)],
+               [100 * cells[c]["ci95"][1] - y[i] for i, c in enumerate(labels)]]  # fmt: skip
+        ax.bar(range(len(labels)), y, yerr=err, capsize=4, color="#4878d0")
+        ax.set_xticks(range(len(labels)), [c.replace("_", "\n") for c in labels], fontsize=8)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("success (%)")
+        title = sections[name].get("preset") or sections[name].get("shift") or ""
+        ax.set_title(f"{name}: {title}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gap", nargs="*", default=None, help="preset=NAME task=TASK and cell=EVAL_FOLDER pairs")
+    p.add_argument("--camera", nargs="*", default=None, help="rgb_nominal= rgb_shift= pointmap_nominal= ...")
+    p.add_argument("--camera-shift", default="moved_camera", help="what the shift cells ran under (a preset name)")
+    p.add_argument("--json", type=Path, default=JSON_PATH)
+    p.add_argument("--plot", type=Path, default=PLOT_PATH)
+    a = p.parse_args(argv)
+    doc = json.loads(a.json.read_text()) if a.json.is_file() else {}
+    if a.gap:
+        doc["gap"] = gap_section(pairs(a.gap, "--gap"))
+    if a.camera:
+        doc["camera_shift"] = camera_section(pairs(a.camera, "--camera"), a.camera_shift)
+    a.json.write_text(json.dumps(doc, indent=2) + "\n")
+    plot(doc, a.plot)
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "cells"} for k, v in doc.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
