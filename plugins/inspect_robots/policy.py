@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from inspect_robots.embodiment import EmbodimentInfo
 from inspect_robots.errors import CompatibilityError, ConfigError
@@ -164,16 +165,21 @@ def policylink_policy(
     n_action_steps: int | None = None,
     ensemble_m: float = 0.01,
     threads: int = 1,
+    env: str = "",
+    obs_mode: str | None = None,
+    image_size: int | None = None,
 ) -> PolicylinkPolicy:
     """Entry point ``policylink``: ``-P policy=REF`` loaded by :func:`policylink.policies.load_policy` (``device``,
     ``seed`` of the sampler's noise, ``cfg_scale``) behind executor ``executor`` (``n_action_steps``, ``ensemble_m``:
     :class:`~policylink.runtime.executors.ExecutorConfig`); ``threads`` caps torch's CPU threads (0 = torch's
-    default), as ``policylink run --threads``.
+    default), as ``policylink run --threads``. An XPolicyLab model server (``xpl://HOST:PORT``) advertises no spec:
+    ``env`` names the policylink env whose features, action and rate it takes (``obs_mode``, ``image_size``: that
+    env's observation mode), as ``policylink run --policy xpl://... --env NAME`` does.
 
     Raises:
         ConfigError: no ``policy``; a reference that cannot be loaded (missing folder, unknown name, a server that
-            does not answer); bad executor settings or a control mode inspect-robots cannot express. The message
-            names the field, the expected and the received value.
+            does not answer); an unknown ``env``; bad executor settings or a control mode inspect-robots cannot
+            express. The message names the field, the expected and the received value.
     """
     if not policy:
         raise ConfigError(
@@ -187,9 +193,10 @@ def policylink_policy(
         config = ExecutorConfig(kind=executor, n_action_steps=n_action_steps, ensemble_m=ensemble_m)
     except ValueError as e:
         raise ConfigError(f"policylink policy: {e}") from None
+    env_spec = _env_spec(env, obs_mode, image_size) if env else None
     limit_threads(threads)
     try:
-        loaded = load_policy(policy, device=device, seed=seed, cfg_scale=cfg_scale)
+        loaded = load_policy(policy, device=device, seed=seed, cfg_scale=cfg_scale, env_spec=env_spec)
     except (OSError, KeyError, ValueError, RuntimeError, ProtocolError) as e:  # not found, unknown, dead server
         raise ConfigError(f"policy {policy!r}: {e}") from None
     limit_threads(threads)  # torch may have been imported by the load
@@ -197,6 +204,24 @@ def policylink_policy(
         return PolicylinkPolicy(loaded, f"policylink:{policy}", config, reference=policy)
     except (SpecError, ValueError) as e:
         raise ConfigError(f"policy {policy!r}: {e}") from None
+
+
+def _env_spec(env: str, obs_mode: str | None, image_size: int | None) -> Any:
+    """The EnvSpec of registered env ``env`` in observation mode ``obs_mode`` (None: the env's default).
+
+    Raises:
+        ConfigError: an unknown env, mode or image size (names the field)."""
+    from policylink.adapters.obs_modes import obs_mode_env_kwargs
+    from policylink.adapters.registry import make_env
+
+    kwargs = obs_mode_env_kwargs(obs_mode, image_size) if obs_mode else {}
+    try:
+        probe = make_env(env, **kwargs)
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(f"policylink policy env {env!r}: {e}") from None
+    spec = probe.unwrapped.env_spec
+    probe.close()
+    return spec
 
 
 __all__ = ["PolicylinkPolicy", "PolicylinkPolicyConfig", "policylink_policy"]

@@ -290,6 +290,41 @@ def test_cli_run_of_a_served_policy_matches_policylink_run(tmp_path):
         assert sample["trial_metadata"][0]["policylink"]["seed"] == result.seed
 
 
+class _XplReachModel:
+    """A saturated P-controller toward the target as an XPolicyLab model: ``arm_joint_state`` in = state (6,),
+    4 steps of the same ee delta out."""
+
+    def reset(self):
+        pass
+
+    def infer(self, obs):
+        s = obs["state"]["arm_joint_state"]
+        delta = np.clip(0.9 * (s[3:6] - s[0:3]), -0.02, 0.02).astype(np.float32)
+        return [{"arm_joint_state": delta} for _ in range(4)]
+
+
+def test_eval_of_an_xpolicylab_served_policy(tmp_path):
+    """``-P policy=xpl://...`` (an XPolicyLab model server, here the protocol's reference server) with ``-P env=reach``
+    for its spec: inspect-robots evaluates it on ``policylink/reach`` behind our receding-horizon executor."""
+    pytest.importorskip("msgpack_numpy")
+    pytest.importorskip("websockets")
+    from tests.adapters.xpolicylab_reference import ReferenceServer
+
+    with ReferenceServer(_XplReachModel()) as ref:
+        url = f"xpl://127.0.0.1:{ref.port}?chunk_size=4&n_action_steps=2"
+        policy = resolve("policy", "policylink", policy=url, env="reach")
+        task = resolve("task", "policylink/reach", num_scenes=2)
+        (log,) = ir_eval(task, policy, "policylink/reach", log_dir=str(tmp_path))
+        policy.close()
+        infers = sum(r["message_type"] == "infer" for r in ref.requests)
+    assert log.status == "success" and log.results.metrics["success_at_end"] == 1.0
+    steps = [s.epochs[0]["episode_length"] for s in log.samples]
+    assert infers == sum(-(-n // 2) for n in steps)  # one chunk per 2 executed actions
+    assert [s.trial_metadata[0]["policylink"]["inferences"] for s in log.samples] == [-(-n // 2) for n in steps]
+    with pytest.raises(ConfigError, match=r"policylink policy env 'rech'.*did you mean 'reach'"):
+        resolve("policy", "policylink", policy=url, env="rech")
+
+
 # -------------------------------------------------------------------------------------------------- bad input
 
 
