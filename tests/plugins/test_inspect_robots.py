@@ -290,6 +290,73 @@ def test_cli_run_of_a_served_policy_matches_policylink_run(tmp_path):
         assert sample["trial_metadata"][0]["policylink"]["seed"] == result.seed
 
 
+@pytest.fixture(scope="module")
+def trained_reach_checkpoint(tmp_path_factory):
+    """A small flow policy (5 Euler steps) trained on 60 scripted reach episodes for 150 steps (~30 s on the shared
+    2-core machine): it succeeds on some reach episodes and fails on others (3 of 8 there)."""
+    import torch
+
+    from policylink.policies.common.unet1d import UNetConfig
+    from policylink.policies.flow.config import FlowConfig
+    from policylink.policies.registry import make_config
+    from policylink.runtime.record import RecordConfig, record
+    from policylink.train.imitation import DatasetConfig, TrainConfig, train
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("reach_trained")
+    record(RecordConfig(env="reach", expert="expert", episodes=60, out=str(out / "data.zarr")), progress=False)
+    policy = make_config(
+        "flow",
+        n_obs_steps=1,
+        chunk_size=8,
+        n_action_steps=4,
+        observation_keys=[STATE],
+        flow=FlowConfig(num_steps=5),
+        unet=UNetConfig(down_dims=[32, 64], time_embed_dim=32),
+    )
+    cfg = TrainConfig(
+        policy=policy,
+        dataset=DatasetConfig(path=str(out / "data.zarr"), env="reach", val_fraction=0.0),
+        output_dir=str(out / "run"),
+        steps=150,
+        batch_size=64,
+        lr=3e-3,
+        warmup_steps=10,
+        log_every=60,
+        val_every=0,
+        device="cpu",
+        progress=False,
+        torch_threads=1,
+    )
+    return train(cfg)
+
+
+@pytest.mark.slow
+def test_cli_run_of_a_trained_checkpoint_matches_policylink_run_trial_by_trial(trained_reach_checkpoint, tmp_path):
+    """``inspect-robots run`` of a trained checkpoint folder: per scene the success, episode length and executed
+    actions (clipped by inspect-robots' default guardrails to the limits, as the env clips them) of policylink's own
+    rollout with the same seeds; the log's success rate is policylink's."""
+    env = {**os.environ, "INSPECT_ROBOTS_CONFIG": str(tmp_path / "none.ini")}
+    cmd = [INSPECT_ROBOTS, "run", "--task", "policylink/reach", "-T", "num_scenes=6", "--policy", "policylink"]
+    cmd += ["-P", f"policy={trained_reach_checkpoint}", "-P", "device=cpu", "--embodiment", "policylink/reach"]
+    cmd += ["--no-prompt", "--log-dir", str(tmp_path / "logs"), "--no-live-log"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = read_log(tmp_path / "logs")
+    seeds = [derive_seed(0, 100_000 + i, 0) for i in range(6)]
+    results, actions = policylink_episodes(str(trained_reach_checkpoint), "reach", seeds)
+    spec = make_env("reach").env_spec.action
+    logged = action_sidecars(tmp_path / "logs", log)
+    assert log["results"]["total_trials"] == 6 and log["results"]["errored_trials"] == 0
+    for sample, result, acts in zip(log["samples"], results, actions):
+        assert sample["trial_metadata"][0]["policylink"]["seed"] == result.seed
+        assert sample["epochs"][0] == {"success_at_end": float(result.success), "episode_length": result.n_steps}
+        clipped = np.clip(np.stack(acts), spec.low_array, spec.high_array)
+        np.testing.assert_allclose(logged[sample["scene_id"]], clipped, rtol=0, atol=1e-7)
+    rate = np.mean([r.success for r in results])
+    assert log["results"]["metrics"]["success_at_end"] == pytest.approx(rate) and rate >= 1 / 6
+
+
 class _XplReachModel:
     """A saturated P-controller toward the target as an XPolicyLab model: ``arm_joint_state`` in = state (6,),
     4 steps of the same ee delta out."""
