@@ -53,9 +53,11 @@ from policylink.adapters.xpolicylab_wire import (
     MessageType,
     XPolicyLabError,
     decode_frame,
+    encode_actions_reply,
     encode_frame,
 )
 
+INLINE_AFTER = 8  # fast calls in a row before a request kind runs inline (as adapters/rpc.py's serving loop)
 SCHEME = "xpl://"
 DEFAULT_PORT = 19000  # XPolicyLab PolicyServerConfig.port
 log = logging.getLogger(__name__)
@@ -68,7 +70,10 @@ class XPolicyLabServer(WebsocketServer):
     appends one observation (``B = 1``) and replies ``{"actions": [H maps of float32 arrays], "latency_ms":
     float}``, ``prepare_case`` remembers the case's ``instruction`` (or ``task``) for observations without one,
     ``trial_end`` and ``heartbeat`` are acknowledged, ``close`` closes the connection. Each request runs in its
-    own task (heartbeats are answered during inference); policy calls are serialised by ``lock``.
+    own task; policy calls are serialised by ``lock`` and run on a worker thread, so heartbeats are answered during
+    inference, except that, as :class:`~policylink.adapters.rpc.RpcServer` does, a request kind whose last 8 calls
+    each took under ``inline_below_s`` runs inline on the event loop when no call is on the worker (a thread
+    hand-off costs two wake-ups, milliseconds on a loaded machine).
 
     Args:
         policy: the policy to serve.
@@ -77,6 +82,7 @@ class XPolicyLabServer(WebsocketServer):
         lock: lock serialising policy calls (share it with a :class:`PolicyServer` of the same policy).
         insecure: allow a non-loopback ``host``; anyone who can reach it can run and reset the policy.
         max_message_bytes: larger messages close the connection (None = no limit, as upstream).
+        inline_below_s: see above (0 = every policy call on the worker thread).
 
     Raises:
         InsecureBindError: non-loopback ``host`` without ``insecure``.
@@ -94,8 +100,10 @@ class XPolicyLabServer(WebsocketServer):
         lock: threading.Lock | None = None,
         insecure: bool = False,
         max_message_bytes: int | None = 256 * 2**20,
+        inline_below_s: float = 0.002,
     ):
         super().__init__(host, port, insecure=insecure, max_message_bytes=max_message_bytes, name="xpolicylab-server")
+        self.inline_below_s, self._fast_streak, self._on_worker = float(inline_below_s), {}, 0
         self.policy, self.spec = policy, policy.spec
         self.key_map = key_map or KeyMap.for_spec(self.spec)
         carried = {k for _, k in self.key_map.cameras} | ({STATE_KEY} if self.key_map.state else set()) | {TASK_KEY}
@@ -118,9 +126,9 @@ class XPolicyLabServer(WebsocketServer):
 
         send_lock, pending, closing = asyncio.Lock(), set(), False
 
-        async def send(frame: Frame) -> None:
+        async def send(frame: Frame | bytes) -> None:
             async with send_lock:
-                await ws.send(encode_frame(frame))
+                await ws.send(frame if isinstance(frame, bytes) else encode_frame(frame))
 
         try:
             async for raw in ws:
@@ -161,7 +169,7 @@ class XPolicyLabServer(WebsocketServer):
         except Exception as e:  # the client left, or a reply that cannot be encoded
             log.warning("xpolicylab reply to %s not sent: %s", frame.message_type.value, e)
 
-    async def _dispatch(self, frame: Frame) -> Frame:
+    async def _dispatch(self, frame: Frame) -> Frame | bytes:
         kind, payload = frame.message_type, frame.payload
         if kind == MessageType.HELLO:
             return frame.reply(MessageType.HELLO_ACK, self.hello)
@@ -172,13 +180,31 @@ class XPolicyLabServer(WebsocketServer):
             self.instruction = text if isinstance(text, str) else None
             return frame.reply(MessageType.PREPARE_CASE_ACK, {"ok": True})
         if kind == MessageType.RESET:
-            await asyncio.to_thread(self._reset)
+            await self._policy_call(kind, self._reset)
             return frame.reply(MessageType.RESET_RESULT, {"ok": True})
         if kind == MessageType.INFER:
-            return frame.reply(MessageType.INFER_RESULT, await asyncio.to_thread(self._infer, payload))
+            return await self._policy_call(kind, self._infer, frame)
         if kind == MessageType.TRIAL_END:
             return frame.reply(MessageType.TRIAL_END_ACK, {"ok": True})
         raise XPolicyLabError(ErrorCode.UNKNOWN_MESSAGE_TYPE, f"message_type: {kind.value!r} is not a request")
+
+    async def _policy_call(self, kind: MessageType, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` inline when ``kind`` has been fast and the worker is idle, else on the worker thread."""
+        if self._fast_streak.get(kind, 0) >= INLINE_AFTER and not self._on_worker:
+            return self._timed(kind, fn, *args)
+        self._on_worker += 1
+        try:
+            return await asyncio.to_thread(self._timed, kind, fn, *args)
+        finally:
+            self._on_worker -= 1
+
+    def _timed(self, kind: MessageType, fn: Any, *args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            fast = time.perf_counter() - started < self.inline_below_s
+            self._fast_streak[kind] = self._fast_streak.get(kind, 0) + 1 if fast else 0
 
     def _reset(self) -> None:
         try:
@@ -187,14 +213,15 @@ class XPolicyLabServer(WebsocketServer):
         except Exception as e:
             raise XPolicyLabError(ErrorCode.RESET_FAILED, f"{type(e).__name__}: {e}") from None
 
-    def _infer(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """``{"actions": [H maps], "latency_ms": float}`` for ``payload["observation"]``.
+    def _infer(self, frame: Frame) -> bytes:
+        """The encoded ``infer_result`` (``{"actions": [H maps], "latency_ms": float}``) for ``frame.payload[
+        "observation"]``.
 
         Raises:
             XPolicyLabError: ``invalid_frame`` for a missing or mis-shaped field; ``infer_failed`` when the
                 policy raises.
         """
-        obs = payload.get("observation")
+        obs = frame.payload.get("observation")
         if obs is None:  # upstream's one payload check
             raise XPolicyLabError(
                 ErrorCode.INVALID_FRAME,
@@ -215,7 +242,8 @@ class XPolicyLabServer(WebsocketServer):
                 chunk = self.policy.predict_action_chunk()
         except Exception as e:
             raise XPolicyLabError(ErrorCode.INFER_FAILED, f"{type(e).__name__}: {e}") from None
-        return {"actions": self.key_map.to_actions(chunk[0]), "latency_ms": (time.perf_counter() - t0) * 1e3}
+        latency_ms = (time.perf_counter() - t0) * 1e3
+        return encode_actions_reply(frame, chunk[0], self.key_map.action, latency_ms)
 
 
 class XPolicyLabRemotePolicy(HistoryPolicy):

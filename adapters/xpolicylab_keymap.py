@@ -205,7 +205,9 @@ class KeyMap:
         return batch
 
     def to_actions(self, chunk: np.ndarray) -> list[dict[str, np.ndarray]]:
-        """Per-step action maps of one chunk float32 ``(H, A)``: ``H`` maps of ``{key: float32 (n,)}`` (views)."""
+        """Per-step action maps of one chunk float32 ``(H, A)``: ``H`` maps of ``{key: float32 (n,)}`` (views).
+        The server encodes the same maps directly (:func:`~policylink.adapters.xpolicylab_wire.
+        encode_actions_reply`)."""
         bounds = np.cumsum([0, *(n for _, n in self.action)])
         return [{k: row[bounds[i] : bounds[i + 1]] for i, (k, _) in enumerate(self.action)} for row in chunk]
 

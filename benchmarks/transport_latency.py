@@ -1,10 +1,16 @@
-"""Round-trip latency of policylink's ZeroMQ transport vs bare ZeroMQ, openpi's websocket and gRPC + pickle.
+"""Round-trip latency of policylink's ZeroMQ transport vs bare ZeroMQ, openpi's websocket and gRPC + pickle; and of
+our XPolicyLab websocket endpoint vs a bare websocket echo of the same payload.
 
 Each stack's server runs in its own process (a no-op policy returning a (B, 50, 14) float32 chunk); the client
-runs here. Cases: (a) state (14,) + prompt, (b) two 224x224x3 uint8 images + state, (c) a batch of 8 of (b).
+runs here. Cases: (a) state (14,) + prompt, (b) two 224x224x3 uint8 images + state, (c) a batch of 8 of (b);
+with ``--xpolicylab``: (d) state + prompt + two images as one XPolicyLab ``infer`` frame (Observation Format
+v1.0), sent by a raw websocket client to ``xpolicylab`` (our ``XPolicyLabServer``; the reply, 50 per-step action
+maps, is decoded into ``(1, 50, 14)``) and to ``ws_echo`` (a websockets server that sends every message back),
+and by our ``XPolicyLabRemotePolicy`` client (``xpl_client``: encoding included).
 Stacks are interleaved in blocks (shuffled per round) so load from other processes hits them alike.
 
     .venv/bin/python benchmarks/transport_latency.py [--rounds 20] [--block 50] [--out FILE.md] [--json FILE.json]
+    .venv/bin/python benchmarks/transport_latency.py --xpolicylab [--rounds 20] [--block 50] [--json FILE.json]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +34,8 @@ import numpy as np
 
 STACKS = ("bare_zmq", "policylink", "openpi_ws", "grpc_pickle")
 CASES = ("a_state_prompt", "b_two_images", "c_batch8_images")
+XPL_STACKS = ("ws_echo", "xpolicylab", "xpl_client")
+XPL_CASES = ("d_xpl_state_prompt_two_images",)
 CHUNK = (50, 14)
 PROMPT = "pick up the red cube and place it in the bin"
 
@@ -37,9 +46,9 @@ def make_obs(case: str) -> dict:
     rng = np.random.default_rng(0)
     b = 8 if case.startswith("c") else 1
     obs = {"observation.state": rng.standard_normal((b, 14)).astype(np.float32)}
-    if case.startswith("a"):
+    if case.startswith(("a", "d")):
         obs["task"] = [PROMPT] * b
-    else:
+    if not case.startswith("a"):
         for cam in ("cam_high", "cam_wrist"):
             obs[f"observation.images.{cam}"] = rng.integers(0, 256, (b, 224, 224, 3), dtype=np.uint8)
     return obs
@@ -49,9 +58,9 @@ def _spec(case: str):
     from policylink.adapters.schema import ActionSpec, FeatureSpec, PolicySpec
 
     feats = {"observation.state": FeatureSpec("float32", (14,))}
-    if case.startswith("a"):
+    if case.startswith(("a", "d")):
         feats["task"] = FeatureSpec("string", ())
-    else:
+    if not case.startswith("a"):
         for cam in ("cam_high", "cam_wrist"):
             feats[f"observation.images.{cam}"] = FeatureSpec("uint8", (224, 224, 3))
     names = tuple(f"j{i}" for i in range(14))
@@ -112,6 +121,25 @@ def serve(stack: str, port: int) -> None:
 
         async def main():
             async with websockets.asyncio.server.serve(handler, "127.0.0.1", port, compression=None, max_size=None):
+                print("READY", flush=True)
+                await asyncio.Future()
+
+        asyncio.run(main())
+    elif stack in ("xpolicylab", "xpl_client"):
+        from policylink.adapters.xpolicylab import XPolicyLabServer
+
+        XPolicyLabServer(NoopPolicy(_spec("d")), "127.0.0.1", port).start()
+        print("READY", flush=True)
+        threading.Event().wait()
+    elif stack == "ws_echo":
+        import websockets.asyncio.server
+
+        async def echo(ws):
+            async for message in ws:
+                await ws.send(message)
+
+        async def main():
+            async with websockets.asyncio.server.serve(echo, "127.0.0.1", port, compression=None, max_size=None):
                 print("READY", flush=True)
                 await asyncio.Future()
 
@@ -186,7 +214,51 @@ def make_client(stack: str, port: int):
         grpc.channel_ready_future(channel).result(timeout=30)
         stub = channel.unary_unary("/policy/Infer", request_serializer=pickle.dumps, response_deserializer=pickle.loads)
         return lambda case, obs: stub(obs)["actions"]
+    if stack in XPL_STACKS:
+        return _xpolicylab_client(stack, port)
     raise ValueError(f"stack: expected one of {STACKS}, received {stack!r}")
+
+
+def xpolicylab_frame(obs: dict) -> bytes:
+    """The ``infer`` frame of one observation of case (d), encoded once: v1.0 keys as the server's key map reads
+    them (``cam_high`` -> ``cam_head``, ``cam_wrist`` -> ``cam_wrist``, the state as ``arm_joint_state``)."""
+    from policylink.adapters.xpolicylab import XPolicyLabServer
+    from policylink.adapters.xpolicylab_wire import Frame, MessageType, encode_frame
+
+    key_map = XPolicyLabServer(NoopPolicy(_spec("d")), port=0).key_map
+    row = {k: v[0] for k, v in obs.items() if k != "task"}
+    v1 = key_map.to_observation(row, obs["task"][0])
+    return encode_frame(Frame(MessageType.INFER, "bench", "bench", payload={"observation": v1}))
+
+
+def _xpolicylab_client(stack: str, port: int):
+    """``call`` of the XPolicyLab stacks: a raw websocket sending the pre-encoded frame (echo: nothing decoded), or
+    our ``XPolicyLabRemotePolicy`` (``xpl_client``)."""
+    from policylink.adapters.ws import connect
+    from policylink.adapters.xpolicylab_wire import decode
+
+    if stack == "xpl_client":
+        from policylink.adapters.xpolicylab import XPolicyLabRemotePolicy
+
+        remote = XPolicyLabRemotePolicy(f"xpl://127.0.0.1:{port}", timeout_s=30)
+
+        def call_client(case, obs):
+            remote.update_observation(obs)
+            return remote.predict_action_chunk()
+
+        return call_client
+    ws, frames = connect(f"ws://127.0.0.1:{port}", 30.0), {}
+
+    def call(case, obs):
+        data = frames.get(case) or frames.setdefault(case, xpolicylab_frame(obs))
+        ws.send(data)
+        reply = ws.recv(timeout=30)
+        if stack == "ws_echo":
+            return None
+        steps = decode(reply)["payload"]["actions"]
+        return np.stack([s["arm_joint_state"] for s in steps])[None]
+
+    return call
 
 
 def _free_port_pair() -> int:
@@ -202,7 +274,9 @@ def _free_port_pair() -> int:
                 continue
 
 
-def run(rounds: int, block: int, stacks: tuple[str, ...]) -> dict[tuple[str, str], np.ndarray]:
+def run(
+    rounds: int, block: int, stacks: tuple[str, ...], cases: tuple[str, ...] = CASES
+) -> dict[tuple[str, str], np.ndarray]:
     """Latencies in seconds per ``(stack, case)``; the first round is warm-up and discarded."""
     procs, clients = [], {}
     try:
@@ -215,11 +289,11 @@ def run(rounds: int, block: int, stacks: tuple[str, ...]) -> dict[tuple[str, str
             if p.stdout.readline().strip() != "READY":
                 raise RuntimeError(f"{stack} server did not start")
             clients[stack] = make_client(stack, port)
-        observations = {case: make_obs(case) for case in CASES}
-        lat = {(s, c): [] for s in stacks for c in CASES}
+        observations = {case: make_obs(case) for case in cases}
+        lat = {(s, c): [] for s in stacks for c in cases}
         rng = random.Random(0)
         for r in range(rounds + 1):
-            for case in CASES:
+            for case in cases:
                 order = list(stacks)
                 rng.shuffle(order)
                 for stack in order:
@@ -230,7 +304,8 @@ def run(rounds: int, block: int, stacks: tuple[str, ...]) -> dict[tuple[str, str
                         dt = time.perf_counter() - t0
                         if r:
                             lat[(stack, case)].append(dt)
-                    assert actions.shape == (len(obs["observation.state"]), *CHUNK), (stack, case, actions.shape)
+                    if actions is not None:  # the echo returns the payload, not actions
+                        assert actions.shape == (len(obs["observation.state"]), *CHUNK), (stack, case, actions.shape)
             print(f"round {r}/{rounds}", file=sys.stderr, flush=True)
         return {k: np.asarray(v) for k, v in lat.items()}
     finally:
@@ -315,6 +390,53 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
     return "\n".join(lines) + "\n"
 
 
+def xpolicylab_main(args: argparse.Namespace, command: str) -> int:
+    """Case (d): interleaved round trips of :data:`XPL_STACKS`; prints (and writes) p50/p90/p99 and the ratios of
+    our endpoint to the echo (goal: p50 within 1.3x)."""
+    load_start = os.getloadavg()[0]
+    lat = run(args.rounds, args.block, XPL_STACKS, XPL_CASES)
+    load = (load_start, os.getloadavg()[0])
+    case = XPL_CASES[0]
+    pct = {
+        s: {f"p{q}_ms": round(float(np.percentile(lat[(s, case)], q)) * 1e3, 4) for q in (50, 90, 99)}
+        for s in XPL_STACKS
+    }
+    echo = pct["ws_echo"]["p50_ms"]
+    ratios = {s: round(pct[s]["p50_ms"] / echo, 3) for s in ("xpolicylab", "xpl_client")}
+    frame_bytes = len(xpolicylab_frame(make_obs(case)))
+    data = {
+        "command": command,
+        "date": str(datetime.date.today()),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average_start_end": [round(x, 2) for x in load],
+        "python": platform.python_version(),
+        "round_trips_per_cell": len(lat[(XPL_STACKS[0], case)]),
+        "request_bytes": frame_bytes,
+        "case": case,
+        "stacks": pct,
+        "p50_over_ws_echo": ratios,
+        "goal": "xpolicylab p50 <= 1.3 x ws_echo p50",
+    }
+    lines = [
+        f"Command: `{command}`; {_cpu_model()}, {os.cpu_count()} cores, load {load[0]:.1f} -> {load[1]:.1f}; "
+        f"request {frame_bytes} bytes; {data['round_trips_per_cell']} round trips per cell.",
+        "",
+        "| stack | p50 ms | p90 ms | p99 ms | p50 / ws_echo |",
+        "|---|---|---|---|---|",
+    ]
+    for s in XPL_STACKS:
+        ratio = f"{ratios[s]:.2f}" if s in ratios else "1"
+        lines.append(f"| {s} | {pct[s]['p50_ms']:.3f} | {pct[s]['p90_ms']:.3f} | {pct[s]['p99_ms']:.3f} | {ratio} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
 def _cpu_model() -> str:
     """The CPU's model name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
     try:
@@ -334,17 +456,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stacks", default=",".join(STACKS), help="comma list of stacks")
     ap.add_argument("--out", default=None, help="write the markdown table here")
     ap.add_argument("--json", default=None, help="write the percentiles and ratios here, as JSON")
+    ap.add_argument("--xpolicylab", action="store_true", help="case (d): our XPolicyLab endpoint vs a websocket echo")
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
         serve(args.serve, args.port)
         return 0
+    command = "python benchmarks/transport_latency.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.xpolicylab:
+        return xpolicylab_main(args, command.strip())
     stacks = tuple(args.stacks.split(","))
     load_start = os.getloadavg()[0]
     lat = run(args.rounds, args.block, stacks)
     load = (load_start, os.getloadavg()[0])
-    command = "python benchmarks/transport_latency.py " + " ".join(argv if argv is not None else sys.argv[1:])
     cpu_us = {case: python_cpu_us(case) for case in CASES} if "policylink" in stacks else dict.fromkeys(CASES, 0.0)
     text = report(lat, stacks, command.strip(), cpu_us, load)
     print(text)

@@ -175,6 +175,9 @@ def test_xpl_client_drives_the_reference_server_with_the_env_spec():
             np.testing.assert_array_equal(sent["state"]["ee_joint_state"], [0.5])
         finally:
             policy.close()
+        deadline = time.monotonic() + 10  # the server thread records the last frames after close() returns
+        while len(ref.requests) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert [r["message_type"] for r in ref.requests][-2:] == ["trial_end", "close"]
 
 
