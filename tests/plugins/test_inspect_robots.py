@@ -138,6 +138,17 @@ def test_entry_points_register_policy_embodiments_and_tasks():
     assert "  - policylink/pick_place" in out.stdout and "  - policylink\n" in out.stdout
 
 
+def test_listing_the_plugins_imports_no_heavy_stack():
+    """``inspect-robots list`` loads every entry point: our modules import neither torch nor a simulator."""
+    code = (
+        "import sys; import policylink.plugins.inspect_robots.policy, policylink.plugins.inspect_robots.embodiment, "
+        "policylink.plugins.inspect_robots.tasks; "
+        "print(sorted({'torch', 'mujoco', 'genesis', 'zarr'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 @pytest.mark.parametrize("task", MUJOCO_TASKS)
 def test_every_mujoco_task_is_a_conformant_embodiment(task):
     emb = resolve("embodiment", f"policylink/{task}")
