@@ -60,6 +60,9 @@ the 50 tasks), lower-case."""
 
 CAMERAS: tuple[str, ...] = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
 """The cameras of MetaWorld's Sawyer scenes (``model.camera(i).name``)."""
+UPSIDE_DOWN: frozenset[str] = frozenset({"corner", "corner2", "corner3", "corner4"})
+"""Cameras whose MJCF orientation renders the scene upside down (table above the floor); their frames are rotated
+180 degrees so the floor is down (checked by eye on ``pick-place``; LeRobot's MetaWorld env flips them too)."""
 
 OBS_MODES: tuple[str, ...] = ("state", "image", "state+image")
 
@@ -230,7 +233,8 @@ class MetaWorldAdapter(EnvAdapter):
             model.vis.global_.offheight = max(self.size, int(model.vis.global_.offheight))
             self._renderer = mujoco.Renderer(model, self.size, self.size)
         self._renderer.update_scene(self.raw_env.data, camera=camera)
-        return self._renderer.render()
+        frame = self._renderer.render()
+        return np.ascontiguousarray(frame[::-1, ::-1]) if camera in UPSIDE_DOWN else frame
 
 
 def make_metaworld_env(task: str, expert_actions: bool = True, **kwargs: Any) -> MetaWorldAdapter:
