@@ -43,7 +43,6 @@ from policylink.adapters.schema import (
     ObservationError,
     PolicySpec,
 )
-from policylink.adapters.validation import validate_observation
 from policylink.adapters.ws import WebsocketServer, connect
 from policylink.adapters.xpolicylab_keymap import FieldError, KeyMap
 from policylink.adapters.xpolicylab_wire import (
@@ -229,17 +228,16 @@ class XPolicyLabServer(WebsocketServer):
                 {"field": "payload.observation", "expected": "a map", "received": "nothing"},
             )
         try:
-            batch = self.key_map.to_batch(obs, self.spec, self.instruction)
-            validate_observation(self.spec, batch, batch_dims=1)
+            batch = self.key_map.to_batch(obs, self.spec, self.instruction)  # checks every carried feature
         except FieldError as e:
             raise XPolicyLabError(ErrorCode.INVALID_FRAME, str(e), e.details) from None
-        except ObservationError as e:
-            raise XPolicyLabError(ErrorCode.INVALID_FRAME, str(e), {"problems": e.problems}) from None
         t0 = time.perf_counter()
         try:
             with self.lock:
                 self.policy.update_observation(batch)
                 chunk = self.policy.predict_action_chunk()
+        except ObservationError as e:  # the policy's own checks (a HistoryPolicy validates again)
+            raise XPolicyLabError(ErrorCode.INVALID_FRAME, str(e), {"problems": e.problems}) from None
         except Exception as e:
             raise XPolicyLabError(ErrorCode.INFER_FAILED, f"{type(e).__name__}: {e}") from None
         latency_ms = (time.perf_counter() - t0) * 1e3

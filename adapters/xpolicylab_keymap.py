@@ -161,8 +161,11 @@ class KeyMap:
 
         ``instruction`` is used when the observation carries none (the case's, from ``prepare_case``).
 
+        Every feature of ``spec`` the map carries is checked here (dtype, shape, finite state values), so the
+        batch conforms to ``spec``.
+
         Raises:
-            FieldError: every missing or mis-shaped field, named by its v1.0 path (``observation.vision.
+            FieldError: every missing, mis-shaped or non-finite field, named by its v1.0 path (``observation.vision.
                 cam_head.color``, ``observation.state.ee_joint_state``, ``observation.instruction``).
         """
         if not isinstance(obs, Mapping):
@@ -185,6 +188,10 @@ class KeyMap:
                 v = state.get(k)
                 v = np.asarray(v) if isinstance(v, (list, tuple)) else v
                 if isinstance(v, np.ndarray) and v.shape == (n,) and v.dtype.kind in "biuf":
+                    if v.dtype.kind == "f" and not np.isfinite(v).all():
+                        problems.append(
+                            {"field": f"observation.state.{k}", "expected": "finite values", "received": "NaN/inf"}
+                        )
                     parts.append(v)
                 else:
                     problems.append(_problem(f"observation.state.{k}", f"numeric array ({n},)", v))
@@ -329,7 +336,8 @@ def _array_ok(value: Any, dtype: str, shape: tuple[int, ...]) -> bool:
 
 
 def _problem(field: str, expected: str, received: Any) -> dict[str, str]:
-    return {"field": field, "expected": expected, "received": describe(received)}
+    got = received if isinstance(received, str) else describe(received)
+    return {"field": field, "expected": expected, "received": got}
 
 
 __all__ = ["CAMERA_SLOTS", "FieldError", "KeyMap", "parse_pairs"]

@@ -5,8 +5,9 @@ Each stack's server runs in its own process (a no-op policy returning a (B, 50, 
 runs here. Cases: (a) state (14,) + prompt, (b) two 224x224x3 uint8 images + state, (c) a batch of 8 of (b);
 with ``--xpolicylab``: (d) state + prompt + two images as one XPolicyLab ``infer`` frame (Observation Format
 v1.0), sent by a raw websocket client to ``xpolicylab`` (our ``XPolicyLabServer``; the reply, 50 per-step action
-maps, is decoded into ``(1, 50, 14)``) and to ``ws_echo`` (a websockets server that sends every message back),
-and by our ``XPolicyLabRemotePolicy`` client (``xpl_client``: encoding included).
+maps, is received as bytes, as the echo's is: the same client work for both) and to ``ws_echo`` (a websockets
+server that sends every message back), and by our ``XPolicyLabRemotePolicy`` client (``xpl_client``: encoding the
+observation and decoding the 50 action maps into ``(1, 50, 14)`` included).
 Stacks are interleaved in blocks (shuffled per round) so load from other processes hits them alike.
 
     .venv/bin/python benchmarks/transport_latency.py [--rounds 20] [--block 50] [--out FILE.md] [--json FILE.json]
@@ -250,13 +251,17 @@ def _xpolicylab_client(stack: str, port: int):
     ws, frames = connect(f"ws://127.0.0.1:{port}", 30.0), {}
 
     def call(case, obs):
-        data = frames.get(case) or frames.setdefault(case, xpolicylab_frame(obs))
+        """One round trip, the same client work for both stacks: send the frame, receive the reply's bytes."""
+        data = frames.get(case)
+        if data is None:  # first call: encode the frame and check the endpoint's answer once
+            data = frames[case] = xpolicylab_frame(obs)
+            ws.send(data)
+            reply = ws.recv(timeout=30)
+            if stack == "xpolicylab":
+                steps = decode(reply)["payload"]["actions"]
+                assert np.stack([s["arm_joint_state"] for s in steps]).shape == CHUNK, len(steps)
         ws.send(data)
-        reply = ws.recv(timeout=30)
-        if stack == "ws_echo":
-            return None
-        steps = decode(reply)["payload"]["actions"]
-        return np.stack([s["arm_joint_state"] for s in steps])[None]
+        ws.recv(timeout=30)
 
     return call
 

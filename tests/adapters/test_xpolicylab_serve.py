@@ -213,7 +213,7 @@ MALFORMED = {  # name -> (bytes or str sent, expected reply: None or (code, fiel
     ),
     "non-finite state": (
         _pack(_frame(payload={"observation": _obs(state__arm_joint_state=np.array([np.nan, 1], np.float32))})),
-        ("invalid_frame", None),
+        ("invalid_frame", "observation.state.arm_joint_state"),
     ),
     "missing instruction": (
         _pack(_frame(payload={"observation": _obs(instruction=_DROP)})),
