@@ -368,6 +368,23 @@ def test_cli_run_of_a_trained_checkpoint_matches_policylink_run_trial_by_trial(t
     assert log["results"]["metrics"]["success_at_end"] == pytest.approx(rate) and rate >= 1 / 6
 
 
+def test_an_inspect_robots_policy_runs_on_a_policylink_embodiment(tmp_path):
+    """The other direction: a policy of inspect-robots itself (its builtin ``random``, 2-D ``eef_delta_pos``) on
+    ``policylink/push``; its 0.1 deltas are clamped to push's 0.025 m limits by the default guardrails."""
+    from inspect_robots.approver import ClampApprover
+
+    emb = resolve("embodiment", "policylink/push")
+    try:
+        task = resolve("task", "policylink/push", num_scenes=1)
+        (log,) = ir_eval(task, "random", emb, log_dir=str(tmp_path), approver=ClampApprover(emb.info.action_space))
+    finally:
+        emb.close()
+    assert log.status == "success" and log.results.total_trials == 1
+    assert log.samples[0].epochs[0]["episode_length"] == 150  # random pushes do not solve push: the full horizon
+    acts = next(iter(action_sidecars(tmp_path, read_log(tmp_path)).values()))
+    assert acts.shape == (150, 2) and np.abs(acts).max() == pytest.approx(0.025)
+
+
 class _XplReachModel:
     """A saturated P-controller toward the target as an XPolicyLab model: ``arm_joint_state`` in = state (6,),
     4 steps of the same ee delta out."""
