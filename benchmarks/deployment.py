@@ -29,9 +29,14 @@ from policylink.evaluate.run import RunConfig
 from policylink.real.deploy import Pacer, deploy
 from policylink.runtime.executors import ExecutorConfig
 
-MODES = {"sync": ("receding_horizon", False), "async": ("async", True), "async_plain": ("async", False)}
-"""Benchmark mode -> (executor kind, real-time chunking)."""
-LABELS = {"sync": "sync", "async": "async+RTC", "async_plain": "async (no RTC)"}
+MODES = {
+    "sync": ("receding_horizon", False, "guidance"),
+    "async": ("async", True, "guidance"),
+    "async_plain": ("async", False, "guidance"),
+    "async_inpaint": ("async", True, "inpaint"),
+}
+"""Benchmark mode -> (executor kind, real-time chunking, its ``rtc_method``)."""
+LABELS = {"sync": "sync", "async": "async+RTC", "async_plain": "async (no RTC)", "async_inpaint": "async+inpaint"}
 
 
 def pacing(periods: int = 1000, hz: float = 100.0, work_s: float = 0.002, catch_up: bool = False) -> dict[str, float]:
@@ -122,6 +127,7 @@ def run_cell(args, policy_addr: str, robot_addr: str, latency: float, mode: str)
             n_action_steps=args.n_action_steps,
             rtc=MODES[mode][1],
             rtc_max_guidance=args.rtc_guidance,
+            rtc_method=MODES[mode][2],
         ),
         inject_latency_ms=latency,
         threads=1,
