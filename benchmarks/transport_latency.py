@@ -395,6 +395,33 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
     return "\n".join(lines) + "\n"
 
 
+def server_cpu_us(stack: str, case: str, n: int = 2000) -> float:
+    """CPU time (user + system, microseconds) that ``stack``'s server process spends per round trip of ``case``
+    (``/proc/PID/stat``, n round trips after 100 warm-up ones): unlike wall time, hardly moved by other load."""
+    port = _free_port_pair()
+    p = subprocess.Popen(
+        [sys.executable, __file__, "--serve", stack, "--port", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        if p.stdout.readline().strip() != "READY":
+            raise RuntimeError(f"{stack} server did not start")
+        call, obs = make_client(stack, port), make_obs(case)
+        for _ in range(100):
+            call(case, obs)
+
+        def cpu_ticks() -> int:
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime
+
+        start = cpu_ticks()
+        for _ in range(n):
+            call(case, obs)
+        return (cpu_ticks() - start) / os.sysconf("SC_CLK_TCK") / n * 1e6
+    finally:
+        p.kill()
+        p.wait()
+
+
 def xpolicylab_main(args: argparse.Namespace, command: str) -> int:
     """Case (d): interleaved round trips of :data:`XPL_STACKS`; prints (and writes) p50/p90/p99 and the ratios of
     our endpoint to the echo (goal: p50 within 1.3x)."""
@@ -409,6 +436,7 @@ def xpolicylab_main(args: argparse.Namespace, command: str) -> int:
     echo = pct["ws_echo"]["p50_ms"]
     ratios = {s: round(pct[s]["p50_ms"] / echo, 3) for s in ("xpolicylab", "xpl_client")}
     frame_bytes = len(xpolicylab_frame(make_obs(case)))
+    cpu = {s: round(server_cpu_us(s, case), 1) for s in ("ws_echo", "xpolicylab")}
     data = {
         "command": command,
         "date": str(datetime.date.today()),
@@ -421,6 +449,7 @@ def xpolicylab_main(args: argparse.Namespace, command: str) -> int:
         "case": case,
         "stacks": pct,
         "p50_over_ws_echo": ratios,
+        "server_cpu_us_per_round_trip": cpu,
         "goal": "xpolicylab p50 <= 1.3 x ws_echo p50",
     }
     lines = [
@@ -433,6 +462,7 @@ def xpolicylab_main(args: argparse.Namespace, command: str) -> int:
     for s in XPL_STACKS:
         ratio = f"{ratios[s]:.2f}" if s in ratios else "1"
         lines.append(f"| {s} | {pct[s]['p50_ms']:.3f} | {pct[s]['p90_ms']:.3f} | {pct[s]['p99_ms']:.3f} | {ratio} |")
+    lines += ["", f"Server CPU per round trip: ws_echo {cpu['ws_echo']:.0f} us, xpolicylab {cpu['xpolicylab']:.0f} us."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
