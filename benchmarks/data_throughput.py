@@ -133,6 +133,7 @@ def bench_training(store_path: Path, args) -> list[str]:
     from policylink.adapters.registry import make_env
     from policylink.data.buffer import EpisodeStore
     from policylink.data.normalize import Normalizer
+    from policylink.data.processors import Processors
     from policylink.data.sampler import SequenceDataset
     from policylink.data.stats import compute_stats
     from policylink.policies.processing import normalizer_modes, window_horizon
@@ -149,7 +150,8 @@ def bench_training(store_path: Path, args) -> list[str]:
     stats = compute_stats(store, keys=[*keys, "action"])
     norm = Normalizer(stats, normalizer_modes(feats, cfg.state_norm_mode, cfg.action_norm_mode, cfg.image_norm_mode))
     horizon = window_horizon(cfg.n_obs_steps, cfg.chunk_size)  # as train/imitation.py: the chunk starts at t
-    ds = SequenceDataset(store, n_obs_steps=cfg.n_obs_steps, horizon=horizon, obs_keys=keys, normalizer=norm)
+    chain = Processors.for_keys(keys, norm, n_obs_steps=cfg.n_obs_steps)
+    ds = SequenceDataset(store, n_obs_steps=cfg.n_obs_steps, horizon=horizon, obs_keys=keys, processors=chain)
     b = args.batch
     rng = np.random.default_rng(0)
 

@@ -82,6 +82,7 @@ def critic_ranking(loop: Path, base: str, env: str, episodes: int, rounds: int) 
     from policylink.policies.checkpoint import load_components
     from policylink.policies.critics import ChunkCritic
     from policylink.policies.finetune.transitions import build_transitions
+    from policylink.policies.processing import processors_for
     from policylink.train.loop import LoopConfig, _record
 
     heldout = loop / "heldout.zarr"
@@ -91,7 +92,8 @@ def critic_ranking(loop: Path, base: str, env: str, episodes: int, rounds: int) 
     out = {}
     for r in range(1, rounds + 1):
         critic = ChunkCritic.load(loop / f"round_{r:02d}" / "critic")
-        cache = build_transitions(heldout, model, normalizer, critic.cfg.horizon, critic.cfg.gamma)
+        processors = processors_for(model.cfg, model.features, normalizer)
+        cache = build_transitions(heldout, model, processors, critic.cfg.horizon, critic.cfg.gamma)
         with EpisodeStore(heldout, "r") as s:
             rewards, ends = s.array("reward")[:], s.episode_ends
         go = _return_to_go(rewards, ends, critic.cfg.gamma)

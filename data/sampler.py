@@ -23,11 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from policylink.adapters.images import to_float_chw
-from policylink.adapters.pointmaps import is_pointmap_key, pointmap_to_chw
-from policylink.adapters.schema import ACTION_KEY, IMAGE_PREFIX
+from policylink.adapters.schema import ACTION_KEY
 from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeStore
-from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 
 OBS_PAD_KEY = "observation_is_pad"
 ACTION_PAD_KEY = "action_is_pad"
@@ -174,8 +172,9 @@ class SequenceDataset:
     """Map-style dataset (usable with ``torch.utils.data.DataLoader``) of windows from an :class:`EpisodeStore`.
 
     Items are dicts of torch tensors: each obs key float32 ``(To, *shape)`` -- images as float CHW
-    ``(To, 3, H, W)`` in ``[0, 1]`` -- and the action float32 ``(H, A)``, normalized when a ``normalizer`` is
-    given (image stats are in that same ``[0, 1]`` scale); ``observation_is_pad`` bool ``(To,)``,
+    ``(To, 3, H, W)`` in ``[0, 1]`` -- and the action float32 ``(H, A)``, through the policy's ``processors``
+    (layout, then normalisation when the chain has it; image stats are in that same ``[0, 1]`` scale);
+    ``observation_is_pad`` bool ``(To,)``,
     ``action_is_pad`` bool ``(H,)``, ``episode_index`` / ``step`` int64 scalars and ``task`` (str). Requested
     ``step_fields`` come over the action window ``(H, *shape)`` in their stored dtype, never normalized
     (``reward`` float32 ``(H,)``, ``done`` bool ``(H,)``; padded steps repeat the edge value, see
@@ -190,12 +189,15 @@ class SequenceDataset:
         step_fields: further per-step arrays of the store to return (``reward``, ``done``, labels...).
         episode_fields: per-episode tags to return, a subset of :data:`EPISODE_FIELDS`.
         episodes: episode subset (e.g. from :func:`split_episodes`).
-        normalizer: applied to obs and action tensors (every requested key must be configured).
+        processors: the policy's :class:`~policylink.data.processors.Processors`, run on the obs and action
+            windows (every requested key must have a normalisation mode when the chain normalises); default: the
+            layout step only.
         in_memory: load the arrays into RAM once (fast random access) instead of reading zarr per item.
         pad_before, pad_after, chain_windows, chain_stride: see :class:`SequenceSampler`.
 
     Raises:
-        KeyError: a requested key is not in the store, or the normalizer has no mode for an obs/action key.
+        KeyError: a requested key is not in the store, or the processors' normaliser has no mode for an obs/action
+            key.
         ValueError: an unknown episode field, or bad horizons/padding/episodes (:class:`SequenceSampler`).
     """
 
@@ -210,7 +212,7 @@ class SequenceDataset:
         step_fields: Sequence[str] = (),
         episode_fields: Sequence[str] = (),
         episodes: Sequence[int] | None = None,
-        normalizer: Normalizer | None = None,
+        processors: Processors | None = None,
         in_memory: bool = True,
         pad_before: int | None = None,
         pad_after: int | None = None,
@@ -247,11 +249,11 @@ class SequenceDataset:
         self.meta = store.all_meta()
         self.tasks = [m.task for m in self.meta]
         self.action_key = action_key
-        self.normalizer = normalizer
-        if normalizer is not None:
-            missing = [k for k in keys if k not in normalizer.keys]
-            if missing:
-                raise KeyError(f"normalizer: no mode for {missing}; configured: {normalizer.keys}")
+        self.processors = Processors.for_keys(self.obs_keys) if processors is None else processors
+        normalizer = self.processors.normalizer
+        missing = [] if normalizer is None else [k for k in keys if k not in normalizer.keys]
+        if missing:
+            raise KeyError(f"normalizer: no mode for {missing}; configured: {normalizer.keys}")
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -348,37 +350,19 @@ class SequenceDataset:
     def _tensors(
         self, arrays: dict[str, np.ndarray], episode: np.ndarray | None = None, step: np.ndarray | None = None
     ) -> dict[str, Any]:
-        """Raw windows (any leading dims) -> float32 (images CHW in [0, 1], pointmaps CHW in m) normalized torch
-        tensors for the obs and action keys present; pad masks and step fields as stored."""
+        """Raw windows (any leading dims) -> the processors' float32 torch tensors (images CHW in [0, 1], pointmaps
+        CHW in m, normalised) for the obs and action keys present; pad masks and step fields as stored."""
         out: dict[str, Any] = {}
         for key in [*self.obs_keys, self.action_key]:
             if key not in arrays:
                 continue
-            x = feature_layout(key, arrays[key], key.startswith(IMAGE_PREFIX))
-            if self.normalizer is not None:  # numpy path: bit-identical to the tensor path, single-threaded
-                x = self.normalizer.normalize_feature(key, x)
-            out[key] = _as_tensor(x)
+            out[key] = _as_tensor(self.processors.process(key, arrays[key]))
         for key in [*self.step_fields, OBS_PAD_KEY, ACTION_PAD_KEY]:
             if key in arrays:
                 out[key] = _as_tensor(arrays[key])
         if episode is not None:
             out["episode_index"], out["step"] = _as_tensor(episode), _as_tensor(step)
         return out
-
-
-def feature_layout(key: str, x: Any, is_image: bool) -> np.ndarray:
-    """Raw windows of one feature -> the float32 layout every model reads (training windows here, inference in
-    :func:`policylink.policies.processing.observation_tensors`): images ``(..., 3, H, W)`` in ``[0, 1]``
-    (:func:`~policylink.adapters.images.to_float_chw`), pointmaps ``(..., 3, H, W)`` in metres, vectors and actions
-    float32 as they are. Normalisation follows (``Normalizer.normalize_feature``).
-
-    Raises:
-        ImageScaleError: a float image outside ``[0, 1]``.
-    """
-    if is_image:
-        return to_float_chw(x, key)
-    x = np.asarray(x)
-    return pointmap_to_chw(x, key) if is_pointmap_key(key) else x.astype(np.float32, copy=False)
 
 
 def _as_tensor(x: np.ndarray) -> Any:
@@ -425,6 +409,5 @@ __all__ = [
     "OBS_PAD_KEY",
     "SequenceDataset",
     "SequenceSampler",
-    "feature_layout",
     "split_episodes",
 ]

@@ -5,7 +5,9 @@ Layout::
 
     <dir>/config.json                  {"policy": {"type": name, ...PolicyConfig}, "train": training config (optional)}
     <dir>/model.safetensors            model weights (the EMA weights during training)
-    <dir>/normalizer.safetensors       Normalizer.state_dict() arrays
+    <dir>/normalizer.safetensors       Normalizer.state_dict() arrays (the statistics of the processors' normalize step)
+    <dir>/processors.json              the policy's processor chain (data.processors.Processors.to_dict(); folders
+                                         written before it derive the chain from their config)
     <dir>/policy_spec.json             PolicySpec.to_dict()
     <dir>/training_state.safetensors   optional, for resume: the tensors and arrays of the training state (optimizer,
     <dir>/training_state.json            LR scheduler, EMA, RNG states, raw weights) and its JSON skeleton (save_tree)
@@ -29,6 +31,7 @@ import yaml
 from policylink.adapters.obs_modes import obs_mode_env_kwargs
 from policylink.adapters.schema import PolicySpec
 from policylink.data.normalize import Normalizer
+from policylink.data.processors import MODEL_STEPS, PROCESSORS_FILE, ProcessorError, Processors
 from policylink.policies.config import PolicyConfig, build_model
 from policylink.policies.serialization import (
     load_json,
@@ -131,6 +134,7 @@ def save_checkpoint(
     spec: PolicySpec,
     training_state: Mapping[str, Any] | None = None,
     train_config: Mapping[str, Any] | None = None,
+    processors: Processors | None = None,
 ) -> Path:
     """Write a checkpoint folder at ``path`` (replacing an existing one atomically). Returns ``path``.
 
@@ -142,6 +146,8 @@ def save_checkpoint(
             step...), written with :func:`~policylink.policies.serialization.save_tree` as
             ``training_state.safetensors`` + ``training_state.json``.
         train_config: optional plain dict stored under ``train`` in ``config.json``.
+        processors: the policy's processor chain (default: the chain of ``model.cfg`` with ``normalizer``,
+            :func:`~policylink.policies.processing.processors_for`), written as ``processors.json``.
 
     Raises:
         SerializationError: ``training_state`` or ``train_config`` holds a value that cannot be saved without pickle.
@@ -157,6 +163,11 @@ def save_checkpoint(
     save_json(tmp / CONFIG_FILE, doc)
     save_tensors(tmp / MODEL_FILE, model.state_dict())
     save_tensors(tmp / NORMALIZER_FILE, normalizer.state_dict())
+    if processors is None:
+        from policylink.policies.processing import processors_for  # torch: only when a checkpoint is written
+
+        processors = processors_for(model.cfg, model.features, normalizer)
+    save_json(tmp / PROCESSORS_FILE, processors.to_dict())
     save_json(tmp / SPEC_FILE, spec.to_dict())
     if training_state is not None:
         save_tree(tmp / TRAINING_STATE, dict(training_state))
@@ -201,6 +212,34 @@ def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkMo
         raise CheckpointError(f"checkpoint {str(path)!r}: {MODEL_FILE} does not fit the config: {e}") from e
     normalizer = Normalizer.from_state_dict(load_tensors(path / NORMALIZER_FILE))
     return cfg, spec, model.eval(), normalizer
+
+
+def load_processors(path: str | Path, cfg: PolicyConfig, spec: PolicySpec, normalizer: Normalizer) -> Processors:
+    """The processor chain of checkpoint folder ``path``: its ``processors.json`` with ``normalizer``'s statistics,
+    or, for a folder written before the file existed, the chain derived from its config
+    (:func:`~policylink.policies.processing.processors_for`).
+
+    Raises:
+        CheckpointError: the file is malformed, or its model-side steps (``crop``, ``tokenize``) or frame stack
+            disagree with the config the model is built from (names the step).
+    """
+    from policylink.policies.processing import processors_for
+
+    derived = processors_for(cfg, spec.observation_features, normalizer)
+    file = Path(path) / PROCESSORS_FILE
+    if not file.is_file():
+        return derived
+    try:
+        saved = Processors.from_dict(load_json(file), normalizer)
+    except (ProcessorError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {PROCESSORS_FILE}: {e}") from e
+    for name in (*MODEL_STEPS, "frame_stack"):
+        if saved.step(name) != derived.step(name):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: {PROCESSORS_FILE}: step {name!r} is {saved.step(name)}, the config's "
+                f"model expects {derived.step(name)}"
+            )
+    return saved
 
 
 def load_training_state(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:

@@ -27,12 +27,18 @@ from policylink.adapters.policy import HistoryPolicy
 from policylink.adapters.schema import PolicySpec
 from policylink.adapters.validation import batch_size_of
 from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 from policylink.policies.checkpoint import save_checkpoint
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance
 from policylink.policies.common.frame_features import FrameFeatureCache, lean_latents
 from policylink.policies.config import check_cfg_scale, policy_type
 from policylink.policies.model import ChunkModel, GenerativeChunkModel
-from policylink.policies.processing import actions_to_normalized, actions_to_units, observation_tensors
+from policylink.policies.processing import (
+    actions_to_normalized,
+    actions_to_units,
+    observation_tensors,
+    processors_for,
+)
 from policylink.policies.temporal import MemoryRows
 
 
@@ -45,12 +51,15 @@ class ModelPolicy(HistoryPolicy):
             used as they are (pass the EMA model).
         normalizer: the normaliser the model was trained with (observation keys and ``action``).
         spec: the PolicySpec (its horizons and action dimension must match the model's config).
+        processors: the policy's processor chain (a checkpoint's ``processors.json``); default: the chain of the
+            model's config with ``normalizer`` (:func:`~policylink.policies.processing.processors_for`).
         device: torch device for inference.
         seed: the policy's seed (:meth:`reseed`).
         validate: validate observations against the spec on every ``update_observation``.
 
     Raises:
-        ValueError: ``spec`` and the model's config disagree (names each mismatch: horizons, action dimension).
+        ValueError: ``spec``, the model's config and the processors' frame stack disagree (names each mismatch:
+            horizons, action dimension).
     """
 
     def __init__(
@@ -59,16 +68,20 @@ class ModelPolicy(HistoryPolicy):
         normalizer: Normalizer,
         spec: PolicySpec,
         *,
+        processors: Processors | None = None,
         device: torch.device | str = "cpu",
         seed: int = 0,
         validate: bool = True,
     ):
         super().__init__(spec, validate=validate)
         cfg = model.cfg
+        if processors is None:
+            processors = processors_for(cfg, model.features, normalizer)
         problems = [
             f"{name}: expected {want} (model config), received {got} (spec)"
             for name, want, got in (
                 ("n_obs_steps", cfg.n_obs_steps, spec.n_obs_steps),
+                ("frame_stack.n_obs_steps (processors)", cfg.n_obs_steps, processors.n_obs_steps),
                 ("chunk_size", cfg.chunk_size, spec.chunk_size),
                 ("action dimension", model.action_dim, spec.action.dim),
             )
@@ -79,6 +92,7 @@ class ModelPolicy(HistoryPolicy):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.normalizer = normalizer
+        self.processors = processors
         self.seed = int(seed)
 
     @property
@@ -93,7 +107,9 @@ class ModelPolicy(HistoryPolicy):
 
     def save(self, path: str | Path) -> Path:
         """Write an inference checkpoint folder (no training state). Returns the folder."""
-        return save_checkpoint(path, model=self.model, normalizer=self.normalizer, spec=self.spec)
+        return save_checkpoint(
+            path, model=self.model, normalizer=self.normalizer, spec=self.spec, processors=self.processors
+        )
 
 
 class ChunkPolicy(ModelPolicy):
@@ -122,11 +138,12 @@ class ChunkPolicy(ModelPolicy):
         normalizer: Normalizer,
         spec: PolicySpec,
         *,
+        processors: Processors | None = None,
         device: torch.device | str = "cpu",
         seed: int = 0,
         validate: bool = True,
     ):
-        super().__init__(model, normalizer, spec, device=device, seed=seed, validate=validate)
+        super().__init__(model, normalizer, spec, processors=processors, device=device, seed=seed, validate=validate)
         self._generator = torch.Generator(device=self.device)
         self.reseed(seed)
         self._latents: torch.Tensor | None = None  # (B, D) cached observation latents
@@ -348,10 +365,10 @@ class ChunkPolicy(ModelPolicy):
         with torch.no_grad():
             if memory is None and self.frame_cache:  # images: raw uint8 -> one affine -> features, each frame once
                 cache = self._frames if rows is not None else None
-                lean = lean_latents(self.model.encoder, obs, features, self.normalizer, self.device, cache, rows)
+                lean = lean_latents(self.model.encoder, obs, features, self.processors, self.device, cache, rows)
                 if lean is not None:
                     return lean
-            return self.model.embed(observation_tensors(obs, features, self.normalizer, self.device), memory)
+            return self.model.embed(observation_tensors(obs, features, self.processors, self.device), memory)
 
     def _row_latents(self, ids: np.ndarray) -> torch.Tensor:
         """Latents ``(len(ids), D)`` of the current windows, encoding only the rows without a fresh cache."""
@@ -445,6 +462,7 @@ def policy_for_model(
     normalizer: Normalizer,
     spec: PolicySpec,
     *,
+    processors: Processors | None = None,
     device: torch.device | str = "cpu",
     seed: int = 0,
     validate: bool = True,
@@ -464,7 +482,7 @@ def policy_for_model(
                 "its own PolicyAdapter (register_policy_type(..., adapter=...))"
             )
         cls = PrefixChunkPolicy if model.sampler.prediction == Prediction.VELOCITY else ChunkPolicy
-    return cls(model, normalizer, spec, device=device, seed=seed, validate=validate)
+    return cls(model, normalizer, spec, processors=processors, device=device, seed=seed, validate=validate)
 
 
 __all__ = ["ChunkPolicy", "PrefixChunkPolicy", "policy_for_model"]

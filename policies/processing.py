@@ -1,9 +1,10 @@
-"""The one observation/action transform shared by training and inference: raw windows -> normalised tensors,
-normalised chunks -> action units, and the :class:`~policylink.data.normalize.Normalizer` built for a config.
+"""The one observation/action transform shared by training and inference: a policy's processor chain
+(:class:`~policylink.data.processors.Processors`, built from its config by :func:`processors_for`), raw windows ->
+model tensors through it (:func:`observation_tensors`), normalised chunks -> action units, and the normaliser
+modes of a config.
 
-It is :class:`policylink.data.sampler.SequenceDataset`'s item transform: the same
-:func:`~policylink.data.sampler.feature_layout` per key, then ``Normalizer.normalize_feature``, so a policy sees
-the same numbers at inference as it did in training.
+The training sampler (:class:`policylink.data.sampler.SequenceDataset`) runs the same chain object on its windows,
+so a policy sees the same numbers at inference as it did in training, bit for bit.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from policylink.adapters.schema import ACTION_KEY, FeatureSpec
+from policylink.adapters.schema import ACTION_KEY, TASK_KEY, FeatureSpec
 from policylink.data.normalize import Normalizer
-from policylink.data.sampler import feature_layout
+from policylink.data.processors import Processors
+from policylink.policies.temporal_config import chain_windows
 
 
 def normalizer_modes(
@@ -29,19 +31,48 @@ def normalizer_modes(
     return modes
 
 
+def processors_for(cfg: Any, features: Mapping[str, FeatureSpec], normalizer: Normalizer | None) -> Processors:
+    """The processor chain of a policy config (:class:`~policylink.policies.config.PolicyConfig`) over its
+    observation ``features``: frame stack (``n_obs_steps``; a ``sega`` memory's training chain), layout (images by
+    their spec: HWC uint8), normalisation with ``normalizer`` (None: none), and the steps its model runs: ``crop``
+    (image and pointmap keys, ``encoder.crop_ratio`` < 1: random in training, centred at inference) and ``tokenize``
+    (a config with a ``language`` section: the instruction ``task`` through its encoder).
+
+    Raises:
+        ProcessorError: ``normalizer`` lacks a key's mode.
+    """
+    keys = [k for k in cfg.observation_keys if k in features]
+    images = [k for k in keys if features[k].is_image]
+    model_steps: list[dict[str, Any]] = []
+    ratio = float(cfg.encoder.crop_ratio)
+    pixel_keys = [k for k in keys if len(features[k].shape) == 3]
+    if pixel_keys and ratio < 1.0:
+        model_steps.append({"step": "crop", "keys": pixel_keys, "ratio": ratio, "train": "random", "eval": "center"})
+    language = getattr(cfg, "language", None)
+    if language is not None:
+        model_steps.append({"step": "tokenize", "key": TASK_KEY, "encoder": language.encoder,
+                            "max_tokens": int(language.max_tokens)})  # fmt: skip
+    stack = chain_windows(cfg)
+    return Processors.for_keys(
+        keys, normalizer, n_obs_steps=cfg.n_obs_steps, chain_windows=stack.get("chain_windows", 1),
+        chain_stride=stack.get("chain_stride", 1), images=images, model_steps=model_steps,
+    )  # fmt: skip
+
+
 def observation_tensors(
     obs: Mapping[str, Any],
     features: Mapping[str, FeatureSpec],
-    normalizer: Normalizer,
+    processors: Processors,
     device: torch.device | str = "cpu",
 ) -> dict[str, torch.Tensor]:
-    """Raw observation windows -> normalised float32 tensors on ``device``.
+    """Raw observation windows -> the policy's model inputs on ``device``, through ``processors``
+    (:meth:`~policylink.data.processors.Processors.process`, the training sampler's transform).
 
     Args:
         obs: key -> ``(B, T, *shape)`` numpy arrays or tensors in raw units (images uint8 ``(B, T, H, W, 3)``
             or float in ``[0, 1]``).
         features: the keys to convert (the policy's observation features).
-        normalizer: the policy's normaliser (every key must be configured).
+        processors: the policy's processor chain.
 
     Returns:
         key -> float32 ``(B, T, D)`` or, for images and pointmaps (``observation.pointmaps.*``, metres),
@@ -52,13 +83,11 @@ def observation_tensors(
         MissingStatsError: a key has no normaliser mode.
     """
     out = {}
-    for key, feat in features.items():
+    for key in features:
         if key not in obs:
             raise KeyError(f"{key}: missing from the observation; received keys {sorted(obs)}")
-        x = obs[key].detach().cpu().numpy() if isinstance(obs[key], torch.Tensor) else np.asarray(obs[key])
-        x = feature_layout(key, x, feat.is_image)
-        t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
-        out[key] = normalizer.normalize_feature(key, t)
+        x = obs[key].detach().cpu().numpy() if isinstance(obs[key], torch.Tensor) else obs[key]
+        out[key] = torch.from_numpy(np.ascontiguousarray(processors.process(key, x))).to(device)
     return out
 
 

@@ -111,14 +111,16 @@ def make_policy(
         ValueError: a checkpoint or config of another type, or missing ``spec``/``normalizer``.
         CheckpointError: a missing or inconsistent checkpoint file, or an old (pickle) layout.
     """
-    from policylink.policies.checkpoint import load_components, resolve_device  # torch: only when called
+    from policylink.policies.checkpoint import resolve_device  # torch: only when called
     from policylink.policies.policy import policy_for_model
 
     if checkpoint is not None:
-        cfg, ckpt_spec, model, norm = load_components(checkpoint)
-        if cfg.type != kind:
-            raise ValueError(f"checkpoint {str(checkpoint)!r}: expected policy type {kind!r}, received {cfg.type!r}")
-        return policy_for_model(model, norm, ckpt_spec, device=resolve_device(device), seed=seed)
+        policy = load_checkpoint(checkpoint, device=device, seed=seed)
+        if policy.config.type != kind:
+            raise ValueError(
+                f"checkpoint {str(checkpoint)!r}: expected policy type {kind!r}, received {policy.config.type!r}"
+            )
+        return policy
     if spec is None or normalizer is None:
         raise ValueError(
             f"{kind} policy: expected a checkpoint, or both spec and normalizer; received "
@@ -153,11 +155,12 @@ def load_checkpoint(
         CheckpointError: missing or inconsistent files, or an old (pickle) layout.
         ValueError: a bad ``cfg_scale`` (see :meth:`~policylink.policies.policy.ChunkPolicy.set_cfg_scale`).
     """
-    from policylink.policies.checkpoint import load_components, resolve_device  # torch: only when called
+    from policylink.policies.checkpoint import load_components, load_processors, resolve_device  # torch: now
     from policylink.policies.policy import ChunkPolicy, policy_for_model
 
-    _, spec, model, normalizer = load_components(path)
-    policy = policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
+    cfg, spec, model, normalizer = load_components(path)
+    processors = load_processors(path, cfg, spec, normalizer)
+    policy = policy_for_model(model, normalizer, spec, processors=processors, device=resolve_device(device), seed=seed)
     if cfg_scale is not None and isinstance(policy, ChunkPolicy):
         policy.set_cfg_scale(cfg_scale)
     elif cfg_scale is not None:  # a model with its own adapter (ACT) has no label slot: only w = 1 is valid

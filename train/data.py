@@ -22,8 +22,7 @@ from policylink.data.buffer import EpisodeStore, StoreError
 from policylink.data.normalize import Normalizer
 from policylink.data.sampler import SequenceDataset, split_episodes
 from policylink.data.stats import compute_stats
-from policylink.policies.processing import normalizer_modes, window_horizon
-from policylink.policies.temporal_config import chain_windows
+from policylink.policies.processing import normalizer_modes, processors_for, window_horizon
 from policylink.train.losses import BatchFields
 
 if TYPE_CHECKING:
@@ -35,7 +34,8 @@ def training_data(
 ) -> tuple[PolicySpec, Normalizer, SequenceDataset, SequenceDataset | None]:
     """The run's PolicySpec (from the store, :func:`policy_spec_for`), its normalizer (statistics of the training
     episodes) and the train / validation datasets (``None`` without held-out episodes), with the batch ``fields``
-    the loss reads. ``warn`` prints a warning when ``val_every`` is set but no episode is held out.
+    the loss reads; the datasets run the policy's processor chain (``train_ds.processors``, saved with the
+    checkpoint). ``warn`` prints a warning when ``val_every`` is set but no episode is held out.
 
     Raises:
         ValueError: ``dataset.path`` is not an episode store, the store does not match ``dataset.env``
@@ -53,15 +53,15 @@ def training_data(
     normalizer = Normalizer(
         stats, normalizer_modes(spec.observation_features, p.state_norm_mode, p.action_norm_mode, p.image_norm_mode)
     )
+    processors = processors_for(p, spec.observation_features, normalizer)
     # Default padding: every step of every episode anchors a window (episodes can be shorter than H).
     window = dict(
-        n_obs_steps=p.n_obs_steps,
         horizon=window_horizon(p.n_obs_steps, p.chunk_size),
         obs_keys=keys,
-        normalizer=normalizer,
+        processors=processors,
         step_fields=fields.step_keys(),
         episode_fields=fields.episode,
-        **chain_windows(p),  # policy.memory: sega trains on chains of consecutive windows
+        **processors.window_args(),  # frame stack; policy.memory sega trains on chains of consecutive windows
     )
     train_ds = SequenceDataset(store, episodes=train_eps, **window)
     if len(train_ds) == 0:

@@ -100,7 +100,9 @@ def train(cfg: TrainConfig) -> Path:
         if val_ds is not None and _due(cfg.val_every, step, cfg.steps):
             row["val_loss"] = validation_loss(ema, val_ds, loss_fn, cfg, device)
         if rank == 0 and cfg.eval.episodes and _due(cfg.eval.every, step, cfg.steps):
-            row["success_rate"] = _success_rate(cfg, policy_for_model(ema, normalizer, spec, device=device))
+            row["success_rate"] = _success_rate(
+                cfg, policy_for_model(ema, normalizer, spec, processors=train_ds.processors, device=device)
+            )
         if row:
             logger.log(step, row)
             if done.bar is not None:
@@ -108,7 +110,7 @@ def train(cfg: TrainConfig) -> Path:
         if rank == 0 and (cfg.save_every and step % cfg.save_every == 0 or step == cfg.steps):
             state = _training_state(run, model, step)
             save_checkpoint(ckpt_dir, model=ema, normalizer=normalizer, spec=spec, training_state=state,
-                            train_config=_plain(cfg))  # fmt: skip
+                            train_config=_plain(cfg), processors=train_ds.processors)  # fmt: skip
             if cfg.save_every and step % cfg.save_every == 0:
                 _copy_numbered(ckpt_dir, step)
     logger.close()

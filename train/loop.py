@@ -170,15 +170,17 @@ def load_eval_policy(path: str, critic_dir: str | Path | None = None, rerank_n: 
     """The checkpoint as a PolicyAdapter; with ``critic_dir`` a :class:`~policylink.policies.finetune.rerank.
     BestOfNPolicy` over it (the reference encoder is the checkpoint's own)."""
     from policylink.policies import load_policy
-    from policylink.policies.checkpoint import load_components
+    from policylink.policies.checkpoint import load_components, load_processors
 
     if critic_dir is None:
         return load_policy(path, device="cpu", seed=seed)
     from policylink.policies.critics import ChunkCritic
     from policylink.policies.finetune.rerank import BestOfNPolicy
 
-    _, spec, model, normalizer = load_components(path)
-    return BestOfNPolicy(model, normalizer, spec, critic=ChunkCritic.load(critic_dir), n=rerank_n, seed=seed)
+    cfg, spec, model, normalizer = load_components(path)
+    processors = load_processors(path, cfg, spec, normalizer)
+    critic = ChunkCritic.load(critic_dir)
+    return BestOfNPolicy(model, normalizer, spec, processors=processors, critic=critic, n=rerank_n, seed=seed)
 
 
 def _evaluate(cfg: LoopConfig, path: str, env_kwargs: dict[str, Any], critic_dir=None) -> dict[str, Any]:

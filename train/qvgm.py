@@ -164,14 +164,15 @@ class QVGMCmdConfig(QVGMConfig):
 
 
 def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-    """``(config, spec, model, normalizer, train section of the checkpoint's config)`` of checkpoint ``path``.
+    """``(config, spec, model, processors, train section of the checkpoint's config)`` of checkpoint ``path``
+    (``processors``: its chain, whose ``normalizer`` holds the statistics).
 
     Raises:
         ValueError: ``require_flow`` and the checkpoint's sampler does not predict a velocity (a diffusion
             checkpoint), or an empty path.
         CheckpointError / FileNotFoundError: not a checkpoint folder.
     """
-    from policylink.policies.checkpoint import load_components, read_checkpoint_config
+    from policylink.policies.checkpoint import load_components, load_processors, read_checkpoint_config
     from policylink.policies.model import GenerativeChunkModel
 
     if not path:
@@ -185,7 +186,7 @@ def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[s
             f"({what}) at {path}"
         )
     doc = read_checkpoint_config(path) or {}
-    return cfg, spec, model, normalizer, dict(doc.get("train") or {})
+    return cfg, spec, model, load_processors(path, cfg, spec, normalizer), dict(doc.get("train") or {})
 
 
 def open_buffer(path: str, model: Any, train_doc: dict[str, Any], field: str = "buffer", rewards: bool = True):
@@ -212,11 +213,11 @@ def train_critic(cfg: CriticCmdConfig) -> Path:
 
     require_output_folder(cfg.out, policy=cfg.policy, buffer=cfg.buffer)
     _threads(cfg.validate().torch_threads)
-    _, spec, model, normalizer, train_doc = load_base(cfg.policy, require_flow=False)
+    _, spec, model, processors, train_doc = load_base(cfg.policy, require_flow=False)
     cfg.check_horizon(spec)
     store = open_buffer(cfg.buffer, model, train_doc)
     horizon = cfg.horizon or spec.n_action_steps
-    cache = build_transitions(store, model, normalizer, horizon, cfg.gamma)
+    cache = build_transitions(store, model, processors, horizon, cfg.gamma)
     torch.manual_seed(cfg.seed)
     critic = ChunkCritic(cfg.critic_config(int(cache.state.shape[1]), spec.action.dim, horizon))
     objective = IQLLoss(critic)
@@ -250,20 +251,20 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
 
     _threads(cfg.validate().torch_threads)
     require_output_folder(cfg.out, policy=cfg.policy, buffer=cfg.buffer, critic=cfg.critic, bc_buffer=cfg.bc_buffer)
-    pcfg, spec, model, normalizer, train_doc = load_base(cfg.policy, require_flow=cfg.method == "qvgm")
+    pcfg, spec, model, processors, train_doc = load_base(cfg.policy, require_flow=cfg.method == "qvgm")
     store = open_buffer(cfg.buffer, model, train_doc)
     if cfg.method in ("qvgm", "awr"):
         if not cfg.critic:
             raise ValueError(f"critic: expected the folder of policylink finetune critic (--critic DIR) for method "
                              f"{cfg.method}, received ''")  # fmt: skip
         check_critic(cfg.critic, model, spec, (cfg.policy, cfg.base))
-    ds = _windows(store, pcfg, model, normalizer, cfg.only_success, cfg.buffer)
+    ds = _windows(store, pcfg, model, processors, cfg.only_success, cfg.buffer)
     bc_ds = None
     if cfg.method == "qvgm" and cfg.bc_buffer:
         bc_store = open_buffer(cfg.bc_buffer, model, train_doc, "bc_buffer", rewards=False)
-        bc_ds = _windows(bc_store, pcfg, model, normalizer, cfg.bc_only_success, cfg.bc_buffer)
+        bc_ds = _windows(bc_store, pcfg, model, processors, cfg.bc_only_success, cfg.bc_buffer)
     elif cfg.method == "qvgm" and cfg.bc_only_success and not cfg.only_success:
-        bc_ds = _windows(store, pcfg, model, normalizer, True, cfg.buffer)
+        bc_ds = _windows(store, pcfg, model, processors, True, cfg.buffer)
     loss_fn = _loss(cfg, pcfg, model)
     metrics_names = tuple(getattr(loss_fn, "metrics", ()))
 
@@ -298,7 +299,14 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
         "metrics": list(metrics_names),
     }
     train_config = {**train_doc, "finetune": asdict(cfg)}
-    out = save_checkpoint(cfg.out, model=model.eval(), normalizer=normalizer, spec=spec, train_config=train_config)
+    out = save_checkpoint(
+        cfg.out,
+        model=model.eval(),
+        normalizer=processors.normalizer,
+        spec=spec,
+        train_config=train_config,
+        processors=processors,
+    )
     save_json(out / LINEAGE_FILE, lineage)
     _write_csv(out / "finetune_metrics.csv", rows)
     return out
@@ -353,7 +361,7 @@ def _loss(cfg: QVGMCmdConfig, pcfg: Any, model: Any):
     return loss_fn
 
 
-def _windows(store, pcfg, model, normalizer, only_success: bool, path: str):
+def _windows(store, pcfg, model, processors, only_success: bool, path: str):
     """The training windows (:class:`~policylink.data.sampler.SequenceDataset`) of ``store`` for the policy
     config ``pcfg``: every episode, or the successful ones only.
 
@@ -370,11 +378,11 @@ def _windows(store, pcfg, model, normalizer, only_success: bool, path: str):
             raise ValueError(f"only_success: the buffer {path!r} holds no successful episode")
     return SequenceDataset(
         store,
-        n_obs_steps=pcfg.n_obs_steps,
+        **processors.window_args(),
         horizon=window_horizon(pcfg.n_obs_steps, pcfg.chunk_size),
         obs_keys=list(model.features),
         episodes=episodes,
-        normalizer=normalizer,
+        processors=processors,
     )
 
 

@@ -55,7 +55,7 @@ class ACTPolicy(ModelPolicy):
         features = self.model.features
         batch_size_of(obs, list(features))
         with torch.no_grad():
-            return self.model.embed(observation_tensors(obs, features, self.normalizer, self.device))
+            return self.model.embed(observation_tensors(obs, features, self.processors, self.device))
 
     def _predict(self, history: dict[str, np.ndarray], pad_mask: np.ndarray, tasks: list[str] | None) -> np.ndarray:
         # Padded slots repeat the episode's first observation, as the training windows do (no masking).

@@ -17,6 +17,7 @@ import torch
 
 from policylink.adapters.schema import FeatureSpec
 from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 from policylink.policies.processing import observation_tensors
 
 
@@ -119,7 +120,7 @@ def lean_latents(
     encoder: Any,
     obs: Mapping[str, Any],
     features: Mapping[str, FeatureSpec],
-    normalizer: Normalizer,
+    processors: Processors,
     device: torch.device,
     cache: FrameFeatureCache | None = None,
     rows: np.ndarray | None = None,
@@ -132,6 +133,8 @@ def lean_latents(
         encoder: the model's observation encoder.
         obs: raw windows ``(B, T, ...)`` (images uint8 ``(B, T, H, W, 3)``).
         features: the model's observation features.
+        processors: the policy's processor chain (its normaliser is folded into the pixel affine; its vectors go
+            through :func:`~policylink.policies.processing.observation_tensors`).
         cache, rows: the rows' :class:`FrameFeatureCache` and their ids (``obs`` are those rows' windows); without
             them every frame is encoded.
     """
@@ -141,6 +144,9 @@ def lean_latents(
         return None
     frames = {k: obs[k] for k in encoder.image_keys}
     if not all(isinstance(f, np.ndarray) and f.dtype == np.uint8 and f.ndim == 5 for f in frames.values()):
+        return None
+    normalizer = processors.normalizer
+    if normalizer is None:
         return None
     try:
         affines = {k: pixel_affine(normalizer, k, device) for k in encoder.image_keys}
@@ -159,4 +165,4 @@ def lean_latents(
             b, t = window.shape[:2]
             image_features[key] = encode(window.reshape(b * t, *window.shape[2:])).reshape(b, t, -1)
     vectors = {k: features[k] for k in encoder.vector_keys}
-    return encoder.combine(image_features, observation_tensors(obs, vectors, normalizer, device))
+    return encoder.combine(image_features, observation_tensors(obs, vectors, processors, device))

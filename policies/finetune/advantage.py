@@ -18,7 +18,7 @@ from torch import nn
 
 from policylink.adapters.config_checks import require_choice, require_counts
 from policylink.data.buffer import EpisodeStore
-from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 from policylink.data.sampler import SequenceDataset
 from policylink.policies.model import ChunkModel
 
@@ -115,7 +115,7 @@ def two_hot(values: torch.Tensor, v_min: float, v_max: float, num_bins: int) -> 
     return out
 
 
-def store_latents(model: ChunkModel, normalizer: Normalizer, store: EpisodeStore, batch_size: int = 512) -> np.ndarray:
+def store_latents(model: ChunkModel, processors: Processors, store: EpisodeStore, batch_size: int = 512) -> np.ndarray:
     """The frozen policy's observation latent ``embed`` of every step of ``store``, float32 ``(N_steps, D)`` in the
     store's order (the window of step ``t`` ends at ``t``; the first steps of an episode repeat its first
     observation, as in training and at inference).
@@ -125,8 +125,8 @@ def store_latents(model: ChunkModel, normalizer: Normalizer, store: EpisodeStore
     """
     cfg = model.cfg
     ds = SequenceDataset(
-        store, n_obs_steps=cfg.n_obs_steps, horizon=cfg.n_obs_steps, obs_keys=list(cfg.observation_keys),
-        normalizer=normalizer,
+        store, **processors.window_args(training=False), horizon=processors.n_obs_steps,
+        obs_keys=list(cfg.observation_keys), processors=processors,
     )  # fmt: skip
     if len(ds) != store.n_steps:  # one window per step (default padding)
         raise AssertionError(f"store_latents: expected {store.n_steps} windows, received {len(ds)}")

@@ -39,7 +39,7 @@ class BestOfNPolicy(ChunkPolicy):
 
     @torch.no_grad()
     def _predict(self, history: dict[str, np.ndarray], pad_mask: np.ndarray, tasks: Any) -> np.ndarray:
-        obs = observation_tensors(history, self.model.features, self.normalizer, self.device)
+        obs = observation_tensors(history, self.model.features, self.processors, self.device)
         b, n = next(iter(obs.values())).shape[0], self.n
         cond = self.model.condition(self.model.embed(obs)).repeat_interleave(n, 0)
         noise = torch.randn((b * n, self.spec.chunk_size, self.spec.action.dim), generator=self._generator)

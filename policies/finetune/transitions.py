@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeStore
-from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 from policylink.data.recorder import TERMINATED_KEY
 from policylink.data.sampler import ACTION_PAD_KEY, NEXT_PREFIX, SequenceDataset
 from policylink.policies.critics import critic_state
@@ -84,14 +84,14 @@ def check_buffer(
 def build_transitions(
     store: EpisodeStore | str | Path,
     model: ChunkModel,
-    normalizer: Normalizer,
+    processors: Processors,
     horizon: int,
     gamma: float,
     episodes: Sequence[int] | None = None,
     batch_size: int = 1024,
 ) -> TransitionCache:
     """Every window of ``store`` (or of ``episodes``) as chunk transitions of ``horizon`` executed steps, with
-    states from the frozen ``model``'s encoder (no gradient) and ``normalizer``.
+    states from the frozen ``model``'s encoder (no gradient) after its ``processors``.
 
     ``d`` is the store's ``terminated`` (true terminations) over the chunk's steps inside the episode; a store
     without it falls back to ``done`` (every episode end, so time-limit ends do not bootstrap there).
@@ -106,7 +106,7 @@ def build_transitions(
     keys = list(model.features)
     check_buffer(store, None, keys)
     has_term = TERMINATED_KEY in store.keys
-    to = model.cfg.n_obs_steps
+    to = processors.n_obs_steps
     fields = [REWARD_KEY, DONE_KEY, *([TERMINATED_KEY] if has_term else [])]
     ds = SequenceDataset(
         store,
@@ -116,7 +116,7 @@ def build_transitions(
         step_fields=fields,
         episode_fields=("success",),
         episodes=episodes,
-        normalizer=normalizer,
+        processors=processors,
     )
     model = model.eval()
     parts: dict[str, list[torch.Tensor]] = {}

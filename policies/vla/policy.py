@@ -42,7 +42,7 @@ class VLAPolicy(PrefixChunkPolicy):
         memory, so ``rows`` is not needed)."""
         features = self.model.features
         b = batch_size_of(obs, list(features))
-        tensors: dict[str, Any] = observation_tensors(obs, features, self.normalizer, self.device)
+        tensors: dict[str, Any] = observation_tensors(obs, features, self.processors, self.device)
         if self.model.language.num_tokens:
             tasks = obs.get(TASK_KEY)
             if tasks is None:

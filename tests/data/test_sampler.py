@@ -9,6 +9,7 @@ import torch
 from policylink.data.buffer import EpisodeStore
 from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 from policylink.data.sampler import SequenceDataset, SequenceSampler, split_episodes
 
 
@@ -82,7 +83,8 @@ def test_sequence_dataset_normalized_tensors(tmp_path):
         stats, {"observation.state": "mean_std", "observation.images.front": "mean_std", "action": "min_max"}
     )
     for in_memory in (True, False):
-        ds = SequenceDataset(path, n_obs_steps=2, horizon=4, normalizer=norm, in_memory=in_memory)
+        chain = Processors.for_keys(["observation.state", "observation.images.front"], norm, n_obs_steps=2)
+        ds = SequenceDataset(path, n_obs_steps=2, horizon=4, processors=chain, in_memory=in_memory)
         assert len(ds) == 10
         item = ds[7]
         assert item["task"] == "task 1"
@@ -107,7 +109,8 @@ def test_sequence_dataset_normalized_tensors(tmp_path):
     ):
         assert torch.equal(fast[k], batch[k]), k
     with pytest.raises(KeyError, match="normalizer: no mode"):
-        SequenceDataset(path, n_obs_steps=2, horizon=4, normalizer=Normalizer(stats, {"action": "min_max"}))
+        chain = Processors.for_keys(["observation.state"], Normalizer(stats, {"action": "min_max"}))
+        SequenceDataset(path, n_obs_steps=2, horizon=4, processors=chain)
 
 
 @pytest.fixture

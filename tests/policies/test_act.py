@@ -11,6 +11,7 @@ import torch
 
 from policylink.adapters.capabilities import GuidedSampler, capabilities_of
 from policylink.data.buffer import EpisodeStore
+from policylink.data.processors import Processors
 from policylink.data.sampler import SequenceDataset
 from policylink.policies import load_policy
 from policylink.policies.act import ACTConfig, make_act_policy
@@ -45,7 +46,7 @@ def test_act_overfits_two_episodes(kit, store_path, normalizer):
     cfg = _config(kit)
     assert cfg.n_obs_steps == 1 and cfg.act.kl_weight == 10.0  # ACT's observation horizon and beta
     ds = SequenceDataset(store_path, n_obs_steps=1, horizon=window_horizon(1, cfg.chunk_size), obs_keys=[STATE],
-                         normalizer=normalizer)  # fmt: skip
+                         processors=Processors.for_keys([STATE], normalizer))  # fmt: skip
     items = [ds[i] for i in range(len(ds))]
     obs = {STATE: torch.stack([it[STATE] for it in items])}
     actions = chunk_from_window(torch.stack([it["action"] for it in items]), 1)

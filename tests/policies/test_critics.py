@@ -20,7 +20,7 @@ from policylink.policies.critics import (
     polyak_update,
 )
 from policylink.policies.finetune.transitions import BufferError, build_transitions, check_buffer
-from policylink.policies.processing import normalizer_modes
+from policylink.policies.processing import normalizer_modes, processors_for
 from policylink.policies.registry import build_model
 from policylink.train.critic import iql_optimization
 
@@ -64,16 +64,17 @@ def _model(kit):
     return build_model(cfg, kit.FEATURES, 2)
 
 
-def _normalizer(path, kit):
+def _processors(path, kit, model):
     with EpisodeStore(path, "r") as s:
-        return Normalizer(compute_stats(s), normalizer_modes(kit.FEATURES, "min_max", "min_max"))
+        normalizer = Normalizer(compute_stats(s), normalizer_modes(kit.FEATURES, "min_max", "min_max"))
+    return processors_for(model.cfg, kit.FEATURES, normalizer)
 
 
 def test_transitions_from_a_store_bootstrap_time_limits_not_terminations(tmp_path, kit):
     path = tmp_path / "buf.zarr"
     _store(path, kit, terminated_last=True)
     model = _model(kit)
-    cache = build_transitions(path, model, _normalizer(path, kit), horizon=3, gamma=0.9)
+    cache = build_transitions(path, model, _processors(path, kit, model), horizon=3, gamma=0.9)
     assert len(cache) == 12  # every step of both episodes is an anchor
     first = (cache.episode == 0) & (cache.step == 0)
     assert float(cache.ret[first]) == pytest.approx(2.71)
@@ -97,7 +98,8 @@ def test_a_store_without_terminated_falls_back_to_done(tmp_path, kit):
         ep = kit.episode(6, 0.0, rng)
         ep.pop(kit.IMAGE)
         s.add_episode({**ep, "reward": np.ones(6, np.float32)})
-    cache = build_transitions(path, _model(kit), _normalizer(path, kit), horizon=3, gamma=0.9)
+    model = _model(kit)
+    cache = build_transitions(path, model, _processors(path, kit, model), horizon=3, gamma=0.9)
     assert cache.terminal.tolist() == [False, False, False, True, True, True]
 
 
@@ -161,7 +163,7 @@ def test_no_gradient_reaches_the_frozen_encoder_or_the_target_heads(tmp_path, ki
     path = tmp_path / "buf.zarr"
     _store(path, kit, terminated_last=True)
     model = _model(kit)
-    cache = build_transitions(path, model, _normalizer(path, kit), horizon=3, gamma=0.9)
+    cache = build_transitions(path, model, _processors(path, kit, model), horizon=3, gamma=0.9)
     critic = ChunkCritic(CriticConfig(state_dim=cache.state.shape[1], action_dim=2, horizon=3, hidden_dim=16))
     before = [p.clone() for p in critic.q_targets.parameters()]
     online = [p.clone() for p in critic.q_heads.parameters()]

@@ -1,4 +1,5 @@
-"""Overfitting a 2-episode dataset, checkpoint round trips, and the shared train/inference normalisation."""
+"""Overfitting a 2-episode dataset and checkpoint round trips (the shared train/inference transform:
+test_processors.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import pytest
 import torch
 
 from policylink.data.buffer import EpisodeStore
+from policylink.data.processors import Processors
 from policylink.data.sampler import SequenceDataset
 from policylink.policies import load_policy
 from policylink.policies.checkpoint import CheckpointError, save_checkpoint
-from policylink.policies.processing import chunk_from_window, observation_tensors, window_horizon
+from policylink.policies.processing import chunk_from_window, window_horizon
 from policylink.policies.registry import build_model, make_policy
 
 STATE, IMAGE = "observation.state", "observation.images.front"
@@ -20,9 +22,8 @@ STATE, IMAGE = "observation.state", "observation.images.front"
 
 def _dataset(store_path, normalizer, keys, cfg):
     horizon = window_horizon(cfg.n_obs_steps, cfg.chunk_size)
-    return SequenceDataset(
-        store_path, n_obs_steps=cfg.n_obs_steps, horizon=horizon, obs_keys=keys, normalizer=normalizer
-    )
+    chain = Processors.for_keys(keys, normalizer, n_obs_steps=cfg.n_obs_steps)
+    return SequenceDataset(store_path, horizon=horizon, obs_keys=keys, processors=chain, **chain.window_args())
 
 
 @pytest.mark.slow
@@ -60,23 +61,6 @@ def test_tiny_policy_overfits_two_episodes(kind, kit, store_path, normalizer):
     assert err < 0.25, err  # action x spans [2, 6]: a 6 % mean error at most
 
 
-def test_normalisation_identical_at_train_and_inference(kit, store_path, normalizer):
-    cfg = kit.tiny_config("flow", keys=(STATE, IMAGE))
-    ds = _dataset(store_path, normalizer, [STATE, IMAGE], cfg)
-    item = ds[5]
-    t = int(item["step"])  # the newest observation of the window
-    assert int(item["episode_index"]) == 0 and t == 5
-    with EpisodeStore(store_path) as store:
-        ep = store.get_episode(0)
-    raw = {STATE: ep[STATE][None, t - 1 : t + 1], IMAGE: ep[IMAGE][None, t - 1 : t + 1]}
-    got = observation_tensors(raw, {k: kit.FEATURES[k] for k in (STATE, IMAGE)}, normalizer)
-    torch.testing.assert_close(got[STATE][0], item[STATE], rtol=0, atol=0)
-    torch.testing.assert_close(got[IMAGE][0], item[IMAGE], rtol=0, atol=0)
-    # min_max: the episode's state min maps to -1 and its max to +1 (hand-checkable ends)
-    full = normalizer.normalize_feature(STATE, torch.from_numpy(np.concatenate([ep[STATE]])))
-    assert float(full[:, 2].min()) == pytest.approx(-1.0) and float(full[:, 2].max()) == pytest.approx(1.0)
-
-
 @pytest.mark.parametrize("kind", ["diffusion", "flow"])
 def test_checkpoint_round_trip_gives_identical_actions(kind, kit, tmp_path, normalizer):
     cfg = kit.tiny_config(kind, keys=(STATE, IMAGE))
@@ -91,6 +75,7 @@ def test_checkpoint_round_trip_gives_identical_actions(kind, kit, tmp_path, norm
         "model.safetensors",
         "normalizer.safetensors",
         "policy_spec.json",
+        "processors.json",
     ]
     assert json.loads((path / "policy_spec.json").read_text())["chunk_size"] == 8
     loaded = load_policy(path, device="auto", seed=11)

@@ -18,6 +18,7 @@ from policylink.adapters.registry import make_env
 from policylink.data.buffer import EpisodeStore
 from policylink.data.lerobot import export_lerobot, import_lerobot
 from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 from policylink.data.sampler import SequenceDataset
 from policylink.data.stats import compute_stats
 from policylink.policies.checkpoint import load_training_state
@@ -86,7 +87,9 @@ def test_training_batch_is_bit_identical_to_the_per_item_collate(reach_store):
     with EpisodeStore(reach_store) as store:
         stats = compute_stats(store, keys=[STATE, "action"])
     norm = Normalizer(stats, {STATE: "mean_std", "action": "min_max"})
-    ds = SequenceDataset(reach_store, n_obs_steps=2, horizon=9, obs_keys=[STATE], normalizer=norm)
+    ds = SequenceDataset(
+        reach_store, n_obs_steps=2, horizon=9, obs_keys=[STATE], processors=Processors.for_keys([STATE], norm)
+    )
     idx = np.random.default_rng([0, 3]).integers(0, len(ds), 16)
     items = [ds[int(i)] for i in idx]
     old = {  # train/imitation.py's collate before the get_batch path
@@ -142,6 +145,7 @@ def test_train_writes_checkpoint_and_metrics(reach_store, tmp_path):
         "model.safetensors",
         "normalizer.safetensors",
         "policy_spec.json",
+        "processors.json",
         "training_state.json",
         "training_state.safetensors",
     ]

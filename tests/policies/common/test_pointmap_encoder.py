@@ -7,6 +7,7 @@ import torch
 
 from policylink.adapters.schema import FeatureSpec
 from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 from policylink.data.stats import stats_from_arrays
 from policylink.policies.common.encoder_config import EncoderConfig
 from policylink.policies.common.encoders import ObservationEncoder
@@ -39,7 +40,7 @@ def test_observation_tensors_give_normalised_channel_first_pointmaps():
     pm = _pointmaps()
     norm = Normalizer(stats_from_arrays({PM: pm}), {PM: "min_max"})
     feats = {PM: FeatureSpec("float32", (2, 3, 3), unit="m")}
-    out = observation_tensors({PM: pm[None]}, feats, norm)[PM]  # (B=1, T=2, 3, H, W)
+    out = observation_tensors({PM: pm[None]}, feats, Processors.for_keys([PM], norm))[PM]  # (B=1, T=2, 3, H, W)
     assert out.shape == (1, 2, 3, 2, 3)
     # x in [0, 2] -> [-1, 1]; pixel (row 1, col 2) of frame 1: x = 2 -> 1, y = 1 -> 1, z = 11 -> 1
     np.testing.assert_allclose(out[0, 1, :, 1, 2].numpy(), [1.0, 1.0, 1.0], atol=1e-6)
