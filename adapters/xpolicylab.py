@@ -35,7 +35,6 @@ import numpy as np
 from policylink.adapters.policy import HistoryPolicy, PolicyAdapter
 from policylink.adapters.protocol import RemoteError
 from policylink.adapters.schema import (
-    IMAGE_PREFIX,
     STATE_KEY,
     TASK_KEY,
     ActionError,
@@ -44,7 +43,7 @@ from policylink.adapters.schema import (
     PolicySpec,
 )
 from policylink.adapters.ws import WebsocketServer, connect
-from policylink.adapters.xpolicylab_keymap import FieldError, KeyMap
+from policylink.adapters.xpolicylab_keymap import FieldError, KeyMap, spec_from_env
 from policylink.adapters.xpolicylab_wire import (
     REPLY_OF,
     ErrorCode,
@@ -432,36 +431,6 @@ class XPolicyLabRemotePolicy(HistoryPolicy):
                 ws.close()
             except Exception:  # already dead
                 pass
-
-
-def spec_from_env(
-    env_spec: EnvSpec,
-    chunk_size: int = 1,
-    n_action_steps: int | None = None,
-    cameras: Mapping[str, str] | str | None = None,
-    state: Sequence[tuple[str, int]] | str | None = None,
-    action: Sequence[tuple[str, int]] | str | None = None,
-) -> PolicySpec:
-    """The spec of a remote XPolicyLab policy running on ``env_spec``: the env's action and control frequency, and
-    the observation features the key map carries (mapped cameras, ``observation.state``, ``task`` when the env
-    gives one), with ``n_obs_steps = 1`` (the server keeps its own history).
-
-    Raises:
-        ValueError: a key map part that does not fit the env (see :meth:`KeyMap.for_spec`).
-    """
-    feats = env_spec.observation_features
-    kept = {k: f for k, f in feats.items() if k in (STATE_KEY, TASK_KEY) or (k.startswith(IMAGE_PREFIX) and f.is_image)}
-    full = PolicySpec(kept, env_spec.action, 1, chunk_size, n_action_steps or chunk_size, env_spec.control_frequency)
-    km = KeyMap.for_spec(full, cameras, state, action)
-    used = {k for _, k in km.cameras} | ({STATE_KEY} if km.state else set()) | {TASK_KEY}
-    return PolicySpec(
-        {k: f for k, f in kept.items() if k in used},
-        full.action,
-        1,
-        full.chunk_size,
-        full.n_action_steps,
-        full.control_frequency,
-    )
 
 
 def parse_ref(ref: str) -> tuple[str, dict[str, Any]]:

@@ -34,6 +34,7 @@ from policylink.adapters.schema import (
     STATE_KEY,
     TASK_KEY,
     ControlMode,
+    EnvSpec,
     PolicySpec,
     RotationConvention,
 )
@@ -263,6 +264,36 @@ class KeyMap:
         return np.stack(rows).astype(np.float32, copy=False)
 
 
+def spec_from_env(
+    env_spec: EnvSpec,
+    chunk_size: int = 1,
+    n_action_steps: int | None = None,
+    cameras: Mapping[str, str] | str | None = None,
+    state: Sequence[tuple[str, int]] | str | None = None,
+    action: Sequence[tuple[str, int]] | str | None = None,
+) -> PolicySpec:
+    """The spec of a remote XPolicyLab policy running on ``env_spec``: the env's action and control frequency, and
+    the observation features the key map carries (mapped cameras, ``observation.state``, ``task`` when the env
+    gives one), with ``n_obs_steps = 1`` (the server keeps its own history).
+
+    Raises:
+        ValueError: a key map part that does not fit the env (see :meth:`KeyMap.for_spec`).
+    """
+    feats = env_spec.observation_features
+    kept = {k: f for k, f in feats.items() if k in (STATE_KEY, TASK_KEY) or (k.startswith(IMAGE_PREFIX) and f.is_image)}
+    full = PolicySpec(kept, env_spec.action, 1, chunk_size, n_action_steps or chunk_size, env_spec.control_frequency)
+    km = KeyMap.for_spec(full, cameras, state, action)
+    used = {k for _, k in km.cameras} | ({STATE_KEY} if km.state else set()) | {TASK_KEY}
+    return PolicySpec(
+        {k: f for k, f in kept.items() if k in used},
+        full.action,
+        1,
+        full.chunk_size,
+        full.n_action_steps,
+        full.control_frequency,
+    )
+
+
 def parse_pairs(value: Mapping[str, Any] | Sequence[Any] | str, what: str) -> list[tuple[str, str]]:
     """``"a:b,c:d"`` (or a mapping, or pairs) as ``[("a", "b"), ("c", "d")]``. Raises ValueError naming ``what``."""
     if isinstance(value, Mapping):
@@ -340,4 +371,4 @@ def _problem(field: str, expected: str, received: Any) -> dict[str, str]:
     return {"field": field, "expected": expected, "received": got}
 
 
-__all__ = ["CAMERA_SLOTS", "FieldError", "KeyMap", "parse_pairs"]
+__all__ = ["CAMERA_SLOTS", "FieldError", "KeyMap", "parse_pairs", "spec_from_env"]
