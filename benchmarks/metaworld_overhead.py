@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -136,7 +137,9 @@ def main() -> None:
         ("state + expert action in info (the default)", {"obs_mode": "state"}),
         (f"image corner2 {args.image_size}px", {"obs_mode": "image", "image_size": args.image_size}),
     ]
+    load_before = os.getloadavg()[0]
     results = [run_case(name, args.task, kw, args, python) for name, kw in cases]
+    load_after = os.getloadavg()[0]
     cpu = _cpu()
     doc = {
         "task": args.task,
@@ -144,6 +147,7 @@ def main() -> None:
         "steps_per_episode": args.steps,
         "episodes": args.episodes,
         "cpu": cpu,
+        "load_average_1min": [load_before, load_after],
         "date": datetime.date.today().isoformat(),
         "results": results,
     }
@@ -152,7 +156,8 @@ def main() -> None:
         "# MetaWorld step: isolated env server vs direct",
         "",
         f"`{args.task}`, {args.rounds} rounds x {args.episodes} episodes x {args.steps} steps, median per-step time;",
-        f"CPU: {cpu} (2 cores, shared with other jobs); {doc['date']}. Command:",
+        f"CPU: {cpu}, {os.cpu_count()} cores shared with other jobs (1-min load average {load_before:.1f} before, "
+        f"{load_after:.1f} after); {doc['date']}. Command:",
         "",
         "```",
         "policylink envs install metaworld",

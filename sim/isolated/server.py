@@ -39,14 +39,18 @@ def load_factory(ref: str) -> Any:
 def serve(factory: str, kwargs: dict[str, Any], bind: str, parent_pid: int | None = None) -> None:
     """Build ``factory(**kwargs)`` and serve it at ``bind`` until SIGTERM, Ctrl-C or the parent's exit.
 
-    An env that renders (``obs_mode`` other than ``"state"``) is called on the server's worker thread only, never
-    inline on the serving loop (``inline_below_s = 0``): its GL context belongs to the thread that made it.
+    A state-only env runs inline on the serving loop after its first calls (``inline_below_s = inf``); an env that
+    renders (``obs_mode`` other than ``"state"``) is called on the server's worker thread only
+    (``inline_below_s = 0``): its GL context belongs to the thread that made it.
     """
     from policylink.adapters.env_transport import EnvServer
 
     env = load_factory(factory)(**kwargs)
     server = EnvServer(env, bind, name=f"policylink-isolated-{factory.rpartition(':')[2]}")
-    server.inline_below_s = 0.0 if getattr(env, "obs_mode", "state") != "state" else server.inline_below_s
+    # one client, calls in sequence: a state env runs every call inline on the serving loop once its verb has been
+    # seen 8 times (no thread hand-off, which costs most on a loaded machine); a rendering env never does, so its
+    # GL context stays on the worker thread that made it
+    server.inline_below_s = float("inf") if getattr(env, "obs_mode", "state") == "state" else 0.0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()
