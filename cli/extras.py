@@ -30,6 +30,7 @@ COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
     "dataset": ("data",),
     "bench": ("all",),
     "keys": ("cli",),
+    "envs": ("cli",),  # the venvs it builds get their benchmark's own pins from pip
 }
 
 # import name -> distribution name, where they differ
