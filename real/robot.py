@@ -118,6 +118,7 @@ class WatchdogTripped(RuntimeError):
 
 class RobotEnv(Robot, EnvAdapter):
     """A robot behind its safety layer as an environment stepped in real time: the deployment loop's env.
+
     :class:`SafeRobot` (a driver in this process) and :class:`~policylink.real.server.RemoteRobot` (a robot server's
     client; the server's safety layer) are robot envs. Timing rules: ``real/README.md``.
 
@@ -166,7 +167,10 @@ class RobotEnv(Robot, EnvAdapter):
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Begin an episode on the robot (homes hardware; a simulator re-samples its scene from ``seed``); the
-        pacing grid starts now. ``info["is_success"]`` is always set."""
+        pacing grid starts now. ``info["is_success"]`` is always set.
+
+        Raises:
+            RuntimeError: the e-stop is latched (``RemoteError`` from a robot server)."""
         obs, info = self._begin(seed, options)
         self.pacer.start()
         self._obs, self._obs_t, self._first = obs, self.pacer.t0, True
