@@ -38,7 +38,9 @@ from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_qual
 CONTROL_FREQUENCY_HZ = 10.0
 MAX_DEPTH_M = 2.0  # pointmap range, metres; farther pixels (beyond the 1 m table, background) are invalid
 MAX_IMAGE_SIDE = 4096  # pixels; camera frames and the offscreen buffer are allocated at this size
-_mj_step, _mj_kinematics = mujoco.mj_step, mujoco.mj_kinematics  # module-level names: the step's hot path
+# module-level names: the step's hot path (no module attribute lookups per step)
+_mj_step, _mj_kinematics = mujoco.mj_step, mujoco.mj_kinematics
+_array, _asarray, _float32, _isfinite = np.array, np.asarray, np.float32, math.isfinite
 
 
 def asset_path(filename: str) -> str:
@@ -167,7 +169,9 @@ class MujocoTaskEnv(EnvAdapter):
         self.perturbation = perturbation
         action = self._action_spec()
         self._low, self._high = action.low_array, action.high_array
-        self._low_list, self._high_list = self._low.tolist(), self._high.tolist()  # float32 values as floats
+        # per dimension (index, low, high): the float32 limits as Python floats, one tuple unpack per dimension a step
+        self._limits = tuple(zip(range(len(self._low)), self._low.tolist(), self._high.tolist()))
+        self._action_shape = self._low.shape
         self._has_goal_distance = type(self).goal_distance is not MujocoTaskEnv.goal_distance
         self._start_distance = 0.0
         self._perturber = (
@@ -277,15 +281,13 @@ class MujocoTaskEnv(EnvAdapter):
         """The step/reset info: ``{"is_success": success}`` plus, for tasks with a goal distance,
         ``"progress": 1 - d_t / d_0`` (``d_0`` at reset, ``start=True``; 1 when the episode starts at the goal).
         ``state``: the current full float32 state vector ``(D,)`` (the distance is taken on its float32 values)."""
-        if not self._has_goal_distance:
-            return {"is_success": success}
-        d = self.goal_distance_now(state.tolist())
-        if d is None:
-            return {"is_success": success}
-        if start:
-            self._start_distance = d
-        d0 = self._start_distance
-        return {"is_success": success, "progress": 1.0 - d / d0 if d0 > 0 else 1.0}
+        info = {"is_success": success}
+        if self._has_goal_distance and (d := self.goal_distance_now(state.tolist())) is not None:
+            if start:
+                self._start_distance = d
+            d0 = self._start_distance
+            info["progress"] = 1.0 - d / d0 if d0 > 0 else 1.0
+        return info
 
     # ---------------------------------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -350,7 +352,7 @@ class MujocoTaskEnv(EnvAdapter):
         _mj_kinematics(model, data)
         self.elapsed_steps += 1
         values, success = self._observe()  # once per step: observation, success and progress share it
-        state = np.array(values, np.float32)
+        state = _array(values, _float32)
         info = self._info(success, state)
         if self._state_only:  # the observation without a call: the same dict _observation builds
             obs = {STATE_KEY: state if self._full_state else state[: self._n_state], TASK_KEY: self.task}
@@ -358,7 +360,7 @@ class MujocoTaskEnv(EnvAdapter):
             obs = self._observation(state)
         if self._gap is not None:
             obs = self._gap.observe(obs)
-        return obs, float(success), success, self.elapsed_steps >= self.max_episode_steps, info
+        return obs, 1.0 if success else 0.0, success, self.elapsed_steps >= self.max_episode_steps, info
 
     def _clipped_action(self, action: Any) -> list[float]:
         """:func:`~policylink.adapters.validation.coerce_action` (same values, same errors) as ``A`` Python floats,
@@ -366,19 +368,18 @@ class MujocoTaskEnv(EnvAdapter):
         number against the float32 limits (comparisons on floats, ties taking the limit: the values of ``np.clip``,
         signed zeros included)."""
         try:
-            a = np.asarray(action, dtype=np.float32)
+            a = _asarray(action, _float32)
         except (TypeError, ValueError):
             a = None
         # float32 values summed in float64 cannot overflow: the sum is finite iff every value is
-        if a is None or a.shape != self._low.shape or not math.isfinite(sum(values := a.tolist())):
+        if a is None or a.shape != self._action_shape or not _isfinite(sum(values := a.tolist())):
             return coerce_action(self.env_spec.action, action).tolist()  # raises the contract's ActionError
-        i = 0  # a plain loop: half a list comprehension's cost right after the physics (cold caches)
-        for v, lo, hi in zip(values, self._low_list, self._high_list):
+        for i, lo, hi in self._limits:  # a plain loop: half a list comprehension's cost right after the physics
+            v = values[i]
             if v <= lo:  # ties take the limit, as np.clip does (-0.0 against a 0.0 limit gives 0.0)
                 values[i] = lo
             elif v >= hi:
                 values[i] = hi
-            i += 1
         return values
 
     def privileged_state(self) -> np.ndarray:

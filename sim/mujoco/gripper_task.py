@@ -34,6 +34,7 @@ class GripperTaskEnv(MujocoTaskEnv):
 
     def _setup(self) -> None:
         self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)
+        self._ee_view = self.robot.ee_position  # a view: MjData buffers are never reallocated
 
     def _action_spec(self) -> ActionSpec:
         return ActionSpec(
@@ -53,8 +54,9 @@ class GripperTaskEnv(MujocoTaskEnv):
 
     def _robot_state(self) -> list[float]:
         """ee x, y, z (m) and gripper opening (1 open, 0 closed), 4 floats."""
-        robot = self.robot
-        return [*robot.ee_position.tolist(), robot.opening]
+        state = self._ee_view.tolist()
+        state.append(self.robot.opening)
+        return state
 
 
 def placed_at(position: list[float], goal_xy: list[float], opening: float, radius: float, max_height: float) -> bool:

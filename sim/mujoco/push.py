@@ -60,6 +60,7 @@ class PushEnv(MujocoTaskEnv):
         j = self.model.body("block").jntadr[0]
         self._block_qadr = int(self.model.jnt_qposadr[j])
         self._block_qpos = self.data.qpos[self._block_qadr : self._block_qadr + 7]  # a view (never reallocated)
+        self._ee_view = self.robot.ee_position
 
     def _action_spec(self) -> ActionSpec:
         return ActionSpec(
@@ -99,7 +100,7 @@ class PushEnv(MujocoTaskEnv):
 
     def _observe(self) -> tuple[list[float], bool]:
         x, y, yaw = self._block_pose_now()
-        ee_x, ee_y, _ = self.robot.ee_position.tolist()
+        ee_x, ee_y, _ = self._ee_view.tolist()
         success = (
             math.hypot(x - _GOAL_X, y - _GOAL_Y) < SUCCESS_POSITION_M
             and abs(wrap_angle(yaw - _GOAL_YAW)) < SUCCESS_YAW_RAD

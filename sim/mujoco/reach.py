@@ -42,6 +42,7 @@ class ReachEnv(MujocoTaskEnv):
         self.robot = GantryController(self.model, self.data, WORKSPACE_LOW, WORKSPACE_HIGH)
         self._target_mocap = self.model.body("target").mocapid[0]
         self._target_view = self.data.mocap_pos[self._target_mocap]
+        self._ee_view = self.robot.ee_position  # views: MjData buffers are never reallocated
 
     def _action_spec(self) -> ActionSpec:
         return xyz_delta_spec(MAX_DELTA_M)
@@ -63,7 +64,7 @@ class ReachEnv(MujocoTaskEnv):
         return self._target_view
 
     def _observe(self) -> tuple[list[float], bool]:
-        ee, target = self.robot.ee_position.tolist(), self._target_view.tolist()
+        ee, target = self._ee_view.tolist(), self._target_view.tolist()
         return ee + target, math.dist(ee, target) < SUCCESS_RADIUS_M
 
     def goal_distance(self, state: np.ndarray) -> np.ndarray:

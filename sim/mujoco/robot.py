@@ -36,7 +36,6 @@ class GantryController:
         self._qadr = np.array([model.joint(n).qposadr[0] for n in axes])
         self._dadr = np.array([model.joint(n).dofadr[0] for n in axes])
         self._act = np.array([model.actuator(n).id for n in axes])
-        self._act_list = self._act.tolist()
         self.has_gripper = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, "finger_left") >= 0
         if self.has_gripper:
             fingers = ("finger_left", "finger_right")
@@ -46,15 +45,18 @@ class GantryController:
             self._finger_act_left, self._finger_act_right = (int(i) for i in self._finger_act)
         self.site_id = model.site("ee").id
         self._ee_view = data.site_xpos[self.site_id]  # views stay valid: MjData buffers are never reallocated
-        self._ctrl, self._qpos = data.ctrl, data.qpos
+        # memoryviews of the float64 buffers (the per-step path): an item read or write on one stores or returns the
+        # same float64 as numpy's, at about half the cost of a numpy scalar access
+        self._ctrl, self._qpos = memoryview(data.ctrl), memoryview(data.qpos)
         self.low = np.asarray(workspace_low, dtype=np.float64)
         self.high = np.asarray(workspace_high, dtype=np.float64)
         # site position at joint zero: ee = offset + q on the actuated axes
         ref = mujoco.MjData(model)
         mujoco.mj_kinematics(model, ref)
         self._offset = ref.site_xpos[self.site_id, : self.n_axes].copy()
-        self._low_list, self._high_list = self.low.tolist(), self.high.tolist()
-        self._offset_list = self._offset.tolist()
+        # per axis (index, actuator, low, high, offset) as Python ints and floats: one tuple unpack per axis a step
+        limits = (self.low.tolist(), self.high.tolist(), self._offset.tolist())
+        self._axes = tuple(zip(range(self.n_axes), self._act.tolist(), *limits))
         self._target = [0.0] * self.n_axes
         self.grip = 0.0
 
@@ -79,27 +81,29 @@ class GantryController:
         # written one by one into the cached ctrl view (no list -> array conversion)
         if isinstance(delta, np.ndarray):
             delta = delta.tolist()
-        ctrl, target = self._ctrl, self._ee_view.tolist()[: self.n_axes]
-        low, high, offset = self._low_list, self._high_list, self._offset_list
-        for k, i in enumerate(self._act_list):
+        ctrl, target = self._ctrl, self._ee_view.tolist()  # x, y, z: the first n_axes become the target
+        for k, i, low, high, offset in self._axes:
             t = target[k] + delta[k]
-            if t < low[k]:
-                t = low[k]
-            elif t > high[k]:
-                t = high[k]
+            if t < low:
+                t = low
+            elif t > high:
+                t = high
             target[k] = t
-            ctrl[i] = t - offset[k]
+            ctrl[i] = t - offset
         self._target = target
         if grip is not None and self.has_gripper:
-            self.grip = min(max(float(grip), 0.0), 1.0)
-            opening = GRIPPER_OPEN_M * (1.0 - self.grip)
-            ctrl[self._finger_act_left] = opening
-            ctrl[self._finger_act_right] = opening
+            g = float(grip)  # clamped to [0, 1] with the values of min(max(g, 0.0), 1.0) (-0.0 and NaN pass)
+            if g < 0.0:
+                g = 0.0
+            elif g > 1.0:
+                g = 1.0
+            self.grip = g
+            ctrl[self._finger_act_left] = ctrl[self._finger_act_right] = GRIPPER_OPEN_M * (1.0 - g)
 
     @property
     def target(self) -> np.ndarray:
         """The ``ee`` site target of the last :meth:`command` / :meth:`reset`, m, float64 ``(n_axes,)``."""
-        return np.array(self._target)
+        return np.array(self._target[: self.n_axes])
 
     @property
     def ee_position(self) -> np.ndarray:
@@ -112,7 +116,7 @@ class GantryController:
         if not self.has_gripper:
             return 0.0
         q, (left, right) = self._qpos, self._finger_qadr
-        return (q.item(left) + q.item(right)) / (2.0 * GRIPPER_OPEN_M)
+        return (q[left] + q[right]) / (2.0 * GRIPPER_OPEN_M)
 
 
 def xyz_delta_spec(max_delta_m: float) -> ActionSpec:
