@@ -208,8 +208,9 @@ class Conditionable(Protocol):
     ) -> None: ...
 
 
-PREFIX_METHODS = ("guidance", "inpaint")
-""":attr:`ChunkPrefix.method` values: RTC's guidance, or replacement inpainting."""
+PREFIX_METHODS = ("guidance", "inpaint", "condition")
+""":attr:`ChunkPrefix.method` values: RTC's guidance, replacement inpainting, or a clean prefix for a policy trained
+with one (training-time action conditioning)."""
 
 
 @dataclass
@@ -222,7 +223,9 @@ class ChunkPrefix:
         max_guidance: RTC's ``beta`` (> 0; used by ``method="guidance"``).
         method: ``"guidance"`` (RTC's vector-Jacobian guidance, paper eq. 2-4) or ``"inpaint"`` (replacement
             inpainting of the clean estimate: no gradient, the committed actions reproduced exactly where the
-            weight is 1; :func:`policylink.policies.common.rtc.inpaint_guidance`).
+            weight is 1; :func:`policylink.policies.common.rtc.inpaint_guidance`) or ``"condition"`` (the
+            committed actions given clean, as a policy trained with loss ``prefix_conditioned`` saw them;
+            weights 0 or 1; :func:`policylink.policies.common.rtc.condition_noise`).
     """
 
     actions: np.ndarray

@@ -436,24 +436,29 @@ class PrefixChunkPolicy(ChunkPolicy):
         (units, rows following ``env_ids``) with weights ``prefix.weights``: ``prefix.method="guidance"``: RTC's
         guidance with ``beta = prefix.max_guidance`` (Black et al. 2025, eq. 2-4, vector-Jacobian product through
         the clean estimate); ``"inpaint"``: replacement inpainting (no gradient; where a weight is 1 the chunk
-        equals the committed action).
+        equals the committed action); ``"condition"``: the committed actions held clean through the sampling (for
+        a policy trained with loss ``prefix_conditioned``; weights 0 or 1).
 
         Raises:
             RuntimeError: no observation yet. IndexError: a bad id. ValueError: the prefix does not fit.
             ActionError: non-finite output.
         """
-        from policylink.policies.common.rtc import inpaint_guidance, rtc_guidance
+        from policylink.policies.common.rtc import condition_guidance, condition_noise, inpaint_guidance, rtc_guidance
 
         ids = self._ids(env_ids)
         prefix.validate(len(ids), self.spec.chunk_size, self.spec.action.dim)
         target = self.normalize_actions(np.asarray(prefix.actions, np.float32))
         weights = torch.as_tensor(np.asarray(prefix.weights, np.float32), device=self.device)
         labels, tokens = self._row_conditioning(ids)
-        if prefix.method == "inpaint":
+        noise = None
+        if prefix.method == "condition":
+            eps = torch.randn(target.shape, generator=self._generator, device=self.device)
+            noise, guide = condition_noise(eps, target, weights), condition_guidance(weights)
+        elif prefix.method == "inpaint":
             guide = inpaint_guidance(target, weights)
         else:
             guide = rtc_guidance(target, weights, prefix.max_guidance)
-        chunk = self._generate(self._row_latents(ids), labels, tokens, guide, None, None, False)
+        chunk = self._generate(self._row_latents(ids), labels, tokens, guide, None, noise, False)
         return self.spec.action.validate(chunk, batch_dims=2)
 
 

@@ -114,6 +114,7 @@ _BUILTIN: dict[str, str] = {
     "imitation": "policylink.train.losses:ImitationLoss",
     "advantage": "policylink.train.advantage:AdvantageLoss",
     "awr": "policylink.train.advantage:AWRLoss",
+    "prefix_conditioned": "policylink.train.prefix:PrefixConditionedLoss",
 }
 """Built-in losses as lazy ``module:attribute`` factories (imported only when chosen)."""
 _REGISTERED: dict[str, LossFactory] = {}

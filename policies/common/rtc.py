@@ -11,6 +11,9 @@ hooks of a velocity sampler, chosen by :data:`PREFIX_METHODS`:
 - ``"inpaint"``: :func:`inpaint_guidance`, replacement inpainting of the clean estimate (the "hard masking"
   baseline of the paper's section 4, after the inpainting of Diffuser, Janner et al. 2022, and RePaint, Lugmayr et
   al. 2022): no gradient, the cost of a plain sample, and the committed prefix is reproduced exactly.
+- ``"condition"``: :func:`condition_noise` and :func:`condition_guidance`, the committed prefix given clean for
+  the whole sampling, for a policy trained that way (training-time action conditioning, Black, Ren, Equi, Levine
+  2025, arXiv 2512.05964; loss ``prefix_conditioned``, :mod:`policylink.train.prefix`): the cost of a plain sample.
 """
 
 from __future__ import annotations
@@ -141,4 +144,55 @@ def inpaint_guidance(target: Any, weights: Any) -> Guidance:
     return Guidance(fn, autograd=False)
 
 
-__all__ = ["PREFIX_METHODS", "guidance_scale", "inpaint_guidance", "inpaint_weights", "rtc_guidance", "rtc_weights"]
+def condition_noise(noise: Any, target: Any, weights: Any) -> Any:
+    """The initial ``x_0`` of a prefix-conditioned sample: ``W * Y + (1 - W) * eps``, torch ``(B, H, A)``.
+
+    With :func:`condition_guidance` the prefix (``W = 1``) then stays exactly ``Y`` at every step: the network
+    sees it clean throughout, as in training with loss ``prefix_conditioned`` (where ``eps = a`` on the prefix).
+
+    Args:
+        noise: torch float ``(B, H, A)``: the drawn ``eps``.
+        target: torch float ``(B, H, A)``: the committed actions ``Y`` (normalised units).
+        weights: torch float ``(B, H)`` or ``(H,)`` with values 0 or 1 (:func:`inpaint_weights` times validity).
+
+    Raises:
+        ValueError: a weight other than 0 or 1 (a clean prefix is all or nothing per step).
+    """
+    w = _broadcast_weights(weights, target)
+    if bool(((w != 0) & (w != 1)).any()):
+        raise ValueError("prefix.weights: expected 0 or 1 for method 'condition', received fractional weights")
+    return w * target + (1.0 - w) * noise
+
+
+def condition_guidance(weights: Any) -> Guidance:
+    """The velocity of a prefix-conditioned sample with the prefix held still: ``v' = (1 - W) v`` (no autograd).
+
+    Args:
+        weights: torch float ``(B, H)`` or ``(H,)`` of 0 or 1 (see :func:`condition_noise`).
+
+    Returns:
+        ``Guidance(fn, autograd=False)`` with ``fn(x_t, t, v, cond, sampler) -> v'`` (torch ``(B, H, A)``).
+    """
+
+    def fn(x_t: Any, t: Any, v: Any, cond: Any, sampler: Any) -> Any:
+        return v * (1.0 - _broadcast_weights(weights, v))
+
+    return Guidance(fn, autograd=False)
+
+
+def _broadcast_weights(weights: Any, like: Any) -> Any:
+    """Weights ``(B, H)`` or ``(H,)`` -> ``(B, H, 1)`` on ``like``'s device and dtype."""
+    w = weights if weights.dim() == 2 else weights[None].expand(like.shape[0], -1)
+    return w[..., None].to(device=like.device, dtype=like.dtype)
+
+
+__all__ = [
+    "PREFIX_METHODS",
+    "condition_guidance",
+    "condition_noise",
+    "guidance_scale",
+    "inpaint_guidance",
+    "inpaint_weights",
+    "rtc_guidance",
+    "rtc_weights",
+]

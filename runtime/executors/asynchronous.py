@@ -73,8 +73,8 @@ class AsyncExecutor(ChunkExecutor):
     ``config.rtc`` is set, each periodic request carries a :class:`~policylink.adapters.capabilities.ChunkPrefix`
     (the current chunk's unread actions, weights ``rtc_weights(H, d, s)`` times their validity, ``beta =
     config.rtc_max_guidance``), ``d`` being the sampled delay or the last measured one; with
-    ``config.rtc_method="inpaint"`` the weights are ``inpaint_weights(H, d)`` (the ``d`` actions executed while the
-    chunk is computed are inpainted exactly, at the cost of a plain inference).
+    ``config.rtc_method`` ``"inpaint"`` or ``"condition"`` the weights are ``inpaint_weights(H, d)`` (the ``d``
+    actions executed while the chunk is computed are reproduced exactly, at the cost of a plain inference).
 
     Reply timeout (deployment, off by default): after :meth:`watch_replies`, a chunk request unanswered for longer
     than the timeout raises :class:`PolicyStoppedAnswering` from :meth:`act` instead of executing more of the old
@@ -198,17 +198,16 @@ class AsyncExecutor(ChunkExecutor):
 
     def _prefix(self, ids: np.ndarray, delay: int) -> ChunkPrefix:
         """RTC's prefix for rows ``ids``: their unread actions in the new chunk's frame (index 0 = now), weighted
-        by ``rtc_weights(H, d, s)`` (``rtc_method="guidance"``) or ``inpaint_weights(H, d)`` (``"inpaint"``)
-        times their validity; ``d`` is the sampled delay or the last measured one."""
+        by ``rtc_weights(H, d, s)`` (``rtc_method="guidance"``) or ``inpaint_weights(H, d)`` (``"inpaint"``,
+        ``"condition"``) times their validity; ``d`` is the sampled delay or the last measured one."""
         d = delay if self.config.latency.simulated else self._last_delay
         d = min(d, self.chunk_size - self.n_action_steps)
         committed, valid = self.queue.remaining(ids)
         method = self.config.rtc_method
-        w = (
-            inpaint_weights(self.chunk_size, d)
-            if method == "inpaint"
-            else rtc_weights(self.chunk_size, d, self.n_action_steps)
-        )
+        if method == "guidance":
+            w = rtc_weights(self.chunk_size, d, self.n_action_steps)
+        else:  # inpaint, condition: exactly the d actions executed while the chunk is computed
+            w = inpaint_weights(self.chunk_size, d)
         weights = (w[None] * valid).astype(np.float32)
         return ChunkPrefix(committed.astype(np.float32), weights, self.config.rtc_max_guidance, method)
 

@@ -74,7 +74,9 @@ class ExecutorConfig:
             vector-Jacobian product per sampler step, about twice a plain inference); ``"inpaint"``: replacement
             inpainting of the ``d`` actions executed while the chunk is computed (weights ``inpaint_weights``: 1
             for ``i < d``, 0 after; no gradient, the cost of a plain inference, so it adds no delay of its own;
-            the hard-masking baseline of the same paper, section 4).
+            the hard-masking baseline of the same paper, section 4); ``"condition"``: the same ``d`` actions given
+            clean to a policy trained with them (loss ``prefix_conditioned``, training-time action conditioning,
+            Black et al. 2025, arXiv 2512.05964; the cost of a plain inference).
     """
 
     kind: str = ExecutorKind.RECEDING_HORIZON.value
