@@ -17,6 +17,7 @@ Kostrikov et al. 2021, arXiv 2110.06169, chunked as in Q-chunking, arXiv 2507.07
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,8 @@ class SequenceDataset:
         processors: the policy's :class:`~policylink.data.processors.Processors`, run on the obs and action
             windows (every requested key must have a normalisation mode when the chain normalises); default: the
             layout step only.
+        normalizer: deprecated (one release): a :class:`~policylink.data.stats.Normalizer` stands for
+            ``processors=Processors.for_keys(obs_keys, normalizer)``; give ``processors`` instead.
         in_memory: load the arrays into RAM once (fast random access) instead of reading zarr per item.
         pad_before, pad_after, chain_windows, chain_stride: see :class:`SequenceSampler`.
 
@@ -213,6 +216,7 @@ class SequenceDataset:
         episode_fields: Sequence[str] = (),
         episodes: Sequence[int] | None = None,
         processors: Processors | None = None,
+        normalizer: Any = None,
         in_memory: bool = True,
         pad_before: int | None = None,
         pad_after: int | None = None,
@@ -249,6 +253,16 @@ class SequenceDataset:
         self.meta = store.all_meta()
         self.tasks = [m.task for m in self.meta]
         self.action_key = action_key
+        if normalizer is not None:
+            if processors is not None:
+                raise ValueError("normalizer: deprecated alias of processors; received both, give processors only")
+            warnings.warn(
+                "SequenceDataset(normalizer=...) is deprecated: pass processors=Processors.for_keys(obs_keys, "
+                "normalizer) (policylink.data.processors)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            processors = Processors.for_keys(self.obs_keys, normalizer)
         self.processors = Processors.for_keys(self.obs_keys) if processors is None else processors
         normalizer = self.processors.normalizer
         missing = [] if normalizer is None else [k for k in keys if k not in normalizer.keys]

@@ -203,3 +203,33 @@ def test_chunk_transitions_exact_returns_ends_and_padding(reward_store):
         SequenceDataset(reward_store, n_obs_steps=2, horizon=4).get_transitions([0], 0.9)
     with pytest.raises(ValueError, match="gamma: expected a discount in"):
         ds.get_transitions([0], 1.5)
+
+
+def test_normalizer_keyword_is_a_deprecated_alias_of_processors(tmp_path):
+    """``SequenceDataset(normalizer=...)`` (before the processor chain) still works for one release, with a warning,
+    and gives exactly the items of ``processors=Processors.for_keys(obs_keys, normalizer)``."""
+    import warnings
+
+    from policylink.data.recorder import EpisodeRecorder
+    from policylink.data.stats import compute_stats
+
+    store = EpisodeStore(tmp_path / "s.zarr", "w")
+    rng = np.random.default_rng(0)
+    rec = EpisodeRecorder(store)
+    rec.start_episode()
+    for _ in range(6):
+        rec.add_step({"observation.state": rng.normal(size=3).astype(np.float32)}, rng.normal(size=2), 0.0, False)
+    rec.end_episode(True)
+    norm = Normalizer(compute_stats(store), {"observation.state": "mean_std", "action": "min_max"})
+    with pytest.warns(DeprecationWarning, match="processors=Processors.for_keys"):
+        old = SequenceDataset(store, n_obs_steps=2, horizon=4, normalizer=norm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = SequenceDataset(
+            store, n_obs_steps=2, horizon=4, processors=Processors.for_keys(["observation.state"], norm)
+        )
+    for i in range(len(new)):
+        for key in ("observation.state", "action"):
+            np.testing.assert_array_equal(old[i][key].numpy(), new[i][key].numpy())
+    with pytest.raises(ValueError, match="normalizer: deprecated alias of processors; received both"):
+        SequenceDataset(store, n_obs_steps=2, horizon=4, normalizer=norm, processors=new.processors)

@@ -271,7 +271,7 @@ def test_env_placeholder_picks_one_policy_per_env(tmp_path):
         ev.evaluate(
             ["greedy_{env}", "x=nope_{env}"], ["line_a", "line_b"], episodes=2, workers=0, progress=False, out=tmp_path
         )
-    assert str(err.value).startswith("policies: expected a checkpoint folder, a tcp:// address or one of [")
+    assert str(err.value).startswith("policies: expected a checkpoint folder, a tcp:// or xpl:// address or one of [")
     assert str(err.value).endswith("], received ['greedy_line_b', 'nope_line_a', 'nope_line_b']")
     with pytest.raises(UnknownNameError) as err:  # one unknown name: the closest registered one
         ev.evaluate(["greedy_{env}"], ["line_a", "line_b"], episodes=2, workers=0, progress=False, out=tmp_path)
