@@ -2,6 +2,7 @@
 and is reproducible by seed, randomisation stays within its bounds, actions and observations are changed as
 documented, and the drawn parameters reach each recorded episode's metadata."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,13 +15,14 @@ from policylink.sim.mujoco.gap import RealityGap, load_gap, preset_names
 
 def test_every_preset_loads_and_round_trips():
     names = preset_names()
-    assert {"worn_gantry", "noisy_sensors", "moved_camera", "lab_robot"} <= set(names)
+    assert {"worn_gantry", "worn_gantry_delayed", "noisy_sensors", "moved_camera", "lab_robot"} <= set(names)
     for name in names:
         gap = load_gap(name)
         assert gap.name == name and gap.description
         assert RealityGap.from_mapping(gap.to_dict()) == gap
-    worn = load_gap("worn_gantry")
-    assert worn.dynamics.actuator_gain_scale == 0.3 and worn.dynamics.action_delay_steps == 1
+    worn, delayed = load_gap("worn_gantry"), load_gap("worn_gantry_delayed")
+    assert worn.dynamics.actuator_gain_scale == 0.3 and worn.dynamics.action_delay_steps == 0
+    assert delayed.dynamics == dataclasses.replace(worn.dynamics, action_delay_steps=1)  # base: worn_gantry
     assert load_gap("none") is None and load_gap(None) is None
 
 
@@ -107,7 +109,7 @@ def test_a_range_draw_is_reproducible_by_seed_and_within_bounds():
 
 
 def test_randomize_spreads_from_nominal_past_the_preset():
-    gap = load_gap({"base": "worn_gantry", "randomize": 1.5})
+    gap = load_gap({"base": "worn_gantry_delayed", "randomize": 1.5})
     ranges = gap.ranges()
     assert ranges["dynamics.actuator_gain_scale"] == pytest.approx((0.01, 1.0))  # 1 - 1.5 * 0.7 < 0: clipped
     assert ranges["dynamics.mass_scale"] == pytest.approx((1.0, 1.75))
