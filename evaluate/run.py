@@ -11,6 +11,7 @@ from policylink.adapters.config_checks import require_counts
 from policylink.adapters.schema import IncompatibleSpecError
 from policylink.runtime.checks import cell_problems, limit_threads
 from policylink.runtime.executors import ExecutorConfig, make_executor
+from policylink.runtime.operator import TakeoverRule
 from policylink.runtime.rollout import RegistryEnvFn, env_spec_of, make_vector_env, plan_episodes, rollout
 
 
@@ -37,12 +38,19 @@ class RunConfig:
         threads: torch CPU threads (0 = torch's default). One thread is the default because small chunk
             policies gain nothing from more on CPU and slow down many times over when the cores are shared.
         robot: a robot server address (``tcp://host:port``, ``policylink robot``): run on it in real time
-            instead of ``env`` (:mod:`policylink.real.deploy`).
+            instead of ``env`` (:mod:`policylink.real.deploy`); or ``sim:TASK``, the sim-as-real robot of ``TASK``
+            in this process behind its safety layer (``env_kwargs`` go to the task: ``{gap: worn_gantry}``).
         hz: control rate on the robot (None = its control frequency).
+        lockstep: ``sim:TASK`` robots only: the simulated world's clock advances only while the loop waits for
+            its next period (inference takes no simulated time; :mod:`policylink.real.lockstep`): deterministic
+            and independent of the machine's load. False = real time.
         inject_latency_ms: make each inference take at least this long (deployment benchmarks).
         teleop: ``keyboard`` lets a human take over on the robot from this terminal (space toggles, wasd/rf move
-            ``teleop_step`` per key press, x = e-stop); None = off.
+            ``teleop_step`` per key press, x = e-stop); ``expert``: on a ``sim:TASK`` robot the task's scripted
+            expert stands in for the operator under ``takeover``'s rule (:mod:`policylink.runtime.operator`);
+            None = off. Takeover steps are recorded with ``deploy.source`` = human.
         teleop_step: action units per key press.
+        takeover: when the simulated operator (``teleop: expert``) takes over (:class:`TakeoverRule`).
 
     Raises:
         ValueError: ``episodes < 1``, ``num_envs < 1`` or ``threads < 0``.
@@ -61,9 +69,11 @@ class RunConfig:
     threads: int = 1
     robot: str | None = None
     hz: float | None = None
+    lockstep: bool = False
     inject_latency_ms: float = 0.0
     teleop: str | None = None
     teleop_step: float = 0.01
+    takeover: TakeoverRule = field(default_factory=TakeoverRule)
 
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, num_envs=1, threads=0)

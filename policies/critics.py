@@ -64,10 +64,13 @@ class CriticConfig:
         return self
 
 
-def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
+def expectile_loss(diff: torch.Tensor, expectile: float, sample_weight: torch.Tensor | None = None) -> torch.Tensor:
     """IQL's asymmetric L2 (Kostrikov et al. 2021, eq. 5): ``mean(|tau - 1[diff < 0]| * diff^2)`` with ``diff =
-    Q - V`` (any shape). ``tau > 0.5`` weights under-estimates of ``Q`` by ``V`` more (an upper expectile)."""
+    Q - V`` (any shape). ``tau > 0.5`` weights under-estimates of ``Q`` by ``V`` more (an upper expectile).
+    ``sample_weight`` (broadcastable to ``diff``) multiplies each term (H2O's dynamics ratio; None = 1)."""
     weight = torch.where(diff < 0, 1.0 - expectile, expectile)
+    if sample_weight is not None:
+        weight = weight * sample_weight
     return (weight * diff.square()).mean()
 
 
@@ -215,7 +218,9 @@ class IQLLoss:
             (:func:`policylink.train.critic.iql_optimization`), :meth:`after_step` follows every step.
 
     The batch (float32 tensors on the critic's device): ``state`` ``(B, S)``, ``action`` ``(B, >=H, A)``,
-    ``return`` ``(B,)``, ``discount`` ``(B,)``, ``terminal`` bool ``(B,)``, ``next_state`` ``(B, S)``.
+    ``return`` ``(B,)``, ``discount`` ``(B,)``, ``terminal`` bool ``(B,)``, ``next_state`` ``(B, S)``; optionally
+    ``weight`` ``(B,)``, a per-transition weight of both losses (H2O, Niu et al. 2022: a simulated transition's
+    Bellman error weighted by its dynamics ratio, :mod:`policylink.policies.finetune.h2o`).
     """
 
     def __init__(self, critic: ChunkCritic):
@@ -233,9 +238,11 @@ class IQLLoss:
             q_min = c.q(s, a, target=True).min(0).values
             y = chunk_td_target(batch["return"], batch["discount"], batch["terminal"], c.value(batch["next_state"]))
         v = c.value(s)
-        loss_v = expectile_loss(q_min - v, c.cfg.expectile)
+        w = batch.get("weight")
+        loss_v = expectile_loss(q_min - v, c.cfg.expectile, w)
         q = c.q(s, a)
-        loss_q = (q - y[None]).square().mean(1).sum()
+        err = (q - y[None]).square()
+        loss_q = (err if w is None else err * w[None]).mean(1).sum()
         metrics = {"loss_v": loss_v.item(), "loss_q": loss_q.item(), "q_mean": q.mean().item()}
         metrics["v_mean"] = v.mean().item()
         return loss_v, loss_q, metrics

@@ -228,19 +228,22 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
         TimeoutError: the robot server does not answer ``hello``.
     """
     from policylink.adapters.schema import IncompatibleSpecError
-    from policylink.real.server import RemoteRobot
     from policylink.runtime.checks import cell_problems, limit_threads
     from policylink.runtime.executors import make_executor
 
-    robot = RemoteRobot(cfg.robot, hz=cfg.hz)
-    safety = robot.rearm()  # starting a run is the operator's explicit re-arm after an earlier watchdog trip
+    if cfg.teleop == "expert" and not str(cfg.robot).startswith(SIM_ROBOT_PREFIX):
+        raise ValueError(f"teleop: 'expert' (the scripted stand-in operator) needs --robot sim:TASK, received robot="
+                         f"{cfg.robot!r}; on a real robot use --teleop keyboard")  # fmt: skip
+    if getattr(cfg, "lockstep", False) and not str(cfg.robot).startswith(SIM_ROBOT_PREFIX):
+        raise ValueError(f"lockstep: a simulated robot's option (--robot sim:TASK), received robot={cfg.robot!r}")
+    robot, safety = open_robot(cfg)
     spec = robot.env_spec
     policy = _load_deploy_policy(cfg, robot.period, spec)
     limit_threads(cfg.threads)
     problems = cell_problems(cfg.policy, policy.spec, cfg.robot, spec, cfg.executor)
     if problems:
         raise IncompatibleSpecError(problems)
-    robot.teleop = _teleop(cfg, spec.action.dim)
+    robot.teleop = _teleop(cfg, spec.action.dim, robot)
     stats = DeployStats(status=(lambda st: print_status(st, robot.period)) if status else None)
     executor = make_executor(policy, cfg.executor)
     recorder = open_deploy_recorder(cfg.record, spec) if cfg.record else None
@@ -310,6 +313,64 @@ def run_deployment(
     return out
 
 
+SIM_ROBOT_PREFIX = "sim:"
+"""``run --robot sim:TASK``: the sim-as-real robot of ``TASK`` in this process (no robot server)."""
+SIM_WATCHDOG_PERIODS = 10
+"""The in-process sim robot's watchdog, in control periods (at least 500 ms)."""
+
+
+def open_robot(cfg: Any) -> tuple[RobotEnv, dict[str, Any]]:
+    """The robot env of ``cfg.robot`` and its safety status: a :class:`~policylink.real.server.RemoteRobot` for a
+    server address (re-armed: starting a run is the operator's explicit re-arm after an earlier watchdog trip), or
+    for ``sim:TASK`` the sim-as-real robot of ``TASK`` (built as ``policylink robot --sim TASK`` builds it, with
+    ``cfg.env_kwargs`` as the task's kwargs, ``gap`` included) behind a :class:`~policylink.real.robot.SafeRobot` in
+    this process, paced at ``cfg.hz`` (default the task's rate; another rate runs the simulated world at
+    ``time_scale = hz / control_frequency``, the same physics per step: a loaded machine can deploy at half speed
+    with ``--hz 5`` on a 10 Hz task). Its watchdog is ``max(500 ms, SIM_WATCHDOG_PERIODS periods)``: a shared
+    machine stalls longer than a robot computer, and a trip ends the run. ``cfg.lockstep``: the simulated world's
+    time advances only while the loop waits (:class:`~policylink.real.lockstep.LockstepClock`).
+
+    Raises:
+        ValueError: ``sim:`` without a task name.
+        UnknownNameError: an unknown task.
+    """
+    if not str(cfg.robot).startswith(SIM_ROBOT_PREFIX):
+        from policylink.real.server import RemoteRobot
+
+        robot = RemoteRobot(cfg.robot, hz=cfg.hz)
+        return robot, robot.rearm()
+    from policylink.real.robot import SafeRobot
+    from policylink.real.robots import RobotConfig, build_robot, safety_config
+
+    task = str(cfg.robot)[len(SIM_ROBOT_PREFIX) :]
+    if not task:
+        raise ValueError(f"robot: expected 'sim:TASK' (e.g. sim:pick_place) or tcp://HOST:PORT, received {cfg.robot!r}")
+    kwargs = dict(cfg.env_kwargs)
+    rcfg = RobotConfig(sim=task, gap=kwargs.pop("gap", None), sim_kwargs=kwargs)
+    clock = None
+    if cfg.lockstep:
+        from policylink.real.lockstep import LockstepClock
+
+        clock = LockstepClock()
+    sim = build_robot(rcfg, clock)
+    hz = float(cfg.hz or sim.env_spec.control_frequency)
+    if hz != float(sim.env_spec.control_frequency):  # the simulated world runs at the asked rate
+        sim.disconnect()
+        rcfg.time_scale = hz / float(sim.env_spec.control_frequency)
+        sim = build_robot(rcfg, clock)
+    rcfg.watchdog_ms = max(rcfg.watchdog_ms, SIM_WATCHDOG_PERIODS * 1e3 / hz)
+    if clock is None:
+        robot = SafeRobot(sim, safety_config(rcfg, sim), hz=hz)
+    else:
+        from policylink.real.pacing import Pacer
+
+        clock.robot = sim
+        robot = SafeRobot(sim, safety_config(rcfg, sim), hz=hz, clock=clock)
+        robot.pacer = Pacer(robot.period, clock, sleep=clock.sleep)
+    robot.connect()
+    return robot, robot.safety.status()
+
+
 def reply_timeout_s(safety: dict[str, Any]) -> float:
     """The longest a deployment waits for a chunk it asked for while the robot executes the old one, seconds: the
     robot's watchdog ``watchdog_s`` from the safety status ``safety`` (a robot server's ``rearm`` reply), or
@@ -357,15 +418,27 @@ def _load_deploy_policy(cfg: Any, period: float, env_spec: Any = None) -> Any:
     return inject_inference_latency(policy, float(cfg.inject_latency_ms) / 1e3)
 
 
-def _teleop(cfg: Any, action_dim: int) -> Teleoperator | None:
-    """The human takeover device of ``cfg.teleop`` (``keyboard``: this terminal), or None.
+def _teleop(cfg: Any, action_dim: int, robot: Any = None) -> Teleoperator | None:
+    """The human takeover device of ``cfg.teleop`` (``keyboard``: this terminal; ``expert``: the scripted expert of
+    a ``sim:TASK`` robot's task under ``cfg.takeover``, :class:`policylink.runtime.operator.ScriptedOperator`), or
+    None.
 
     Raises:
-        ValueError: an unknown ``teleop`` name."""
+        ValueError: an unknown ``teleop`` name, or ``expert`` on a robot that is not ``sim:TASK``."""
     if not cfg.teleop:
         return None
+    if cfg.teleop == "expert":
+        sim = getattr(getattr(robot, "robot", None), "env", None)
+        if sim is None:
+            raise ValueError(
+                f"teleop: 'expert' needs the simulated robot in this process (--robot sim:TASK), received robot="
+                f"{cfg.robot!r}"
+            )
+        from policylink.runtime.operator import ScriptedOperator
+
+        return ScriptedOperator(sim, cfg.takeover)
     if cfg.teleop != "keyboard":
-        raise ValueError(f"teleop: expected 'keyboard' or None, received {cfg.teleop!r}")
+        raise ValueError(f"teleop: expected 'keyboard', 'expert' or None, received {cfg.teleop!r}")
     from policylink.real.teleop import KeyboardTeleop
 
     tele = KeyboardTeleop(action_dim, step=cfg.teleop_step)

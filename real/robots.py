@@ -66,8 +66,10 @@ class RobotConfig:
     duration_s: float | None = None
 
 
-def build_robot(cfg: RobotConfig) -> Robot:
-    """The driver or sim-as-real robot of ``cfg`` (not yet behind its safety layer).
+def build_robot(cfg: RobotConfig, clock: Any = None) -> Robot:
+    """The driver or sim-as-real robot of ``cfg`` (not yet behind its safety layer). ``clock``: the sim-as-real
+    robot's clock, and then it does not tick by itself (the caller ticks it: :class:`~policylink.real.lockstep.
+    LockstepClock`); None = wall time, its own tick thread.
 
     Raises:
         ValueError: neither or both of ``sim``/``driver``; a malformed ``driver`` reference.
@@ -82,7 +84,10 @@ def build_robot(cfg: RobotConfig) -> Robot:
         env = RegistryEnvFn(cfg.sim, **cfg.sim_kwargs, **({"gap": cfg.gap} if cfg.gap else {}))()
         ms = {k: getattr(cfg, k) for k in TIMING_MS_FIELDS}
         ms = {k: v or (gap_timing_ms(env) or {}).get(k, 0.0) for k, v in ms.items()}  # a flag given wins
-        return SimRobot(env, SimTiming.from_ms(**ms, seed=cfg.seed, time_scale=cfg.time_scale))
+        timing = SimTiming.from_ms(**ms, seed=cfg.seed, time_scale=cfg.time_scale)
+        if clock is not None:
+            return SimRobot(env, timing, clock=clock, realtime=False)
+        return SimRobot(env, timing)
     kind, _, name = cfg.driver.partition(":")
     if not name:
         raise ValueError(f"--driver: expected 'lerobot:<type>' or 'module:factory', received {cfg.driver!r}")
