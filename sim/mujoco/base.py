@@ -281,13 +281,12 @@ class MujocoTaskEnv(EnvAdapter):
         """The step/reset info: ``{"is_success": success}`` plus, for tasks with a goal distance,
         ``"progress": 1 - d_t / d_0`` (``d_0`` at reset, ``start=True``; 1 when the episode starts at the goal).
         ``state``: the current full float32 state vector ``(D,)`` (the distance is taken on its float32 values)."""
-        info = {"is_success": success}
-        if self._has_goal_distance and (d := self.goal_distance_now(state.tolist())) is not None:
-            if start:
-                self._start_distance = d
-            d0 = self._start_distance
-            info["progress"] = 1.0 - d / d0 if d0 > 0 else 1.0
-        return info
+        if not self._has_goal_distance or (d := self.goal_distance_now(state.tolist())) is None:
+            return {"is_success": success}
+        if start:
+            self._start_distance = d
+        d0 = self._start_distance
+        return {"is_success": success, "progress": 1.0 - d / d0 if d0 > 0 else 1.0}
 
     # ---------------------------------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
