@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from policylink.adapters.registry import UnknownNameError, closest_name, unknown_name_message
 from policylink.cli.commands import COMMANDS
 from policylink.cli.extras import report_missing_extra
-from policylink.cli.flags import _field_type, normalise_flags
+from policylink.cli.flags import _field_type, default_type_flags, normalise_flags
 
 T = TypeVar("T")
 
@@ -222,6 +222,7 @@ def _parse(cls: type[T], args: list[str], config_path: str | None, prog: str | N
             pass  # the help shows the defaults; the run itself reports the file
         print(format_help(cls, prog or f"policylink {cls.__name__}", help_instance(cls, args, config_path)))
         raise SystemExit(0)
+    doc = None
     if config_path is not None:
         check_yaml_file(config_path)
         try:
@@ -230,7 +231,7 @@ def _parse(cls: type[T], args: list[str], config_path: str | None, prog: str | N
             config_path = str(composed_file(config_path, tmp)) if doc else None  # an empty file sets nothing
         except ConfigFileError as e:
             raise ConfigError(f"--config {e}") from None
-    args = normalise_flags(cls, args)
+    args = default_type_flags(cls, normalise_flags(cls, args), doc)
     check_flags(cls, args)
     check_choice_types(cls, args, config_path)
     if prog is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -15,6 +16,8 @@ def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:
     """The one flag rewriter of every subcommand, for the fields of dataclass ``cls``:
 
     - ``--obs-mode x`` -> ``--obs_mode x`` (dashed spellings of field names, dotted paths too);
+    - a renamed flag -> its current name, with a one-line deprecation notice on stderr (``cls.renamed_flags``: old
+      -> new path; an old path ending in ``.`` renames a whole section: ``{"advantage.": "objective."}``);
     - a bare boolean flag (last, or followed by another flag) -> ``--flag=true``;
     - a comma list for a list field -> draccus' bracket form: ``--envs a,b`` -> ``--envs ["a", "b"]`` for
       lists of str (quoted, so ``{env}`` placeholders and ``label=ref`` stay plain strings), ``[1,2]`` otherwise;
@@ -36,7 +39,7 @@ def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:
         list_type, str_value = None, False
         if a.startswith("--") and len(a) > 2:
             key, eq, value = a[2:].partition("=")
-            key = key.replace("-", "_")
+            key = _renamed(cls, key.replace("-", "_"))
             a = "--" + key + eq + value
             kind = _field_type(cls, key)
             if kind is bool and not eq and (i + 1 == len(args) or args[i + 1].startswith("--")):
@@ -53,6 +56,48 @@ def normalise_flags(cls: type, argv: Sequence[str]) -> list[str]:
                     str_value = True
         out.append(a)
     return out
+
+
+def default_type_flags(cls: type, args: Sequence[str], doc: Any = None) -> list[str]:
+    """``args`` plus ``--FIELD.type NAME`` for each choice field of dataclass ``cls`` (``policy``, ``objective``)
+    whose default is not its base's default type (``objective`` of ``finetune advantage train``: ``advantage``),
+    when neither ``args`` nor the config mapping ``doc`` choose a type: so ``--objective.label_dropout 0.1`` sets
+    an option of the default's type (draccus would decode a section without ``type`` as the base's default)."""
+    import draccus
+
+    try:
+        instance = cls()
+    except Exception:  # a config with required fields: no defaults to keep
+        return list(args)
+    doc = doc if isinstance(doc, dict) else {}
+    extra = []
+    for f in dataclasses.fields(cls):
+        value = getattr(instance, f.name)
+        if not isinstance(value, draccus.ChoiceRegistry):
+            continue
+        name = value.get_choice_name(type(value))
+        flag = f"--{f.name}.type"
+        chosen = any(a == flag or a.startswith(flag + "=") for a in args)
+        chosen = chosen or isinstance(doc.get(f.name), dict) and "type" in doc[f.name]
+        base = _field_type(cls, f.name)
+        default = base.default_choice_name() if hasattr(base, "default_choice_name") else None
+        if not chosen and name != default:
+            extra += [flag, name]
+    return [*extra, *args]
+
+
+def _renamed(cls: type, key: str) -> str:
+    """``key`` under its current name when ``cls.renamed_flags`` lists it (or its section), else ``key``; a renamed
+    key prints ``--old is deprecated, use --new`` on stderr (the alias is kept for one release)."""
+    renamed: dict[str, str] = getattr(cls, "renamed_flags", {})
+    new = renamed.get(key)
+    if new is None:
+        section = max((old for old in renamed if old.endswith(".") and key.startswith(old)), key=len, default=None)
+        new = None if section is None else renamed[section] + key[len(section) :]
+    if new is None:
+        return key
+    print(f"policylink: --{key} is deprecated (kept for one release), use --{new}", file=sys.stderr)
+    return new
 
 
 def _yaml_text(value: str) -> str:

@@ -9,10 +9,11 @@ Two steps::
     policylink finetune advantage label --dataset outputs/data/push_mixed.zarr --source progress --env push
     # 2. train a policy conditioned on the labels (label dropout p, CFG weight recorded in the checkpoint)
     policylink finetune advantage train --config configs/train/push_flow.yaml \\
-        --dataset.path outputs/data/push_mixed.zarr --advantage.label_dropout 0.3 --policy.cfg_scale 1.0
-    policylink finetune advantage train ... --loss awr --advantage.awr_beta 1.0   # AWR baseline
+        --dataset.path outputs/data/push_mixed.zarr --objective.label_dropout 0.3 --policy.cfg_scale 1.0
+    policylink finetune advantage train ... --objective.type awr --objective.beta 1.0   # AWR baseline
 
-The losses ``advantage`` and ``awr`` are also available to ``policylink train --loss``.
+The objectives ``advantage`` and ``awr`` (:mod:`policylink.train.objectives`) are also available to
+``policylink train --objective.type``.
 """
 
 from __future__ import annotations
@@ -44,40 +45,26 @@ from policylink.policies.common.conditioning import NULL_LABEL, drop_labels
 from policylink.policies.finetune.advantage import ValueConfig, awr_weights
 from policylink.train.config import TrainConfig
 from policylink.train.losses import BatchFields
+from policylink.train.objectives import AdvantageConfig, ObjectiveConfig, resolve_objective
 
 ADVANTAGE_LABELS = 2  # 0 negative, 1 positive
 POSITIVE_LABEL = 1
 
 
 @dataclass
-class AdvantageOptions:
-    """Options of the ``advantage`` and ``awr`` losses.
-
-    Attributes:
-        labels: label set of the store (``labels/<name>``, written by ``advantage label``).
-        label_dropout: probability that a sample's label becomes the null label (RECAP: 0.3; 0.1 when
-            conditioning only on positives), so the same network is also the unconditional model for CFG.
-        awr_beta: AWR temperature on advantages divided by their standard deviation over the store.
-        awr_max_weight: AWR weight cap ``w_max``.
-    """
-
-    labels: str = DEFAULT_LABEL_SET
-    label_dropout: float = 0.3
-    awr_beta: float = 1.0
-    awr_max_weight: float = 20.0
-
-
-@dataclass
 class AdvantageTrainConfig(TrainConfig):
     """``policylink finetune advantage train``: :class:`~policylink.train.config.TrainConfig` with
-    ``loss: advantage`` by default and the :class:`AdvantageOptions`."""
+    ``objective: {type: advantage}`` by default (:class:`~policylink.train.objectives.AdvantageConfig`;
+    ``--objective.type awr`` for the AWR baseline)."""
 
-    loss: str = "advantage"
-    advantage: AdvantageOptions = field(default_factory=AdvantageOptions)
+    objective: ObjectiveConfig = field(default_factory=AdvantageConfig)
 
-
-def _options(cfg: TrainConfig) -> AdvantageOptions:
-    return cfg.advantage if isinstance(cfg, AdvantageTrainConfig) else AdvantageOptions()
+    renamed_flags: ClassVar[dict[str, str]] = {
+        **TrainConfig.renamed_flags,
+        "advantage.awr_beta": "objective.beta",
+        "advantage.awr_max_weight": "objective.max_weight",
+        "advantage.": "objective.",
+    }
 
 
 class _StoreLabels:
@@ -101,7 +88,11 @@ class AdvantageLoss:
     """Advantage-conditioned behaviour cloning: the imitation loss with the step's binary label in the model's
     conditioning slot (``model(obs, action, noise, valid, labels=)``), dropped to the null label with probability
     ``label_dropout`` (:func:`~policylink.policies.common.conditioning.drop_labels`, drawn in :meth:`draw` for the
-    global batch).
+    global batch). Registered as objective ``advantage`` (:class:`~policylink.train.objectives.AdvantageConfig`).
+
+    Args:
+        cfg: the run's :class:`~policylink.train.config.TrainConfig` (policy, dataset).
+        labels: label set of the store (``labels/<name>``). label_dropout: null-label probability in [0, 1].
 
     Raises:
         ValueError: the policy has no 2-label slot (``policy.conditioning.num_labels``).
@@ -111,19 +102,19 @@ class AdvantageLoss:
     fields: ClassVar[BatchFields] = BatchFields()
     metrics: ClassVar[tuple[str, ...]] = ("positive_fraction", "dropped_fraction")
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, labels: str = DEFAULT_LABEL_SET, label_dropout: float = 0.3):
         n = cfg.policy.conditioning.num_labels
         if n != ADVANTAGE_LABELS:
             raise ValueError(f"policy.conditioning.num_labels: the advantage loss needs {ADVANTAGE_LABELS} labels "
                              f"(0 negative, 1 positive), received {n}")  # fmt: skip
-        self.opts = _options(cfg)
+        self.label_dropout = label_dropout
         self.mask_padded_actions = bool(cfg.policy.mask_padded_actions)
-        self.store = _StoreLabels(cfg, self.opts.labels)
+        self.store = _StoreLabels(cfg, labels)
 
     def draw(self, model, batch_size: int, generator: torch.Generator, device="cpu") -> dict[str, torch.Tensor]:
         """``model.draw_noise`` plus ``drop`` bool ``(B,)``: True where the label is dropped."""
         noise = model.draw_noise(batch_size, generator, device)
-        noise["drop"] = drop_labels(torch.zeros(batch_size, dtype=torch.long), self.opts.label_dropout, generator) < 0
+        noise["drop"] = drop_labels(torch.zeros(batch_size, dtype=torch.long), self.label_dropout, generator) < 0
         return noise
 
     def __call__(self, model, batch: Mapping[str, Any], step: int) -> tuple[torch.Tensor, dict[str, float]]:
@@ -142,17 +133,22 @@ class AWRLoss:
     """Advantage-weighted regression baseline: the imitation loss per sample weighted by
     ``min(exp(A / beta), w_max)`` (:func:`~policylink.policies.finetune.advantage.awr_weights`), ``A`` the stored
     advantage of the anchor step divided by the store's advantage standard deviation. The policy needs no
-    conditioning slot. Single-process (the per-sample loss bypasses DDP's ``forward``).
+    conditioning slot. Single-process (the per-sample loss bypasses DDP's ``forward``). Registered as objective
+    ``awr`` (:class:`~policylink.train.objectives.AWRConfig`).
+
+    Args:
+        cfg: the run's :class:`~policylink.train.config.TrainConfig`. labels: label set whose advantages weight.
+        beta: temperature (> 0). max_weight: weight cap ``w_max`` (> 0).
     """
 
     fields: ClassVar[BatchFields] = BatchFields()
     metrics: ClassVar[tuple[str, ...]] = ("mean_weight",)
 
-    def __init__(self, cfg: TrainConfig):
-        self.opts = _options(cfg)
-        awr_weights(torch.zeros(1), self.opts.awr_beta, self.opts.awr_max_weight)  # validates beta / w_max early
+    def __init__(self, cfg: TrainConfig, labels: str = DEFAULT_LABEL_SET, beta: float = 1.0, max_weight: float = 20.0):
+        awr_weights(torch.zeros(1), beta, max_weight)  # validates beta / w_max early
+        self.beta, self.max_weight = beta, max_weight
         self.mask_padded_actions = bool(cfg.policy.mask_padded_actions)
-        self.store = _StoreLabels(cfg, self.opts.labels)
+        self.store = _StoreLabels(cfg, labels)
 
     def draw(self, model, batch_size: int, generator: torch.Generator, device="cpu") -> dict[str, torch.Tensor]:
         """The head's training noise (``model.draw_noise``)."""
@@ -165,7 +161,7 @@ class AWRLoss:
         valid = batch["valid"] if self.mask_padded_actions else None
         per = m.per_sample_loss(cond, batch["action"], batch["noise"], valid)
         adv = self.store.advantage[self.store.rows(batch)].to(per.device)
-        w = awr_weights(adv, self.opts.awr_beta, self.opts.awr_max_weight)
+        w = awr_weights(adv, self.beta, self.max_weight)
         return (w * per).mean(), {"mean_weight": float(w.mean())}
 
 
@@ -182,7 +178,7 @@ class LabelCommand:
             ``progress`` (progress gained over a chunk, ALTER; needs ``env`` with a ``goal_distance``).
         checkpoint: the frozen policy whose ``embed`` latents feed the value model (``source=value``).
         env: registry env whose ``goal_distance`` gives the progress (``source=progress``; default: the store's).
-        name: label-set name (the store's ``labels/<name>`` group; ``finetune advantage train --advantage.labels``).
+        name: label-set name (the store's ``labels/<name>`` group; ``finetune advantage train --objective.labels``).
         n_step: RECAP's ``N``: the advantage is ``sum_{k<N} r_k + V(o_{t+N}) - V(o_t)`` (steps).
         horizon: ALTER's chunk: the advantage is the progress gained over this many steps.
         max_episode_steps: for RECAP's reward normalisation (default: the longest episode).
@@ -337,14 +333,14 @@ def _goal_distance(cmd: LabelCommand, store) -> np.ndarray:
     return d
 
 
-def train_advantage(cfg: AdvantageTrainConfig):
-    """Run the trainer with ``cfg.loss`` (``advantage`` or ``awr``); for ``advantage`` a policy without a label slot
-    gets ``policy.conditioning.num_labels = 2`` and ``policy.default_label = 1`` (sample with "positive"). Returns
-    the final checkpoint folder."""
+def train_advantage(cfg: TrainConfig):
+    """Run the trainer with the run's objective (``advantage`` or ``awr``); for ``advantage`` a policy without a label
+    slot gets ``policy.conditioning.num_labels = 2`` and ``policy.default_label = 1`` (sample with "positive").
+    Returns the final checkpoint folder."""
     from policylink.train.imitation import train
 
     p = cfg.policy
-    if cfg.loss == "advantage" and p.conditioning.num_labels == 0:
+    if isinstance(resolve_objective(cfg), AdvantageConfig) and p.conditioning.num_labels == 0:
         p.conditioning = dataclasses.replace(p.conditioning, num_labels=ADVANTAGE_LABELS)
         if p.default_label == NULL_LABEL:
             p.default_label = POSITIVE_LABEL
@@ -354,7 +350,6 @@ def train_advantage(cfg: AdvantageTrainConfig):
 __all__ = [
     "AWRLoss",
     "AdvantageLoss",
-    "AdvantageOptions",
     "AdvantageTrainConfig",
     "LabelCommand",
     "label_store",

@@ -7,13 +7,15 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from policylink.adapters.config_checks import require_counts, require_non_negative, require_positive, require_within
 from policylink.adapters.obs_modes import check_obs_mode
-from policylink.adapters.registry import UnknownNameError, check_env_name, unknown_name_message
+from policylink.adapters.registry import check_env_name
 from policylink.adapters.schema import ControlMode
 from policylink.policies.config import PolicyConfig
 from policylink.policies.registry import default_config
+from policylink.train.objectives import ImitationConfig, ObjectiveConfig, resolve_objective
 
 
 @dataclass
@@ -65,7 +67,9 @@ class TrainConfig:
 
     Attributes:
         policy: the :class:`PolicyConfig` (type, observation keys, horizons, encoder, U-Net, sampler).
-        loss: registered training loss (:func:`policylink.train.losses.available_losses`; ``imitation``).
+        objective: the objective's section (:mod:`policylink.train.objectives`: ``type`` = ``imitation``,
+            ``advantage``, ``awr``, ``prefix_conditioned`` or a registered one, plus its options).
+        loss: deprecated alias of ``objective.type`` (one release; empty = ``objective.type``).
         dataset: :class:`DatasetConfig`.
         eval: :class:`EvalConfig`.
         output_dir: run folder: ``metrics.csv``, ``checkpoints/last`` (+ ``checkpoints/step_NNNNNN`` every
@@ -89,7 +93,8 @@ class TrainConfig:
     """
 
     policy: PolicyConfig = field(default_factory=default_config)
-    loss: str = "imitation"
+    objective: ObjectiveConfig = field(default_factory=ImitationConfig)
+    loss: str = ""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "outputs/train/run"
@@ -112,15 +117,19 @@ class TrainConfig:
     amp: bool = False
     wandb_project: str = ""
 
+    renamed_flags: ClassVar[dict[str, str]] = {"loss": "objective.type"}
+    hidden_options: ClassVar[tuple[str, ...]] = ("loss",)
+
 
 def validate_config(cfg: TrainConfig) -> None:
     """Check the fields of ``cfg`` before anything is built.
 
     Raises:
         ValueError: the first bad field, named with the expected and the received value (empty dataset
-            path, unregistered env, evaluation rollouts without an env, unknown ``loss``/``obs_mode``/``device``/
+            path, unregistered env, evaluation rollouts without an env, unknown objective/``obs_mode``/``device``/
             ``control_mode``, ``steps``/``batch_size``/``val_windows`` < 1, ``lr`` <= 0, negative periods,
-            ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), or a bad policy config.
+            ``val_fraction`` outside [0, 1), CUDA requested without CUDA, ...), a bad policy config or objective
+            option.
         FileNotFoundError: ``dataset.path`` does not exist.
     """
     d = cfg.dataset  # paths and names first, before torch is imported (a typo costs no waiting)
@@ -157,11 +166,9 @@ def validate_config(cfg: TrainConfig) -> None:
     require_positive(cfg, "lr")
     if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
         raise ValueError(f"betas: expected two values in [0, 1), received {cfg.betas}")
+    resolve_objective(cfg).validate()
     from policylink.policies.checkpoint import resolve_device  # torch: imported when a run starts, not for --help
-    from policylink.train.losses import available_losses
 
-    if cfg.loss not in available_losses():
-        raise UnknownNameError(unknown_name_message("loss", cfg.loss, available_losses()))
     resolve_device(cfg.device)  # raises ValueError naming ``device`` (unknown, or CUDA missing)
 
 

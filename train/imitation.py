@@ -1,8 +1,8 @@
 """``policylink train``: one trainer for the chunk policies (Diffusion Policy, flow matching) from an episode
-store, with a pluggable loss (``loss: imitation`` by default; :mod:`policylink.train.losses`), AdamW, cosine LR
-with warm-up (diffusers' schedule), EMA, validation loss, evaluation rollouts, resumable checkpoints, a metrics
-CSV (+ TensorBoard when installed) and PyTorch DDP (``torchrun``; gloo on CPU). The PolicySpec comes from the
-store (:mod:`policylink.train.data`), so a store with no registered env trains too.
+store, with a pluggable objective (``objective: {type: imitation}`` by default; :mod:`policylink.train.objectives`),
+AdamW, cosine LR with warm-up (diffusers' schedule), EMA, validation loss, evaluation rollouts, resumable
+checkpoints, a metrics CSV (+ TensorBoard when installed) and PyTorch DDP (``torchrun``; gloo on CPU). The
+PolicySpec comes from the store (:mod:`policylink.train.data`), so a store with no registered env trains too.
 
 Every random draw of a step is a function of ``(seed, step)``: the global batch's window indices and the
 generative noise are drawn for the whole global batch and each DDP rank takes its slice, so N processes at
@@ -30,8 +30,9 @@ from policylink.policies.policy import ChunkPolicy, policy_for_model
 from policylink.policies.registry import build_model
 from policylink.train.config import DatasetConfig, EvalConfig, TrainConfig, validate_config  # noqa: F401
 from policylink.train.data import training_data
-from policylink.train.losses import Loss, make_loss, training_batch
+from policylink.train.losses import Loss, training_batch
 from policylink.train.metrics_log import MetricsLogger
+from policylink.train.objectives import make_objective, resolve_objective
 from policylink.train.trainer import OptimConfig, Optimization, cosine_with_warmup, fit  # noqa: F401
 
 METRICS_FILE = "metrics.csv"
@@ -51,13 +52,14 @@ def train(cfg: TrainConfig) -> Path:
         FileNotFoundError: ``dataset.path`` does not exist.
     """
     validate_config(cfg)
+    cfg = dataclasses.replace(cfg, objective=resolve_objective(cfg), loss="")  # the deprecated ``loss`` resolved
     world, rank, device = _init_distributed(cfg)
     torch.manual_seed(cfg.seed)
     out_dir = Path(cfg.output_dir)
     ckpt_dir = out_dir / "checkpoints" / "last"
     if rank == 0 and not cfg.resume and ckpt_dir.exists():
         _warn_replacing(out_dir)
-    loss_fn = make_loss(cfg)
+    loss_fn = make_objective(cfg)
     fields = loss_fn.fields
     spec, normalizer, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
     model = build_model(cfg.policy, spec.observation_features, spec.action.dim).to(device)
@@ -321,4 +323,5 @@ def _rank() -> int:
 
 
 def _plain(cfg: TrainConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The run's config as a plain dict, the objective's ``type`` included (what the checkpoint records)."""
+    return {**dataclasses.asdict(cfg), "objective": cfg.objective.to_dict()}

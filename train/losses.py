@@ -1,16 +1,18 @@
 """Training losses of the one trainer (``policylink train``): the :class:`Loss` protocol, the batch a loss
-receives, a name registry (``loss: imitation`` in the train config), and the imitation loss.
+receives, and the imitation loss. Losses are chosen by name through :mod:`policylink.train.objectives`
+(``objective: {type: imitation}`` in the train config).
 
 A loss declares the dataset fields it needs (:class:`BatchFields`: stored per-step arrays such as ``reward`` /
 ``done`` / labels, per-episode tags such as ``source`` / ``quality`` / ``success``, chunk transitions for
 critics), draws all randomness of a global batch in :meth:`Loss.draw` (so N DDP ranks equal one process), and
-maps ``(model, batch, step)`` to a scalar loss and metrics. Critic, Q-VGM and advantage losses (issues 14, 15)
-plug in with :func:`register_loss`; the trainer never branches on a loss name.
+maps ``(model, batch, step)`` to a scalar loss and metrics. A loss class plugs in with
+:func:`~policylink.train.objectives.register_objective` (its options as a config section); the trainer never
+branches on a name.
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -19,6 +21,7 @@ import torch
 
 from policylink.adapters.schema import ACTION_KEY, TASK_KEY
 from policylink.data.sampler import ACTION_PAD_KEY, NEXT_PREFIX, OBS_PAD_KEY, SequenceDataset
+from policylink.train.objectives import ObjectiveConfig, available_objectives, make_objective, register_objective
 
 if TYPE_CHECKING:
     from policylink.train.config import TrainConfig
@@ -109,47 +112,17 @@ class ImitationLoss:
         return model(batch["obs"], batch["action"], batch["noise"], valid), {}
 
 
-LossFactory = Callable[["TrainConfig"], Loss]
-_BUILTIN: dict[str, str] = {
-    "imitation": "policylink.train.losses:ImitationLoss",
-    "advantage": "policylink.train.advantage:AdvantageLoss",
-    "awr": "policylink.train.advantage:AWRLoss",
-    "prefix_conditioned": "policylink.train.prefix:PrefixConditionedLoss",
-}
-"""Built-in losses as lazy ``module:attribute`` factories (imported only when chosen)."""
-_REGISTERED: dict[str, LossFactory] = {}
+def register_loss(name: str, factory: Callable[..., Loss], overwrite: bool = False) -> None:
+    """Deprecated alias (one release) of :func:`~policylink.train.objectives.register_objective` for a loss without
+    options: registers ``factory(train_config) -> Loss`` as objective ``name`` with an empty config section."""
+    config_cls = dataclasses.make_dataclass(f"{name.title().replace('_', '')}Config", [], bases=(ObjectiveConfig,))
+    register_objective(name, config_cls, factory, overwrite=overwrite)
 
 
-def register_loss(name: str, factory: LossFactory, overwrite: bool = False) -> None:
-    """Register ``factory(train_config) -> Loss`` under ``name`` (chosen with ``loss: <name>``).
-
-    Raises:
-        ValueError: ``name`` is taken and ``overwrite`` is False.
-    """
-    if not overwrite and name in available_losses():
-        raise ValueError(f"loss {name!r}: already registered (pass overwrite=True to replace it)")
-    _REGISTERED[name] = factory
-
-
-def available_losses() -> list[str]:
-    """Sorted names of every built-in and registered loss."""
-    return sorted({*_BUILTIN, *_REGISTERED})
-
-
-def make_loss(cfg: TrainConfig) -> Loss:
-    """The loss named by ``cfg.loss``, built from the run's config.
-
-    Raises:
-        ValueError: ``cfg.loss`` is not a registered loss (names the known ones).
-    """
-    if cfg.loss in _REGISTERED:
-        factory = _REGISTERED[cfg.loss]
-    elif cfg.loss in _BUILTIN:
-        module, attr = _BUILTIN[cfg.loss].split(":")
-        factory = getattr(importlib.import_module(module), attr)
-    else:
-        raise ValueError(f"loss: expected one of {available_losses()}, received {cfg.loss!r}")
-    return factory(cfg)
+available_losses = available_objectives
+"""Deprecated alias (one release) of :func:`~policylink.train.objectives.available_objectives`."""
+make_loss = make_objective
+"""Deprecated alias (one release) of :func:`~policylink.train.objectives.make_objective`."""
 
 
 def training_batch(
