@@ -155,7 +155,6 @@ class MujocoTaskEnv(EnvAdapter):
         self._use_state = obs_mode != "image"
         self._n_state = self.n_proprio if "proprio" in parts else len(self.state_names)
         self._use_images, self._use_pointmaps = "image" in parts, "pointmap" in parts
-        self._state_only = self._use_state and not (self._use_images or self._use_pointmaps)  # step's fast path
         self._full_state = self._n_state == len(self.state_names)
         self.camera_pose_shift = CameraPoseShift.coerce(camera_pose_shift)
         if self.camera_pose_shift is not None:
@@ -193,6 +192,9 @@ class MujocoTaskEnv(EnvAdapter):
                 self._hold_action(),
             )
         )
+        self._hooked = self._perturber is not None or self._gap is not None  # something acts on the action
+        # the step's fast path: a state-only observation built inline (no reality gap to apply to it)
+        self._state_only = self._use_state and not (self._use_images or self._use_pointmaps) and self._gap is None
         self.env_spec = EnvSpec(
             name=self.name,
             observation_features=self._observation_features(height, width),
@@ -341,10 +343,11 @@ class MujocoTaskEnv(EnvAdapter):
         if self._needs_reset:
             raise RuntimeError(STEP_BEFORE_RESET)
         a = self._clipped_action(action)
-        if self._perturber is not None:
-            a = self._perturb(a)
-        if self._gap is not None:
-            a = self._gap.action(a)
+        if self._hooked:  # no perturbation and no reality gap: one check a step, nothing else
+            if self._perturber is not None:
+                a = self._perturb(a)
+            if self._gap is not None:
+                a = self._gap.action(a)
         self._apply_action(a)
         model, data = self.model, self.data
         _mj_step(model, data, nstep=self.n_substeps)
@@ -357,8 +360,8 @@ class MujocoTaskEnv(EnvAdapter):
             obs = {STATE_KEY: state if self._full_state else state[: self._n_state], TASK_KEY: self.task}
         else:
             obs = self._observation(state)
-        if self._gap is not None:
-            obs = self._gap.observe(obs)
+            if self._gap is not None:
+                obs = self._gap.observe(obs)
         return obs, 1.0 if success else 0.0, success, self.elapsed_steps >= self.max_episode_steps, info
 
     def _clipped_action(self, action: Any) -> list[float]:
