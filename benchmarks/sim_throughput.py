@@ -39,12 +39,17 @@ from policylink.runtime.rollout import RegistryEnvFn, make_vector_env
 TASKS = ("reach", "push", "pick_place", "insert", "multitask")
 
 
-def time_env(env, steps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def time_env(env, steps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seconds inside ``env.step`` for each of ``steps`` random-action steps, and seconds of bare ``mj_step``
-    doing the same physics, interleaved step by step (both see the same machine load): two float64 ``(steps,)``.
+    doing the same physics, interleaved step by step (both see the same machine load): two float64 ``(steps,)``,
+    and which went first, bool ``(steps,)`` (True: the env).
 
-    Before each env step the physics state is copied to a shadow ``MjData`` (untimed); after it, the shadow
-    gets the controls the env wrote and runs ``mj_step(nstep=n_substeps)`` (timed). Resets are untimed.
+    Before each env step the physics state is copied to a shadow ``MjData`` (untimed); the shadow gets the
+    controls of this step and runs ``mj_step(nstep=n_substeps)`` (timed). The order alternates: whichever runs
+    second replays the same physics right after the first (primed caches and branch predictors), which favours
+    it; on even steps the env goes first (the shadow then takes the controls the env wrote), on odd steps the raw
+    step does, with the controls the env's own action path computes beforehand (untimed; checked equal to what
+    the step then writes). Resets are untimed.
     """
     rng = np.random.default_rng(seed)
     low, high = env.action_space.low, env.action_space.high
@@ -53,20 +58,34 @@ def time_env(env, steps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     state = np.empty(mujoco.mj_stateSize(env.model, spec))
     shadow = mujoco.MjData(env.model)
     env.reset(seed=seed)
-    env_times, raw_times = np.empty(steps), np.empty(steps)
+    env_times, raw_times, env_first = np.empty(steps), np.empty(steps), np.arange(steps) % 2 == 0
     for i, a in enumerate(actions):
+        if not env_first[i]:
+            env._apply_action(env._clipped_action(a))  # the controls this step will write (a pure function of state)
+            controls = env.data.ctrl.copy()
         mujoco.mj_getState(env.model, env.data, state, spec)
         mujoco.mj_setState(env.model, shadow, state, spec)
-        t0 = time.perf_counter()
-        _, _, terminated, truncated, _ = env.step(a)
-        t1 = time.perf_counter()
-        shadow.ctrl[:] = env.data.ctrl
-        mujoco.mj_step(env.model, shadow, nstep=env.n_substeps)
-        t2 = time.perf_counter()
-        env_times[i], raw_times[i] = t1 - t0, t2 - t1
+        if env_first[i]:
+            t0 = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(a)
+            t1 = time.perf_counter()
+            shadow.ctrl[:] = env.data.ctrl
+            mujoco.mj_step(env.model, shadow, nstep=env.n_substeps)
+            t2 = time.perf_counter()
+            env_times[i], raw_times[i] = t1 - t0, t2 - t1
+        else:
+            shadow.ctrl[:] = controls
+            t0 = time.perf_counter()
+            mujoco.mj_step(env.model, shadow, nstep=env.n_substeps)
+            t1 = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(a)
+            t2 = time.perf_counter()
+            env_times[i], raw_times[i] = t2 - t1, t1 - t0
+            if not np.array_equal(env.data.ctrl, controls):
+                raise RuntimeError(f"{env.name}: step {i} wrote other controls than its action path computed")
         if terminated or truncated:
             env.reset()
-    return env_times, raw_times
+    return env_times, raw_times, env_first
 
 
 def step_overhead(env_times: np.ndarray, raw_times: np.ndarray) -> float:
@@ -194,14 +213,17 @@ def vector_rows(name: str, obs_mode: str, n: int, steps: int, rounds: int, pool)
 
 def overhead_row(name: str, steps: int, image_steps: int, repeats: int) -> dict:
     """One task's single-env numbers: raw and env (state) steps/s (1 / median step time, best of ``repeats``
-    paired runs), the adapter overhead (median over runs of the median paired ratio) and the image env's steps/s."""
+    paired runs), the adapter overhead (median over runs of the median paired ratio, both orders; and of the
+    env-first and raw-first steps alone) and the image env's steps/s."""
     env = make_env(name)
-    raw, wrapped, overheads = [], [], []
+    raw, wrapped, overheads, env_first, raw_first = [], [], [], [], []
     for r in range(repeats):
-        env_s, raw_s = time_env(env, steps, seed=r)
+        env_s, raw_s, first = time_env(env, steps, seed=r)
         wrapped.append(float(np.median(env_s)))
         raw.append(float(np.median(raw_s)))
         overheads.append(step_overhead(env_s, raw_s))
+        env_first.append(step_overhead(env_s[first], raw_s[first]))
+        raw_first.append(step_overhead(env_s[~first], raw_s[~first]))
     img_env = make_env(name, obs_mode="image")
     img_sps = 1.0 / float(np.median(time_env(img_env, image_steps)[0]))
     img_env.close()
@@ -212,6 +234,10 @@ def overhead_row(name: str, steps: int, image_steps: int, repeats: int) -> dict:
         "env_steps_per_s": 1.0 / min(wrapped),
         "overhead": float(np.median(overheads)),
         "overhead_runs": overheads,
+        "overhead_env_first": float(np.median(env_first)),
+        "overhead_env_first_runs": env_first,
+        "overhead_raw_first": float(np.median(raw_first)),
+        "overhead_raw_first_runs": raw_first,
         "image_steps_per_s": img_sps,
     }
 
@@ -264,7 +290,9 @@ def _set_barriers(barriers: dict) -> None:
 def _overhead_line(name: str, r: dict) -> str:
     return (
         f"| {name} | {r['substeps']} | {r['raw_steps_per_s']:,.0f} | {r['env_steps_per_s']:,.0f} | "
-        f"{r['overhead'] * 100:+.1f}% | {r['image_steps_per_s']:,.0f} |"
+        f"{r['overhead'] * 100:+.1f}% | {r['overhead_env_first'] * 100:+.1f}% / "
+        f"{r['overhead_raw_first'] * 100:+.1f}% | "
+        f"{r['image_steps_per_s']:,.0f} |"
     )
 
 
@@ -284,8 +312,8 @@ def _vector_line(name: str, mode: str, runs: dict) -> str:
 def _tables(rows: dict, vec: dict, n: int) -> str:
     lines = [
         "| task | substeps | raw mj_step steps/s | env steps/s (state) | adapter overhead | "
-        "env steps/s (96x96 image) |",
-        "|---|---|---|---|---|---|",
+        "env first / raw first | env steps/s (96x96 image) |",
+        "|---|---|---|---|---|---|---|",
         *(_overhead_line(name, r) for name, r in rows.items()),
     ]
     if vec:
@@ -309,7 +337,9 @@ def _write(args, cmd: str, load: str, tables: str, rows: dict, vec: dict) -> Non
             "Control steps are 0.1 s (10 Hz); `substeps` physics steps each. Adapter overhead = time in "
             "`env.step` / time in raw `mj_step(nstep=substeps)` on the same model and state, minus 1: the "
             f"median over steps of the paired per-step ratio, median of {args.repeats} runs of {args.steps} "
-            "steps; steps/s columns = 1 / median per-step time (best run).\n\n"
+            "steps; the order alternates step by step (the second replays the first's physics with primed caches: "
+            "'env first / raw first' = the same statistic over each half alone); steps/s columns = 1 / median "
+            "per-step time (best run).\n\n"
             f"Vectorised table: the same loop (random actions) over 1 plain env, a `SyncVectorEnv` and an "
             f"`AsyncVectorEnv` of {args.vector_envs} sub-envs (the project's `make_vector_env`: SAME_STEP autoreset; "
             "async = one forkserver process per sub-env, pipes), total env steps/s = sub-envs / median vector-step "
