@@ -10,6 +10,12 @@ e.g. ``"latency"``, are kept) and a bar plot with 95% Wilson intervals.
         --camera rgb_nominal=... rgb_shift=... pointmap_nominal=... pointmap_shift=...
 
 Any further ``name=FOLDER`` pairs given to ``--gap`` are kept under ``"gap"."cells"`` (e.g. the other presets).
+
+``--improve before=X after=Y robot=STORE`` writes the ``"improve"`` key (deploy -> record -> improve): ``X`` and
+``Y`` are eval folders or episode stores recorded by ``policylink run --robot ... --record`` (success counted over
+every episode kept, an aborted one as a failure); ``robot`` the deployment store the improvement learned from
+(``robot_episodes`` = its episodes, ``human_steps`` its takeover steps). Further ``name=X`` pairs are kept as cells
+(e.g. the same policies on the gapped env).
 """
 
 from __future__ import annotations
@@ -42,6 +48,40 @@ def read_cell(folder: str | Path) -> dict[str, Any]:
     k, n = int(rows[0]["n_success"]), int(rows[0]["n_episodes"])
     low, high = wilson_interval(k, n)
     return {"success": k / n, "n_success": k, "n_episodes": n, "ci95": [low, high], "folder": str(folder)}
+
+
+def read_store_cell(path: str | Path) -> dict[str, Any]:
+    """The cell of an episode store recorded by a deployment: success over every episode (``success`` None, an
+    aborted episode, counts as a failure), with its Wilson interval; plus ``aborted`` and ``human_steps``."""
+    from policylink.data.buffer import EpisodeStore
+
+    store = EpisodeStore(path, "r")
+    metas = store.all_meta()
+    k, n = sum(m.success is True for m in metas), len(metas)
+    human = int(store.load(["deploy.source"])["deploy.source"].sum()) if "deploy.source" in store.keys else 0
+    low, high = wilson_interval(k, n)
+    return {"success": k / n, "n_success": k, "n_episodes": n, "ci95": [low, high], "folder": str(path),
+            "aborted": sum("aborted" in (m.quality or "") for m in metas), "human_steps": human}  # fmt: skip
+
+
+def read_any_cell(path: str | Path) -> dict[str, Any]:
+    """:func:`read_cell` of an eval folder, :func:`read_store_cell` of an episode store (a ``.zarr`` path)."""
+    return read_store_cell(path) if str(path).rstrip("/").endswith(".zarr") else read_cell(path)
+
+
+def improve_section(args: dict[str, str]) -> dict[str, Any]:
+    """The ``"improve"`` key: ``before``/``after`` success fractions, ``robot_episodes`` and every cell.
+
+    Raises:
+        ValueError: ``before``, ``after`` or ``robot`` missing."""
+    missing = [k for k in ("before", "after", "robot") if k not in args]
+    if missing:
+        raise ValueError(f"--improve: expected before=, after= and robot= items, missing {missing}")
+    robot = read_store_cell(args["robot"])
+    cells = {k: read_any_cell(v) for k, v in args.items() if k != "robot"}
+    return {"before": cells["before"]["success"], "after": cells["after"]["success"],
+            "robot_episodes": robot["n_episodes"], "robot_human_steps": robot["human_steps"],
+            "robot_success_with_takeovers": robot["success"], "cells": cells}  # fmt: skip
 
 
 def pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -86,7 +126,7 @@ def plot(sections: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [s for s in ("gap", "camera_shift") if s in sections and sections[s]]
+    names = [s for s in ("gap", "camera_shift", "improve") if s in sections and sections[s]]
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
     for ax, name in zip(axes[0], names):
         cells = sections[name]["cells"]
@@ -110,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap", nargs="*", default=None, help="preset=NAME task=TASK and cell=EVAL_FOLDER pairs")
     p.add_argument("--camera", nargs="*", default=None, help="rgb_nominal= rgb_shift= pointmap_nominal= ...")
     p.add_argument("--camera-shift", default="moved_camera", help="what the shift cells ran under (a preset name)")
+    p.add_argument("--improve", nargs="*", default=None, help="before=X after=Y robot=STORE")
     p.add_argument("--json", type=Path, default=JSON_PATH)
     p.add_argument("--plot", type=Path, default=PLOT_PATH)
     a = p.parse_args(argv)
@@ -118,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         doc["gap"] = gap_section(pairs(a.gap, "--gap"))
     if a.camera:
         doc["camera_shift"] = camera_section(pairs(a.camera, "--camera"), a.camera_shift)
+    if a.improve:
+        doc["improve"] = improve_section(pairs(a.improve, "--improve"))
     a.json.write_text(json.dumps(doc, indent=2) + "\n")
     plot(doc, a.plot)
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "cells"} for k, v in doc.items()}, indent=1))
