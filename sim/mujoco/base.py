@@ -280,9 +280,10 @@ class MujocoTaskEnv(EnvAdapter):
         return None if d is None else float(d[0])
 
     def _info(self, success: bool, state: np.ndarray, start: bool = False) -> dict[str, Any]:
-        """The step/reset info: ``{"is_success": success}`` plus, for tasks with a goal distance,
-        ``"progress": 1 - d_t / d_0`` (``d_0`` at reset, ``start=True``; 1 when the episode starts at the goal).
-        ``state``: the current full float32 state vector ``(D,)`` (the distance is taken on its float32 values)."""
+        """The reset info (:meth:`step` writes the same out): ``{"is_success": success}`` plus, for tasks with a goal
+        distance, ``"progress": 1 - d_t / d_0`` (``d_0`` at reset, ``start=True``; 1 when the episode starts at the
+        goal). ``state``: the current full float32 state vector ``(D,)`` (the distance is taken on its float32
+        values)."""
         if not self._has_goal_distance or (d := self.goal_distance_now(state.tolist())) is None:
             return {"is_success": success}
         if start:
@@ -355,7 +356,12 @@ class MujocoTaskEnv(EnvAdapter):
         self.elapsed_steps += 1
         values, success = self._observe()  # once per step: observation, success and progress share it
         state = _array(values, _float32)
-        info = self._info(success, state)
+        # _info(success, state) written out: a Python call costs ~0.1 us (0.14 % of a reach step) after the physics
+        if self._has_goal_distance and (d := self.goal_distance_now(state.tolist())) is not None:
+            d0 = self._start_distance
+            info = {"is_success": success, "progress": 1.0 - d / d0 if d0 > 0 else 1.0}
+        else:
+            info = {"is_success": success}
         if self._state_only:  # the observation without a call: the same dict _observation builds
             obs = {STATE_KEY: state if self._full_state else state[: self._n_state], TASK_KEY: self.task}
         else:

@@ -21,6 +21,13 @@ CUBE_LOW, CUBE_HIGH = np.array([-0.15, -0.15]), np.array([0.15, 0.0])
 TARGET_LOW, TARGET_HIGH = np.array([-0.15, 0.05]), np.array([0.15, 0.15])
 
 
+def _distance(c, sqrt=math.sqrt):
+    """Gripper-to-cube plus cube-to-goal distance from state columns ``c`` (arrays or floats); the goal is the
+    pad centre raised by the cube's half size (``+ 0.0`` keeps the float operations of the array form)."""
+    gx, gy, gz = c[7] + 0.0, c[8] + 0.0, c[9] + CUBE_HALF_M
+    return euclidean3(c[0] - c[4], c[1] - c[5], c[2] - c[6], sqrt) + euclidean3(c[4] - gx, c[5] - gy, c[6] - gz, sqrt)
+
+
 class PickPlaceEnv(GripperTaskEnv):
     """Pick the cube, place it on the pad: see the module docstring (kwargs: :class:`MujocoTaskEnv`)."""
 
@@ -66,16 +73,8 @@ class PickPlaceEnv(GripperTaskEnv):
         pad centre raised by the cube's half size)."""
         return _distance(np.asarray(state, np.float64).T, np.sqrt)
 
-    def goal_distance_now(self, state: list[float]) -> float:
-        """:meth:`goal_distance` of one state (Python floats), bit for bit."""
-        return _distance(state, math.sqrt)
-
-
-def _distance(c, sqrt):
-    """Gripper-to-cube plus cube-to-goal distance from state columns ``c`` (arrays or floats); the goal is the
-    pad centre raised by the cube's half size (``+ 0.0`` keeps the float operations of the array form)."""
-    gx, gy, gz = c[7] + 0.0, c[8] + 0.0, c[9] + CUBE_HALF_M
-    return euclidean3(c[0] - c[4], c[1] - c[5], c[2] - c[6], sqrt) + euclidean3(c[4] - gx, c[5] - gy, c[6] - gz, sqrt)
+    # :meth:`goal_distance` of one state (Python floats), bit for bit: the module function itself (one call a step)
+    goal_distance_now = staticmethod(_distance)
 
 
 def make_pick_place_env(**kwargs: Any) -> PickPlaceEnv:

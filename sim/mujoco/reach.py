@@ -25,6 +25,11 @@ START_LOW = np.array([-0.05, -0.05, 0.15])
 START_HIGH = np.array([0.05, 0.05, 0.22])
 
 
+def _distance(c, sqrt=math.sqrt):
+    """End-effector-to-target distance from state columns ``c`` (arrays or floats)."""
+    return euclidean3(c[0] - c[3], c[1] - c[4], c[2] - c[5], sqrt)
+
+
 class ReachEnv(MujocoTaskEnv):
     """Reach a target: see the module docstring for state, action and success (kwargs: :class:`MujocoTaskEnv`)."""
 
@@ -71,14 +76,8 @@ class ReachEnv(MujocoTaskEnv):
         """End-effector-to-target distance, m, float64 ``(N,)`` from states ``(N, 6)``."""
         return _distance(np.asarray(state, np.float64).T, np.sqrt)
 
-    def goal_distance_now(self, state: list[float]) -> float:
-        """:meth:`goal_distance` of one state (Python floats), bit for bit."""
-        return _distance(state, math.sqrt)
-
-
-def _distance(c, sqrt):
-    """End-effector-to-target distance from state columns ``c`` (arrays or floats)."""
-    return euclidean3(c[0] - c[3], c[1] - c[4], c[2] - c[5], sqrt)
+    # :meth:`goal_distance` of one state (Python floats), bit for bit: the module function itself (one call a step)
+    goal_distance_now = staticmethod(_distance)
 
 
 def make_reach_env(**kwargs: Any) -> ReachEnv:
