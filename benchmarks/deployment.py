@@ -34,9 +34,16 @@ MODES = {
     "async": ("async", True, "guidance"),
     "async_plain": ("async", False, "guidance"),
     "async_inpaint": ("async", True, "inpaint"),
+    "async_condition": ("async", True, "condition"),  # a policy trained with loss prefix_conditioned
 }
 """Benchmark mode -> (executor kind, real-time chunking, its ``rtc_method``)."""
-LABELS = {"sync": "sync", "async": "async+RTC", "async_plain": "async (no RTC)", "async_inpaint": "async+inpaint"}
+LABELS = {
+    "sync": "sync",
+    "async": "async+RTC",
+    "async_plain": "async (no RTC)",
+    "async_inpaint": "async+inpaint",
+    "async_condition": "async+condition",
+}
 
 
 def pacing(periods: int = 1000, hz: float = 100.0, work_s: float = 0.002, catch_up: bool = False) -> dict[str, float]:
