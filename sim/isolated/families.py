@@ -13,10 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policylink.sim.isolated.process import IsolatedEnv, start_isolated_env
-
-SERVER_REQUIREMENTS: tuple[str, ...] = ("numpy", "pyzmq>=26", "msgpack>=1.0", "gymnasium>=1.0", "packaging")
-"""What the env-server side needs in every family venv besides the benchmark (our required dependencies, plus
-``packaging``, which gymnasium's MuJoCo envs import without declaring it)."""
+from policylink.sim.isolated.venvs import family_python
 
 
 @dataclass(frozen=True)
@@ -25,7 +22,8 @@ class IsolatedFamily:
 
     Attributes:
         name: the family name, the prefix of its env names (``metaworld`` -> ``metaworld/push``).
-        requirements: pip requirement specifiers of the benchmark, installed with :data:`SERVER_REQUIREMENTS`.
+        requirements: pip requirement specifiers of the benchmark, installed with
+            :data:`~policylink.sim.isolated.venvs.SERVER_REQUIREMENTS`.
         factory: ``"module:function"`` run inside the venv: ``function(task=..., **kwargs) -> EnvAdapter``; the
             module imports the contract and the benchmark only (never torch or our MuJoCo tasks).
         tasks: the task names (``<name>/<task>`` are env names).
@@ -54,8 +52,6 @@ class IsolatedFamily:
             EnvNotInstalledError: the family's venv is not installed (names the install command).
             EnvProcessError: the env process fails to start or to answer.
         """
-        from policylink.sim.isolated.venvs import family_python
-
         if task not in self.tasks:
             raise ValueError(f"{self.name} task: expected one of {list(self.tasks)}, received {task!r}")
         kw = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}

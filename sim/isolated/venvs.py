@@ -18,9 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from policylink.sim.isolated.families import SERVER_REQUIREMENTS, IsolatedFamily
+if TYPE_CHECKING:  # families imports this module (family_python)
+    from policylink.sim.isolated.families import IsolatedFamily
+
+SERVER_REQUIREMENTS: tuple[str, ...] = ("numpy", "pyzmq>=26", "msgpack>=1.0", "gymnasium>=1.0", "packaging")
+"""What the env-server side needs in every family venv besides the benchmark (our required dependencies, plus
+``packaging``, which gymnasium's MuJoCo envs import without declaring it)."""
 
 ENVS_DIR_VAR = "POLICYLINK_ENVS_DIR"
 RECORD_FILE = "installed.json"
