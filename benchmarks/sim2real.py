@@ -107,16 +107,20 @@ def gap_section(args: dict[str, str]) -> dict[str, Any]:
 
 def camera_section(args: dict[str, str], shift: str) -> dict[str, Any]:
     """The ``"camera_shift"`` key: success under the shift / nominal success for RGB and pointmap policies."""
+    unknown = sorted(set(args) - set(CAMERA_CELLS))
+    if unknown:
+        raise ValueError(f"--camera: expected cells among {list(CAMERA_CELLS)}, received {unknown}")
     cells = {k: read_cell(v) for k, v in args.items()}
+
+    def ratio(kind: str) -> float | None:  # None: a cell was not measured, or the nominal success is 0
+        nominal, shifted = cells.get(f"{kind}_nominal"), cells.get(f"{kind}_shift")
+        if nominal is None or shifted is None or nominal["success"] == 0:
+            return None
+        return shifted["success"] / nominal["success"]
+
     missing = [c for c in CAMERA_CELLS if c not in cells]
-    if missing:
-        raise ValueError(f"--camera: expected cells {list(CAMERA_CELLS)}, missing {missing}")
-
-    def ratio(kind: str) -> float | None:
-        nominal = cells[f"{kind}_nominal"]["success"]
-        return cells[f"{kind}_shift"]["success"] / nominal if nominal > 0 else None
-
-    return {"rgb_ratio": ratio("rgb"), "pointmap_ratio": ratio("pointmap"), "shift": shift, "cells": cells}
+    return {"rgb_ratio": ratio("rgb"), "pointmap_ratio": ratio("pointmap"), "shift": shift, "cells": cells,
+            "not_measured": missing}  # fmt: skip
 
 
 def plot(sections: dict[str, Any], path: Path) -> None:
