@@ -191,8 +191,9 @@ def test_the_wheel_carries_assets_and_configs_and_names_resolve_from_the_install
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*") if p.suffix in (".yaml", ".json")}
     assets = {p.relative_to(ROOT).as_posix() for p in (ROOT / "sim").rglob("assets/*.xml")}
-    assert len(shipped) > 20 and len(assets) == 10
-    assert {f"policylink/{name}" for name in shipped | assets} <= names
+    gaps = {p.relative_to(ROOT).as_posix() for p in (ROOT / "sim").rglob("gaps/*.yaml")}  # reality-gap presets
+    assert len(shipped) > 20 and len(assets) == 10 and len(gaps) >= 5
+    assert {f"policylink/{name}" for name in shipped | assets | gaps} <= names
 
     target = tmp_path / "site"
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
