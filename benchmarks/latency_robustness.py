@@ -6,11 +6,11 @@ latency, from the rows ``benchmarks/deployment.py --jsonl`` writes, into ``bench
     python benchmarks/latency_robustness.py --jsonl outputs/lat/push.jsonl outputs/lat/reach.jsonl --tag final \\
         --mode async+inpaint
 
-Rows of one (task, injected latency, execution mode) whose tag starts with ``--tag`` are pooled (several
-invocations with different ``--first_seed`` make one cell). Prints a markdown table with 95 % Wilson intervals of
-every pooled cell and, with ``--json``, replaces only the ``"latency"`` key of that file (read-modify-write: the
-other keys belong to other benchmarks): ``{"reach": {"0": s, "100": s}, "push": {"0": s, "100": s}}`` for
-``--mode``, s the success fraction.
+Rows of one (task, injected latency, execution mode) whose tag starts with ``--tag`` (and whose task is one of
+``--tasks``) are pooled (several invocations with different ``--first_seed`` make one cell). Prints a markdown
+table with 95 % Wilson intervals of every pooled cell and, with ``--json``, writes ``--mode``'s figures of those
+tasks into that file's ``"latency"`` key, ``{"reach": {"0": s, "100": s}, "push": {"0": s, "100": s}}`` (s the
+success fraction), read-modify-write: other tasks and other keys (other benchmarks') are kept.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 from policylink.evaluate.report import wilson_interval
 
 
-def pool(paths: list[str], tag: str) -> dict[tuple[str, int, str], list[int]]:
+def pool(paths: list[str], tag: str, tasks: list[str] | None = None) -> dict[tuple[str, int, str], list[int]]:
     """``(task, latency_ms, mode) -> [successes, episodes]`` over the rows of ``paths`` whose tag starts with
-    ``tag`` (pacing rows skipped).
+    ``tag`` and whose task is in ``tasks`` (None: any; pacing rows skipped).
 
     Raises:
         FileNotFoundError: a path does not exist.
@@ -35,6 +35,8 @@ def pool(paths: list[str], tag: str) -> dict[tuple[str, int, str], list[int]]:
         for line in Path(path).read_text().splitlines():
             row = json.loads(line)
             if "pacing" in row or not str(row.get("tag", "")).startswith(tag):
+                continue
+            if tasks is not None and row["task"] not in tasks:
                 continue
             n = int(row["episodes"])
             cell = cells[(row["task"], int(round(row["latency_ms"])), row["mode"])]
@@ -72,15 +74,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jsonl", nargs="+", required=True, help="rows written by benchmarks/deployment.py --jsonl")
     ap.add_argument("--tag", default="", help="pool rows whose tag starts with this")
+    ap.add_argument("--tasks", nargs="+", default=None, help="only these tasks (default: all)")
     ap.add_argument("--mode", default="async+inpaint", help="the execution label whose figures go to the JSON")
     ap.add_argument("--json", default=None, help="e.g. benchmarks/results/sim2real.json (only 'latency' replaced)")
     args = ap.parse_args()
-    cells = pool(args.jsonl, args.tag)
+    cells = pool(args.jsonl, args.tag, args.tasks)
     print(table(cells))
     if args.json:
         path = Path(args.json)
         data = json.loads(path.read_text()) if path.exists() else {}
-        data["latency"] = latency_key(cells, args.mode)
+        data["latency"] = {**data.get("latency", {}), **latency_key(cells, args.mode)}
         path.write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {path} latency: {data['latency']}")
     return 0
