@@ -436,8 +436,8 @@ class XPolicyLabRemotePolicy(HistoryPolicy):
 def parse_ref(ref: str) -> tuple[str, dict[str, Any]]:
     """``(address, options)`` of ``xpl://HOST:PORT[?key=value&...]``.
 
-    Options (all optional): ``chunk_size``, ``n_action_steps`` (int), ``timeout_s`` (float), ``env`` (a registry
-    env name whose spec is used), ``cameras`` / ``state`` / ``action`` (key map parts: ``cam_head:front``,
+    Options (all optional): ``chunk_size``, ``n_action_steps`` (int >= 1), ``timeout_s`` (float > 0), ``env`` (a
+    registry env name whose spec is used), ``cameras`` / ``state`` / ``action`` (key map parts: ``cam_head:front``,
     ``arm_joint_state:6``; several entries comma-separated or the key repeated).
 
     Raises:
@@ -450,10 +450,13 @@ def parse_ref(ref: str) -> tuple[str, dict[str, Any]]:
     options: dict[str, Any] = {}
     for key, values in parse_qs(parts.query, keep_blank_values=True).items():
         if key in ("chunk_size", "n_action_steps", "timeout_s"):
+            kind = "a positive number" if key == "timeout_s" else "a positive integer"
             try:
                 options[key] = (float if key == "timeout_s" else int)(values[-1])
             except ValueError:
-                raise ValueError(f"policy {ref!r}: option {key}: expected a number, received {values[-1]!r}") from None
+                raise ValueError(f"policy {ref!r}: option {key}: expected {kind}, received {values[-1]!r}") from None
+            if not options[key] > 0:  # also refuses nan
+                raise ValueError(f"policy {ref!r}: option {key}: expected {kind}, received {values[-1]!r}")
         elif key in ("cameras", "state", "action"):
             options[key] = ",".join(values)
         elif key == "env":

@@ -171,7 +171,14 @@ def test_xpl_references_and_spec_from_env():
     assert parse_ref("xpl://gpu-box:19000") == ("xpl://gpu-box:19000", {})
     address, opts = parse_ref("xpl://h:1?chunk_size=8&n_action_steps=4&timeout_s=2.5&state=a:1&state=b:2&env=push")
     assert opts == {"chunk_size": 8, "n_action_steps": 4, "timeout_s": 2.5, "state": "a:1,b:2", "env": "push"}
-    for bad, match in (("xpl://h", "expected xpl://HOST:PORT"), ("xpl://h:1?chunk=3", "unknown option 'chunk'")):
+    for bad, match in (
+        ("xpl://h", "expected xpl://HOST:PORT"),
+        ("xpl://h:1?chunk=3", "unknown option 'chunk'"),
+        ("xpl://h:1?chunk_size=0", "chunk_size: expected a positive integer, received '0'"),
+        ("xpl://h:1?n_action_steps=-2", "n_action_steps: expected a positive integer, received '-2'"),
+        ("xpl://h:1?timeout_s=nan", "timeout_s: expected a positive number, received 'nan'"),
+        ("xpl://h:1?timeout_s=abc", "timeout_s: expected a positive number, received 'abc'"),
+    ):
         with pytest.raises(ValueError, match=match):
             parse_ref(bad)
     env = EnvSpec(
