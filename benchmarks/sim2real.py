@@ -131,7 +131,9 @@ def plot(sections: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = [s for s in ("gap", "camera_shift", "improve") if s in sections and sections[s]]
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    widths = [max(3, len(sections[n]["cells"])) for n in names]  # about one inch per bar
+    fig, axes = plt.subplots(1, len(names), figsize=(1.2 * sum(widths), 4.5), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})  # fmt: skip
     for ax, name in zip(axes[0], names):
         cells = sections[name]["cells"]
         labels = list(cells)
