@@ -312,8 +312,8 @@ def load_gap(ref: RealityGap | Mapping[str, Any] | str | Path | None) -> Reality
     file path; None for None (or ``"none"``).
 
     Raises:
-        ValueError: an unknown preset name that is no existing file (lists the presets), invalid YAML, a file that
-            is not a mapping, or a bad field (named).
+        ValueError: an unknown preset name that is no existing file (``UnknownNameError``: lists the presets and
+            the closest one), invalid YAML, a file that is not a mapping, or a bad field (named).
     """
     if ref is None or isinstance(ref, RealityGap):
         return ref
@@ -326,9 +326,9 @@ def load_gap(ref: RealityGap | Mapping[str, Any] | str | Path | None) -> Reality
     if not path.is_file():
         preset = preset_dir() / f"{text}.yaml"
         if not preset.is_file():
-            raise ValueError(
-                f"gap: expected a preset name among {preset_names()} or a YAML file path, received {text!r}"
-            )
+            from policylink.adapters.registry import UnknownNameError, unknown_name_message
+
+            raise UnknownNameError(unknown_name_message("gap", text, preset_names(), other="a YAML file path"))
         path = preset
     import yaml
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from policylink.adapters.registry import make_env
+from policylink.adapters.registry import UnknownNameError, make_env
 from policylink.adapters.schema import REALITY_GAP_INFO, STATE_KEY
 from policylink.sim.mujoco.gap import RealityGap, load_gap, preset_names
 
@@ -46,7 +46,7 @@ def test_bad_values_name_the_field(doc, field):
 
 
 def test_unknown_preset_lists_the_presets(tmp_path):
-    with pytest.raises(ValueError, match="worn_gantry"):
+    with pytest.raises(UnknownNameError, match=r"received 'worn_gantri'; did you mean 'worn_gantry'\?"):
         load_gap("worn_gantri")
     bad = tmp_path / "bad.yaml"
     bad.write_text("dynamics:\n  damping_scale: -3\n")
