@@ -51,7 +51,8 @@ class H2OCommand:
         sim: simulated episode stores (nominal-sim demos or rollouts).
         real: robot episode stores (``policylink run --robot ... --record``).
         out: output folder: ``discriminators/``, ``critic/``, ``train.zarr`` (labelled), ``h2o.json`` (summary).
-        disc_steps, critic_steps: optimizer steps of the discriminators and of the critic.
+        disc_steps: optimizer steps of the dynamics discriminators.
+        critic_steps: optimizer steps of the critic.
         batch_size: transitions per step (the discriminators: half real, half simulated).
         discriminator: :class:`DiscriminatorConfig` fields except the dimensions (``hidden_dim``, ``noise_std``,
             ``weight_min``, ``weight_max``, ``lr``).
@@ -59,7 +60,8 @@ class H2OCommand:
         positive_fraction, failure_window: the labels' (:class:`LabelConfig`).
         human_positive: force every operator-takeover step positive.
         labels: label-set name written in ``train.zarr``.
-        seed: seeds the networks and the batches. torch_threads: CPU threads (0 = torch's default).
+        seed: seeds the networks and the batches.
+        torch_threads: CPU threads (0 = torch's default).
 
     Raises:
         ValueError: no ``sim`` / ``real`` / ``out``, a missing store, counts below 1 (each names the field).
