@@ -231,6 +231,10 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
     from policylink.runtime.checks import cell_problems, limit_threads
     from policylink.runtime.executors import make_executor
 
+    if cfg.teleop and cfg.teleop not in TELEOPS:
+        from policylink.adapters.registry import UnknownNameError, unknown_name_message
+
+        raise UnknownNameError(unknown_name_message("teleop", cfg.teleop, TELEOPS))
     if cfg.teleop == "expert" and not str(cfg.robot).startswith(SIM_ROBOT_PREFIX):
         raise ValueError(f"teleop: 'expert' (the scripted stand-in operator) needs --robot sim:TASK, received robot="
                          f"{cfg.robot!r}; on a real robot use --teleop keyboard")  # fmt: skip
@@ -314,6 +318,7 @@ def run_deployment(
 
 
 SIM_ROBOT_PREFIX = "sim:"
+TELEOPS = ("keyboard", "expert")  # --teleop names
 """``run --robot sim:TASK``: the sim-as-real robot of ``TASK`` in this process (no robot server)."""
 SIM_WATCHDOG_PERIODS = 10
 """The in-process sim robot's watchdog, in control periods (at least 500 ms)."""
@@ -331,10 +336,16 @@ def open_robot(cfg: Any) -> tuple[RobotEnv, dict[str, Any]]:
     time advances only while the loop waits (:class:`~policylink.real.lockstep.LockstepClock`).
 
     Raises:
-        ValueError: ``sim:`` without a task name.
+        ValueError: ``sim:`` without a task name, or an address with no scheme (``pick_place``: did you mean
+            ``sim:pick_place``?).
         UnknownNameError: an unknown task.
     """
     if not str(cfg.robot).startswith(SIM_ROBOT_PREFIX):
+        if "://" not in str(cfg.robot):  # a bare task name: the sim-as-real robot was meant
+            raise ValueError(
+                f"robot: expected tcp://HOST:PORT, ipc://PATH or sim:TASK, received {cfg.robot!r}; "
+                f"did you mean {SIM_ROBOT_PREFIX + str(cfg.robot)!r}?"
+            )
         from policylink.real.server import RemoteRobot
 
         robot = RemoteRobot(cfg.robot, hz=cfg.hz)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from policylink.adapters.registry import UnknownNameError
 from policylink.data.buffer import EpisodeStore
 from policylink.evaluate.run import RunConfig
 from policylink.real.deploy import DeployStats, open_deploy_recorder, open_robot, run_deployment
@@ -88,6 +89,12 @@ def test_takeover_rule_and_teleop_refuse_bad_input():
         deploy(cfg)
     with pytest.raises(ValueError, match="lockstep"):
         deploy(RunConfig(policy="x", robot="tcp://127.0.0.1:1", lockstep=True))
+    with pytest.raises(UnknownNameError, match=r"teleop: .*received 'expertt'; did you mean 'expert'\?"):
+        deploy(RunConfig(policy="x", robot="sim:pick_place", teleop="expertt"))
+    with pytest.raises(
+        ValueError, match=r"robot: expected tcp://.*received 'pick_place'; did you mean 'sim:pick_place'"
+    ):
+        open_robot(SimpleNamespace(robot="pick_place", env_kwargs={}, hz=None, lockstep=False))
     with pytest.raises(ValueError, match="robot: expected 'sim:TASK'"):
         open_robot(SimpleNamespace(robot="sim:", env_kwargs={}, hz=None, lockstep=False))
     with pytest.raises(AttributeError, match="MuJoCo task"):
