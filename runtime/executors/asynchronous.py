@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -18,6 +19,10 @@ from policylink.adapters.capabilities import ChunkPrefix, Guidance, GuidanceFn, 
 from policylink.adapters.policy import PolicyAdapter
 from policylink.runtime.executors.base import ChunkExecutor, ExecutorConfig, request_chunk
 from policylink.runtime.executors.rtc import inpaint_weights, rtc_weights
+
+DELAY_BUFFER = 10
+"""Measured delays kept for the RTC prefix, replies: the prefix covers the largest of them (RTC's conservative
+``d = max(Q)`` over a buffer ``Q`` of recent delays, Black et al. 2025, Algorithm 1)."""
 
 
 @dataclass
@@ -72,7 +77,9 @@ class AsyncExecutor(ChunkExecutor):
     Real-time chunking: when the policy is :class:`~policylink.adapters.capabilities.PrefixConditioned` and
     ``config.rtc`` is set, each periodic request carries a :class:`~policylink.adapters.capabilities.ChunkPrefix`
     (the current chunk's unread actions, weights ``rtc_weights(H, d, s)`` times their validity, ``beta =
-    config.rtc_max_guidance``), ``d`` being the sampled delay or the last measured one; with
+    config.rtc_max_guidance``), ``d`` being the sampled delay or the largest of the last :data:`DELAY_BUFFER`
+    measured ones (a prefix shorter than the real delay leaves an executed action out of it; a longer one only
+    repeats what the current chunk would execute anyway); with
     ``config.rtc_method`` ``"inpaint"`` or ``"condition"`` the weights are ``inpaint_weights(H, d)`` (the ``d``
     actions executed while the chunk is computed are reproduced exactly, at the cost of a plain inference).
 
@@ -93,7 +100,7 @@ class AsyncExecutor(ChunkExecutor):
         self._hz = float(policy.spec.control_frequency)
         self._ops: list[tuple[str, Any]] = []  # policy calls deferred to the worker, applied in order
         self._requests: list[_Request] = []  # periodic requests in flight, in submission order
-        self._last_delay = 0
+        self._delays: deque[int] = deque(maxlen=DELAY_BUFFER)  # measured delays of the latest replies, steps
         self._reply_timeout: float | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._last_reply_t: float | None = None
@@ -200,7 +207,7 @@ class AsyncExecutor(ChunkExecutor):
         """RTC's prefix for rows ``ids``: their unread actions in the new chunk's frame (index 0 = now), weighted
         by ``rtc_weights(H, d, s)`` (``rtc_method="guidance"``) or ``inpaint_weights(H, d)`` (``"inpaint"``,
         ``"condition"``) times their validity; ``d`` is the sampled delay or the last measured one."""
-        d = delay if self.config.latency.simulated else self._last_delay
+        d = delay if self.config.latency.simulated else max(self._delays, default=0)
         d = min(d, self.chunk_size - self.n_action_steps)
         committed, valid = self.queue.remaining(ids)
         method = self.config.rtc_method
@@ -236,7 +243,7 @@ class AsyncExecutor(ChunkExecutor):
         else:
             stalled = 0 if ready else int(np.ceil((time.perf_counter() - before) * self._hz))
         age = req.age + stalled
-        self._last_delay = age
+        self._delays.append(age)
         self._in_flight[req.rows] = False
         same = self.queue.epoch[req.rows] == req.epoch
         rows = req.rows[same]

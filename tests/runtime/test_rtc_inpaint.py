@@ -105,3 +105,19 @@ def test_prefix_method_travels_over_the_wire():
         remote.close()
     finally:
         srv.stop()
+
+
+def test_measured_delays_give_a_prefix_as_long_as_the_largest_recent_one():
+    # without simulated latency the prefix covers max(last DELAY_BUFFER measured delays): a prefix shorter than the
+    # real delay would leave an executed action out of it
+    from policylink.runtime.executors.asynchronous import DELAY_BUFFER
+
+    policy = InpaintingClockPolicy(chunk_size=8, n_action_steps=2)
+    ex = make_executor(policy, ExecutorConfig(kind="async", rtc_method="inpaint"))
+    _run(ex, 1)  # the blocking first chunk
+    assert ex._prefix(np.array([0]), delay=-1).weights[0].tolist() == [0] * 8  # nothing measured yet
+    ex._delays.extend([1, 3, 2])
+    np.testing.assert_array_equal(ex._prefix(np.array([0]), delay=-1).weights[0], [1, 1, 1, 0, 0, 0, 0, 0])
+    ex._delays.extend([1] * DELAY_BUFFER)  # the 3 has left the buffer
+    np.testing.assert_array_equal(ex._prefix(np.array([0]), delay=-1).weights[0], [1, 0, 0, 0, 0, 0, 0, 0])
+    ex.close()
