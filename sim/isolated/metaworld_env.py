@@ -224,7 +224,13 @@ class MetaWorldAdapter(EnvAdapter):
 
     def _render(self, camera: str) -> np.ndarray:
         if self._renderer is None:  # made on first use, on the thread that renders (a GL context is per thread)
+            import importlib.util
+
             import mujoco
+
+            if importlib.util.find_spec("triton") is not None:  # a host with torch: Triton's LLVM must load before
+                import triton  # noqa: F401  llvmpipe's (see sim.mujoco.rendering.load_llvm_before_gl; not imported
+                # here: the venv side imports nothing of sim.mujoco); the MetaWorld venv has no Triton
 
             model = self.raw_env.model
             model.vis.quality.shadowsize = 0  # DESIGN.md 5: no shadows or multisampling, buffer sized to the frame
