@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from policylink.adapters.config_checks import require_counts
+from policylink.adapters.config_checks import require_counts, require_positive
 from policylink.adapters.schema import IncompatibleSpecError
 from policylink.runtime.checks import cell_problems, limit_threads
 from policylink.runtime.executors import ExecutorConfig, make_executor
@@ -53,7 +53,7 @@ class RunConfig:
         takeover: when the simulated operator (``teleop: expert``) takes over (:class:`TakeoverRule`).
 
     Raises:
-        ValueError: ``episodes < 1``, ``num_envs < 1`` or ``threads < 0``.
+        ValueError: ``episodes < 1``, ``num_envs < 1``, ``threads < 0`` or ``hz <= 0``.
     """
 
     policy: str = ""
@@ -77,6 +77,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, num_envs=1, threads=0)
+        if self.hz is not None:
+            require_positive(self, "hz")
 
 
 def run_policy(cfg: RunConfig) -> int:

@@ -55,6 +55,11 @@ class TakeoverRule:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from policylink.adapters.registry import UnknownNameError, unknown_name_message
+        from policylink.sim.experts import QUALITIES
+
+        if self.quality not in QUALITIES:
+            raise UnknownNameError(unknown_name_message("takeover.quality", self.quality, QUALITIES))
         for name in ("stall_steps", "min_step"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"takeover.{name}: expected >= 0 steps, received {getattr(self, name)}")

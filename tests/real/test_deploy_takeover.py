@@ -82,6 +82,10 @@ def test_takeover_rule_and_teleop_refuse_bad_input():
         TakeoverRule(stall_steps=0, at_step=None)
     with pytest.raises(ValueError, match="min_improvement"):
         TakeoverRule(min_improvement=float("nan"))
+    with pytest.raises(UnknownNameError, match=r"takeover.quality: .*received 'expertt'; did you mean 'expert'\?"):
+        TakeoverRule(quality="expertt")
+    with pytest.raises(ValueError, match="hz: expected > 0, received 0"):
+        RunConfig(policy="x", robot="sim:reach", hz=0.0)
     from policylink.real.deploy import deploy
 
     cfg = RunConfig(policy="x", robot="tcp://127.0.0.1:1", teleop="expert")
