@@ -89,7 +89,8 @@ class ScriptedOperator:
             episode's takeover (None while the policy has control); ``reason``: ``stall`` or ``random``.
 
     Raises:
-        AttributeError: ``env`` is not a task with ``elapsed_steps`` and ``goal_distance_now`` (names the task).
+        ValueError: ``env`` is not a task with ``elapsed_steps`` and ``goal_distance_now`` (names the env class and
+            what it lacks; ``--teleop expert`` on ``sim:metaworld/<task>``, say).
         KeyError: no scripted expert for the task (from :func:`policylink.sim.experts.make_expert`).
     """
 
@@ -100,9 +101,9 @@ class ScriptedOperator:
         u = env.unwrapped
         missing = [a for a in ("elapsed_steps", "goal_distance_now", "privileged_state") if not hasattr(u, a)]
         if missing:
-            raise AttributeError(
-                f"ScriptedOperator: the env {type(u).__name__} lacks {missing}; the simulated operator needs a MuJoCo "
-                "task (its step counter and goal distance)"
+            raise ValueError(
+                f"teleop: 'expert' (the simulated operator) needs one of policylink's MuJoCo tasks (its step counter "
+                f"and goal distance); the env {type(u).__name__} lacks {missing}"
             )
         self.expert = make_expert(env, self.rule.quality, seed=self.rule.seed)
         self.episodes = self.takeovers = 0

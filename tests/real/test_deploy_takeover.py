@@ -101,7 +101,7 @@ def test_takeover_rule_and_teleop_refuse_bad_input():
         open_robot(SimpleNamespace(robot="pick_place", env_kwargs={}, hz=None, lockstep=False))
     with pytest.raises(ValueError, match="robot: expected 'sim:TASK'"):
         open_robot(SimpleNamespace(robot="sim:", env_kwargs={}, hz=None, lockstep=False))
-    with pytest.raises(AttributeError, match="MuJoCo task"):
+    with pytest.raises(ValueError, match="teleop: 'expert'.*MuJoCo tasks.*lacks"):
         ScriptedOperator(SimpleNamespace(unwrapped=object()))
 
 
