@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from policylink.real.pacing import Pacer, precise_sleep  # noqa: F401 - Pacer: its old import path
-from policylink.real.robot import RobotEnv, WatchdogTripped
+from policylink.real.robot import RobotEnv, SafeRobot, WatchdogTripped
+from policylink.real.sim_robot import SimRobot
 from policylink.real.teleop import STEP_SOURCES, Teleoperator
 from policylink.runtime.rollout import EpisodeSubscriber, RecorderSubscriber
 
@@ -238,7 +239,7 @@ def deploy(cfg: Any, status: bool = False) -> DeployOutcome:
     if cfg.teleop == "expert" and not str(cfg.robot).startswith(SIM_ROBOT_PREFIX):
         raise ValueError(f"teleop: 'expert' (the scripted stand-in operator) needs --robot sim:TASK, received robot="
                          f"{cfg.robot!r}; on a real robot use --teleop keyboard")  # fmt: skip
-    if getattr(cfg, "lockstep", False) and not str(cfg.robot).startswith(SIM_ROBOT_PREFIX):
+    if cfg.lockstep and not str(cfg.robot).startswith(SIM_ROBOT_PREFIX):
         raise ValueError(f"lockstep: a simulated robot's option (--robot sim:TASK), received robot={cfg.robot!r}")
     robot, safety = open_robot(cfg)
     spec = robot.env_spec
@@ -439,15 +440,15 @@ def _teleop(cfg: Any, action_dim: int, robot: Any = None) -> Teleoperator | None
     if not cfg.teleop:
         return None
     if cfg.teleop == "expert":
-        sim = getattr(getattr(robot, "robot", None), "env", None)
-        if sim is None:
+        driver = robot.robot if isinstance(robot, SafeRobot) else None
+        if not isinstance(driver, SimRobot):
             raise ValueError(
                 f"teleop: 'expert' needs the simulated robot in this process (--robot sim:TASK), received robot="
                 f"{cfg.robot!r}"
             )
         from policylink.runtime.operator import ScriptedOperator
 
-        return ScriptedOperator(sim, cfg.takeover)
+        return ScriptedOperator(driver.env, cfg.takeover)
     if cfg.teleop != "keyboard":
         raise ValueError(f"teleop: expected 'keyboard', 'expert' or None, received {cfg.teleop!r}")
     from policylink.real.teleop import KeyboardTeleop
