@@ -23,7 +23,7 @@ from typing import Any
 
 from policylink.adapters.env_transport import RemoteEnv
 from policylink.adapters.protocol import RemoteError
-from policylink.sim.isolated.server import READY
+from policylink.sim.isolated.server import BAD_INPUT, READY
 
 SERVER_MODULE = "policylink.sim.isolated.server"
 
@@ -44,6 +44,7 @@ class EnvProcess:
         startup_timeout_s: seconds to wait for the ready line.
 
     Raises:
+        ValueError: the factory refuses ``kwargs`` (its message, no output tail).
         EnvProcessError: the process exits, or prints no ready line within ``startup_timeout_s`` (it is killed).
     """
 
@@ -129,6 +130,10 @@ class EnvProcess:
                 if line.startswith(READY + " "):
                     return line.split(" ", 1)[1].strip()
             if not self.alive():
+                bad = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.startswith(BAD_INPUT)]
+                if bad:  # the factory refused its kwargs: the user's input, not a crash
+                    self.stop()
+                    raise ValueError(f"env {self.factory}: {bad[-1][len(BAD_INPUT) :].strip()}")
                 err = self.error("exited before serving")
                 self.stop()
                 raise err

@@ -21,6 +21,7 @@ from importlib import import_module
 from typing import Any
 
 READY = "policylink-env-ready"
+BAD_INPUT = "policylink-env-bad-input"  # prefix of the one line a factory's refusal of its kwargs prints
 """First word of the line printed on stdout once the env is served."""
 
 
@@ -41,11 +42,17 @@ def serve(factory: str, kwargs: dict[str, Any], bind: str, parent_pid: int | Non
 
     A state-only env runs inline on the serving loop after its first calls (``inline_below_s = inf``); an env that
     renders (``obs_mode`` other than ``"state"``) is called on the server's worker thread only
-    (``inline_below_s = 0``): its GL context belongs to the thread that made it.
+    (``inline_below_s = 0``): its GL context belongs to the thread that made it. A factory refusing ``kwargs``
+    (ValueError, LookupError, TypeError) prints one ``BAD_INPUT`` line with its message and exits with status 2.
     """
     from policylink.adapters.env_transport import EnvServer
 
-    env = load_factory(factory)(**kwargs)
+    build = load_factory(factory)
+    try:
+        env = build(**kwargs)
+    except (ValueError, LookupError, TypeError) as e:  # kwargs the factory refuses: one line for the host, exit 2
+        print(f"{BAD_INPUT} {e}", flush=True)
+        sys.exit(2)
     server = EnvServer(env, bind, name=f"policylink-isolated-{factory.rpartition(':')[2]}")
     # one client, calls in sequence: a state env runs every call inline on the serving loop once its verb has been
     # seen 8 times (no thread hand-off, which costs most on a loaded machine); a rendering env never does, so its

@@ -141,6 +141,11 @@ def test_env_process_lifecycle_under_this_interpreter(fakes):
     assert not _alive(pid) and not folder.exists()
 
 
+def test_kwargs_the_factory_refuses_are_one_value_error(fakes):
+    with pytest.raises(ValueError, match=r"^env fake_metaworld:\S+: obs_mode: .*'pointmap\+proprio'$"):
+        start_isolated_env(sys.executable, FAKE, {"task": "reach", "obs_mode": "pointmap+proprio"})
+
+
 def test_killed_env_process_is_an_episode_error_not_a_hang(fakes):
     env = start_isolated_env(sys.executable, FAKE, {"task": "reach"}, timeout_s=30.0)
     try:
