@@ -9,7 +9,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,9 @@ from policylink.adapters.protocol import (
 )
 
 __all__ = ["COPY_THRESHOLD", "Channel", "recv_message", "send_message"]
+
+ALIVE_POLL_S = 0.25
+"""With an ``alive`` check, how often (seconds) a request waiting for its reply asks whether the server lives."""
 
 COPY_THRESHOLD = 256 * 2**10
 """Frames under this many bytes are copied when sent (the sockets' pyzmq ``copy_threshold``; pyzmq's default is
@@ -86,6 +89,9 @@ class Channel:
         timeout_s: default per-request timeout, seconds.
         curve_keys: a key folder or :class:`~policylink.adapters.security.ClientKeys` when the server uses CURVE.
         replies_by_protocol: reply schemas of older protocols (used after :meth:`hello` agreed on one).
+        alive: optional check that the server's process still lives (a child process the caller started): a
+            request then waits in slices of :data:`ALIVE_POLL_S` and raises ``ConnectionError`` soon after the
+            process ends instead of at the timeout. None (servers elsewhere): one wait of the whole timeout.
 
     Raises:
         EndpointError: ``endpoint`` is malformed, e.g. ``"127.0.0.1:5599"`` (names ``tcp://127.0.0.1:5599``).
@@ -99,8 +105,10 @@ class Channel:
         timeout_s: float = 10.0,
         curve_keys: str | Path | security.ClientKeys | None = None,
         replies_by_protocol: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None,
+        alive: Callable[[], bool] | None = None,
     ):
         security.check_endpoint(endpoint, "connect")
+        self._alive = alive
         self.endpoint, self.timeout_s, self._replies = endpoint, float(timeout_s), replies
         self._by_protocol = replies_by_protocol
         self.protocol = PROTOCOL_VERSION
@@ -120,6 +128,8 @@ class Channel:
         Raises:
             TimeoutError: no reply within the timeout (names the server and the verb); the socket is dropped
                 and the next request connects afresh.
+            ConnectionError: with an ``alive`` check, the server's process ended while waiting (noticed within
+                :data:`ALIVE_POLL_S`, not at the timeout).
             RemoteError: the server replied with an error (``code``, ``message``, ``field``);
                 :class:`VersionMismatchError` for ``version_mismatch``.
             CodecError: ``body`` holds a value the codec refuses (nothing is sent).
@@ -138,14 +148,23 @@ class Channel:
             deadline = time.monotonic() + timeout
             remaining_ms = int(timeout * 1e3)  # the first wait: the whole timeout (keeps RCVTIMEO unchanged)
             while True:
+                wait_ms = remaining_ms if self._alive is None else min(remaining_ms, int(ALIVE_POLL_S * 1e3))
                 try:
-                    if not remaining_ms:
+                    if not wait_ms:
                         raise zmq.Again
-                    if remaining_ms != self._rcvtimeo:
-                        sock.rcvtimeo = self._rcvtimeo = remaining_ms
+                    if wait_ms != self._rcvtimeo:
+                        sock.rcvtimeo = self._rcvtimeo = wait_ms
                     frames = recv_message(sock)
                 except zmq.Again:
+                    remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
+                    lives = self._alive is None or self._alive()
+                    if self._alive is not None and lives and remaining_ms:
+                        continue
                     self._drop_socket()
+                    if not lives:
+                        raise ConnectionError(
+                            f"policylink server {self.endpoint}: its process ended while {verb!r} waited for the reply"
+                        ) from None
                     raise TimeoutError(
                         f"policylink server {self.endpoint}: no reply to {verb!r} within {timeout:g} s (server down "
                         "or overloaded, or it refused this client's CURVE key); the next call reconnects on a fresh "

@@ -5,6 +5,7 @@ process. Protocol: DESIGN.md section 3 (:mod:`policylink.adapters.protocol`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -117,6 +118,8 @@ class RemoteEnv(EnvAdapter):
         timeout_s: per-request timeout, seconds.
         curve_keys: for a CURVE server: a key folder (its ``client.key_secret`` and ``server.key``) or
             ``security.load_client_keys(folder, "<client name>")``.
+        alive: check that the server's process lives (an env process this client started): a request then raises
+            ``ConnectionError`` within :data:`~policylink.adapters.channel.ALIVE_POLL_S` of its end.
 
     Raises:
         TimeoutError, VersionMismatchError: at construction, as for :class:`RemotePolicy`.
@@ -125,10 +128,15 @@ class RemoteEnv(EnvAdapter):
     metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(
-        self, endpoint: str, *, timeout_s: float = 10.0, curve_keys: str | Path | security.ClientKeys | None = None
+        self,
+        endpoint: str,
+        *,
+        timeout_s: float = 10.0,
+        curve_keys: str | Path | security.ClientKeys | None = None,
+        alive: Callable[[], bool] | None = None,
     ):
         self.endpoint = endpoint
-        self._channel = Channel(endpoint, ENV_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys)
+        self._channel = Channel(endpoint, ENV_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys, alive=alive)
         self.server_info = self._channel.hello("env")
         self.env_spec = EnvSpec.from_dict(self.server_info["spec"])
         self._init_spaces()

@@ -162,7 +162,7 @@ class IsolatedEnv(RemoteEnv):
         self.process = process
         self.last_info: dict[str, Any] = {}
         try:
-            super().__init__(process.endpoint, timeout_s=timeout_s)
+            super().__init__(process.endpoint, timeout_s=timeout_s, alive=process.alive)
         except Exception as e:
             err = process.error(f"no handshake at {process.endpoint}: {e}")
             process.stop()
@@ -189,7 +189,7 @@ class IsolatedEnv(RemoteEnv):
         self.process.check()
         try:
             return fn(*args, **kwargs)
-        except TimeoutError as e:
+        except (TimeoutError, ConnectionError) as e:  # ConnectionError: it ended while we waited (channel's alive)
             raise self.process.error(f"no reply: {e}") from e
         except RemoteError as e:
             if not self.process.alive():

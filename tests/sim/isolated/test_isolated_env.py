@@ -160,6 +160,24 @@ def test_killed_env_process_is_an_episode_error_not_a_hang(fakes):
         env.close()
 
 
+def test_env_process_killed_during_a_step_is_reported_within_a_poll_not_the_timeout(fakes):
+    """The process ends while a step waits for its reply (stopped, then killed 0.5 s later): the step raises
+    EnvProcessError within about ALIVE_POLL_S of the kill, not at the 30 s request timeout."""
+    import threading
+
+    env = start_isolated_env(sys.executable, FAKE, {"task": "reach"}, timeout_s=30.0)
+    try:
+        env.reset(seed=0)
+        os.kill(env.process.pid, signal.SIGSTOP)  # the step's request is sent but never answered
+        threading.Timer(0.5, os.kill, (env.process.pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(EnvProcessError, match=r"exited with status -9.*process ended while 'step' waited"):
+            env.step(np.zeros(4, np.float32))
+        assert time.monotonic() - t0 < 10.0  # kill at 0.5 s + a 0.25 s poll; the timeout is 30 s
+    finally:
+        env.close()
+
+
 def test_crash_inside_a_step_reports_the_process_output(fakes):
     env = start_isolated_env(sys.executable, FAKE, {"task": "reach", "crash_at_step": 2}, timeout_s=3.0)
     try:
