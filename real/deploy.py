@@ -207,12 +207,21 @@ class DeployOutcome:
     reason: str = ""
 
 
+def summary_line(out: DeployOutcome, episodes: int) -> str:
+    """``success: K/N`` over the finished episodes; when the run ended early, also how far it got (``the run
+    stopped after N of E episodes``), so a partial run never reads as a complete one."""
+    n, n_ok = len(out.results), sum(bool(r.success) for r in out.results)
+    line = f"success: {n_ok}/{n}"
+    if n < episodes:
+        line += f" (the run stopped after {n} of {episodes} episodes)"
+    return line
+
+
 def run_on_robot(cfg: Any) -> int:
     """``policylink run --policy P --robot tcp://HOST:PORT [--hz F] [--record STORE]``: :func:`deploy` with the
     live status line and a final summary; returns the exit code."""
     out = deploy(cfg, status=True)
-    n_ok = sum(r.success for r in out.results)
-    print(f"success: {n_ok}/{len(out.results)} | {out.stats.line(out.period_s)}")
+    print(f"{summary_line(out, cfg.episodes)} | {out.stats.line(out.period_s)}")
     if cfg.record:
         print(f"recorded to {cfg.record}")
     return out.code

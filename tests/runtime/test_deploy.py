@@ -330,3 +330,18 @@ def test_three_processes_policy_server_robot_server_and_run_complete_reach(reach
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=20)
+
+
+def test_the_summary_of_a_run_that_stopped_early_says_how_far_it_got():
+    from types import SimpleNamespace
+
+    from policylink.real.deploy import DeployOutcome, DeployStats, summary_line
+
+    done = [SimpleNamespace(success=s) for s in (True, False, True, True)]
+    assert summary_line(DeployOutcome(0, done, DeployStats(), 0.1), 4) == "success: 3/4"
+    stopped = DeployOutcome(1, done, DeployStats(), 0.1, reason="the policy stopped answering")
+    assert summary_line(stopped, 60) == "success: 3/4 (the run stopped after 4 of 60 episodes)"
+    assert (
+        summary_line(DeployOutcome(1, [], DeployStats(), 0.1), 2)
+        == "success: 0/0 (the run stopped after 0 of 2 episodes)"
+    )
