@@ -380,6 +380,8 @@ def _probe_cells(pols, env_fns, cfg: EvalConfig) -> tuple[dict[str, Any], list[s
             if key not in loaded:
                 try:
                     policy = load_policy(cell_ref, cfg.device, cfg_scale=cfg.cfg_scale, env_spec=espec)
+                except (ConnectionError, TimeoutError):
+                    raise  # an unreachable server is not an incompatible cell: its own error, as it is
                 except (KeyError, OSError, ValueError) as e:
                     loaded[key] = f"cannot load policy {cell_ref!r}: {e}"
                 else:

@@ -476,3 +476,16 @@ def test_saved_env_kwargs_do_not_depend_on_mapping_key_order():
         "perturbation": '{"displacement": 0.03, "force": 2.0}',
         "image_size": "64",
     }
+
+
+def test_an_unreachable_policy_server_is_its_own_error_not_an_incompatible_cell(tmp_path):
+    """``xpl://`` with nothing listening: the ConnectionError naming the address, not an IncompatibleSpecError."""
+    import socket
+
+    register_env("line_a", Line, overwrite=True)
+    with socket.socket() as s:  # a loopback port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}") as err:
+        ev.evaluate([f"xpl://127.0.0.1:{port}"], ["line_a"], episodes=1, workers=0, progress=False, out=tmp_path)
+    assert not isinstance(err.value, IncompatibleSpecError)
