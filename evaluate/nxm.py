@@ -39,6 +39,7 @@ from policylink.runtime.checks import cell_problems, limit_threads
 from policylink.runtime.executors import ExecutorConfig, ExecutorConfigError, make_executor
 from policylink.runtime.instructions import InstructionEnvFn, instruction_problems
 from policylink.runtime.rollout import (
+    EpisodeResult,
     RegistryEnvFn,
     VideoSubscriber,
     env_spec_of,
@@ -46,6 +47,7 @@ from policylink.runtime.rollout import (
     plan_episodes,
     rollout,
 )
+from policylink.sim.isolated.process import EnvProcessError
 
 EVAL_INFO = "eval_info.json"
 
@@ -322,8 +324,11 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
     executor = make_executor(policy, task.executor)
     # a shard that films also keeps its first failed episode, so a cell's videos show a failure when it has one
     video = VideoSubscriber(task.video_episodes, task.video_dir, fps=task.fps, failures=int(bool(task.video_episodes)))
+    finished: list[EpisodeResult] = []
     try:
-        results = rollout(vec, executor, task.count, subscribers=[video])
+        results = rollout(vec, executor, task.count, subscribers=[video], progress=finished.append)
+    except EnvProcessError as e:  # the env's process crashed or hung: its unfinished episodes are errors, not a hang
+        results = crashed_shard_results(task, finished, f"{type(e).__name__}: {e}")
     finally:
         executor.close()
         vec.close()
@@ -332,6 +337,21 @@ def run_shard(task: ShardTask) -> dict[str, Any]:
             close()
     videos = {str(i): str(p) for i, p in sorted(video.paths.items())}
     return {"episodes": [r.to_dict() for r in results], "video_paths": videos, "eval_s": time.perf_counter() - start}
+
+
+def crashed_shard_results(task: ShardTask, finished: list[EpisodeResult], error: str) -> list[EpisodeResult]:
+    """A shard's results when its env process failed: the ``finished`` episodes, then every other planned episode
+    (``task.first`` .. ``task.first + task.count - 1``, seed ``task.seed + index``) as a failure carrying ``error``
+    (one line: the first line of the process error), sorted by index."""
+    done = {r.index for r in finished}
+    line = error.splitlines()[0] if error else "env process failed"
+    lost = [
+        EpisodeResult(index=i, seed=task.seed + i, task="", n_steps=0, sum_reward=0.0, max_reward=0.0,
+                      success=False, error=line)
+        for i in range(task.first, task.first + task.count)
+        if i not in done
+    ]  # fmt: skip
+    return sorted([*finished, *lost], key=lambda r: r.index)
 
 
 def _with_video_render(cfg: EvalConfig) -> dict[str, Any]:

@@ -89,13 +89,16 @@ def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
         row = []
         for e in envs:
             s = cell.get((p, e))
-            row.append(
-                "-"
-                if s is None
-                else f"{s['pc_success']:.1f}% [{s['ci95_low']:.1f}, {s['ci95_high']:.1f}] (n={s['n_episodes']})"
-            )
+            text = "-"
+            if s is not None:
+                text = f"{s['pc_success']:.1f}% [{s['ci95_low']:.1f}, {s['ci95_high']:.1f}] (n={s['n_episodes']})"
+                text += f" ({s['n_errors']} env errors)" if s.get("n_errors") else ""
+            row.append(text)
         lines.append(f"| {p} | " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n\nSuccess rate with its 95% Wilson score interval; n = episodes per cell.\n"
+    return (
+        "\n".join(lines) + "\n\nSuccess rate with its 95% Wilson score interval; n = episodes per cell; env errors = "
+        "episodes whose environment process crashed or stopped answering (counted as failures; see eval_info.json).\n"
+    )
 
 
 def write_tables(out: str | Path, summaries: Sequence[dict[str, Any]]) -> dict[str, Path]:
@@ -321,6 +324,7 @@ def cell_summary(policy: str, env: str, cell: str, info: dict[str, Any]) -> dict
         "cell": cell,
         "n_success": int(k),
         "n_episodes": o["n_episodes"],
+        "n_errors": sum(1 for e in info["per_episode"] if e.get("error")),
         "pc_success": o["pc_success"],
         "ci95_low": 100.0 * low,
         "ci95_high": 100.0 * high,

@@ -52,6 +52,8 @@ class EpisodeResult:
         inferences: policy calls made for this episode.
         stall_steps: simulated steps the episode waited for inference (see ``LatencyConfig``).
         frames: rendered frames (uint8 ``(H, W, 3)``), first = the episode's reset frame; only when requested.
+        error: why the episode could not finish (``""`` when it did): its environment process crashed or stopped
+            answering; such an episode counts as a failure in every table.
     """
 
     index: int
@@ -64,6 +66,7 @@ class EpisodeResult:
     inferences: int = 0
     stall_steps: int = 0
     frames: list[np.ndarray] | None = field(default=None, repr=False)
+    error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (without frames)."""

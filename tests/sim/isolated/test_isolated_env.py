@@ -4,6 +4,7 @@ env), the env process lifecycle (a server under this interpreter), crashes and h
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -272,3 +273,43 @@ def test_real_metaworld_through_its_venv():
         assert STATE_KEY not in obs and obs[TASK_KEY] == "push the puck to a goal"
     finally:
         env.close()
+
+
+def test_an_env_process_crash_in_an_evaluation_is_episode_errors_in_its_table(fakes, tmp_path):
+    """The env process dies at its 5th step of the first episode: `evaluate` neither hangs nor aborts; the cell's
+    3 planned episodes are failures carrying the process error, and the table says "3 env errors"."""
+    from policylink.adapters.policy import HistoryPolicy
+    from policylink.adapters.schema import FeatureSpec, PolicySpec
+    from policylink.evaluate import nxm
+
+    spec = fakes.make_fake_metaworld_env("reach").env_spec
+    action = spec.action
+
+    class Zeros(HistoryPolicy):
+        def __init__(self):
+            super().__init__(
+                PolicySpec(
+                    {STATE_KEY: FeatureSpec("float32", (39,))},
+                    action,
+                    chunk_size=4,
+                    n_action_steps=2,
+                    control_frequency=spec.control_frequency,
+                )
+            )
+
+        def _predict(self, history, pad_mask, tasks):
+            return np.zeros((history[STATE_KEY].shape[0], 4, action.dim), np.float32)
+
+    def crashy():
+        return start_isolated_env(sys.executable, FAKE, {"task": "reach", "crash_at_step": 5}, timeout_s=10.0)
+
+    summaries = nxm.evaluate(
+        [("zeros", Zeros)], [("crashy", crashy)], episodes=3, workers=0, progress=False, out=tmp_path, videos=0
+    )
+    (s,) = summaries
+    assert (s["n_episodes"], s["n_success"], s["n_errors"]) == (3, 0, 3)
+    info = json.loads(next((tmp_path / "cells").glob("*/eval_info.json")).read_text())
+    errors = [e["error"] for e in info["per_episode"]]
+    assert [e["seed"] for e in info["per_episode"]] == [100000, 100001, 100002]  # the default seed + index
+    assert all("EnvProcessError" in e and "exited with status 3" in e for e in errors), errors
+    assert "(n=3) (3 env errors)" in (tmp_path / "results.md").read_text()
