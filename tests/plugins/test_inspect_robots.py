@@ -24,27 +24,12 @@ from inspect_robots.rollout import derive_seed  # noqa: E402
 from inspect_robots.scene import Scene  # noqa: E402
 from inspect_robots.types import Action  # noqa: E402
 
-from policylink.adapters.policy import HistoryPolicy  # noqa: E402
 from policylink.adapters.registry import make_env  # noqa: E402
 from policylink.adapters.schema import ActionError, ObservationError, PolicySpec  # noqa: E402
 from policylink.plugins.inspect_robots.embodiment import MUJOCO_TASKS  # noqa: E402
 
 STATE = "observation.state"
 INSPECT_ROBOTS = str(Path(sys.executable).with_name("inspect-robots"))
-
-
-class ReachP(HistoryPolicy):
-    """Deterministic proportional controller for ``reach``: 60 % of the way to the target per step, capped."""
-
-    def __init__(self):
-        env_spec = make_env("reach").env_spec
-        super().__init__(PolicySpec(env_spec.observation_features, env_spec.action, 1, 4, 4, 10.0))
-        self._low, self._high = env_spec.action.low_array, env_spec.action.high_array
-
-    def _predict(self, history, pad_mask, tasks):
-        s = history[STATE][:, -1]  # (B, 6): ee xyz, target xyz (m)
-        step = np.clip(0.6 * (s[:, 3:6] - s[:, 0:3]), self._low, self._high)
-        return np.repeat(step[:, None, :], 4, axis=1).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +192,7 @@ def test_genesis_embodiment_is_conformant_and_runs_reach_scenes():
         emb.close()
 
 
-def test_sim_robot_is_a_self_paced_conformant_embodiment_and_runs_a_trial(tmp_path):
+def test_sim_robot_is_a_self_paced_conformant_embodiment_and_runs_a_trial(tmp_path, reach_p):
     emb = resolve("embodiment", "policylink/sim_robot", task="reach", time_scale=4.0)
     try:
         assert check_embodiment(emb.info).ok
@@ -215,7 +200,7 @@ def test_sim_robot_is_a_self_paced_conformant_embodiment_and_runs_a_trial(tmp_pa
         from policylink.plugins.inspect_robots.policy import PolicylinkPolicy
 
         task = resolve("task", "policylink/reach", num_scenes=2)
-        (log,) = ir_eval(task, PolicylinkPolicy(ReachP(), "reach_p"), emb, log_dir=str(tmp_path))
+        (log,) = ir_eval(task, PolicylinkPolicy(reach_p(), "reach_p"), emb, log_dir=str(tmp_path))
     finally:
         emb.close()
     assert log.status == "success" and log.results.total_trials == 2 and log.eval.embodiment == "policylink/sim_robot"
@@ -224,7 +209,7 @@ def test_sim_robot_is_a_self_paced_conformant_embodiment_and_runs_a_trial(tmp_pa
         assert sample.trial_metadata[0]["policylink"]["n_steps"] == sample.epochs[0]["episode_length"] > 0
 
 
-def test_a_served_robot_is_an_embodiment(tmp_path):
+def test_a_served_robot_is_an_embodiment(tmp_path, reach_p):
     """``policylink robot --sim reach`` (here in-process, 4x real time) as embodiment ``policylink/robot``."""
     from policylink.plugins.inspect_robots.policy import PolicylinkPolicy
     from policylink.real.robots import RobotConfig, build_robot, safety_config
@@ -239,7 +224,7 @@ def test_a_served_robot_is_an_embodiment(tmp_path):
             assert check_embodiment(emb.info).ok and not emb.info.is_simulated
             assert emb.info.capabilities == {"resettable", "self_paced"}
             task = resolve("task", "policylink/reach", num_scenes=2)
-            (log,) = ir_eval(task, PolicylinkPolicy(ReachP(), "reach_p"), emb, log_dir=str(tmp_path))
+            (log,) = ir_eval(task, PolicylinkPolicy(reach_p(), "reach_p"), emb, log_dir=str(tmp_path))
         finally:
             emb.close()
     finally:
@@ -274,12 +259,12 @@ def test_eval_of_a_checkpoint_logs_the_actions_policylink_run_executes(flow_chec
     assert log.stats.mean_inference_latency_s is not None and log.stats.mean_inference_latency_s > 0
 
 
-def test_cli_run_of_a_served_policy_matches_policylink_run(tmp_path):
+def test_cli_run_of_a_served_policy_matches_policylink_run(tmp_path, reach_p):
     """``inspect-robots run`` (the unmodified CLI, default guardrails on) drives a policy served over our ZeroMQ
     protocol on ``policylink/reach``: per scene the same success and episode length as policylink's rollout."""
     from policylink.adapters.transport import PolicyServer
 
-    server = PolicyServer(ReachP(), "tcp://127.0.0.1:0").start()
+    server = PolicyServer(reach_p(), "tcp://127.0.0.1:0").start()
     try:
         env = {**os.environ, "INSPECT_ROBOTS_CONFIG": str(tmp_path / "none.ini")}
         cmd = [INSPECT_ROBOTS, "run", "--task", "policylink/reach", "-T", "num_scenes=4", "-T", "seed=100"]
@@ -299,47 +284,6 @@ def test_cli_run_of_a_served_policy_matches_policylink_run(tmp_path):
         assert sample["epochs"][0]["episode_length"] == result.n_steps
         assert sample["termination_reasons"] == ["success"]
         assert sample["trial_metadata"][0]["policylink"]["seed"] == result.seed
-
-
-@pytest.fixture(scope="module")
-def trained_reach_checkpoint(tmp_path_factory):
-    """A small flow policy (5 Euler steps) trained on 60 scripted reach episodes for 150 steps (~30 s on the shared
-    2-core machine): it succeeds on some reach episodes and fails on others (3 of 8 there)."""
-    import torch
-
-    from policylink.policies.common.unet1d import UNetConfig
-    from policylink.policies.flow.config import FlowConfig
-    from policylink.policies.registry import make_config
-    from policylink.runtime.record import RecordConfig, record
-    from policylink.train.imitation import DatasetConfig, TrainConfig, train
-
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("reach_trained")
-    record(RecordConfig(env="reach", expert="expert", episodes=60, out=str(out / "data.zarr")), progress=False)
-    policy = make_config(
-        "flow",
-        n_obs_steps=1,
-        chunk_size=8,
-        n_action_steps=4,
-        observation_keys=[STATE],
-        flow=FlowConfig(num_steps=5),
-        unet=UNetConfig(down_dims=[32, 64], time_embed_dim=32),
-    )
-    cfg = TrainConfig(
-        policy=policy,
-        dataset=DatasetConfig(path=str(out / "data.zarr"), env="reach", val_fraction=0.0),
-        output_dir=str(out / "run"),
-        steps=150,
-        batch_size=64,
-        lr=3e-3,
-        warmup_steps=10,
-        log_every=60,
-        val_every=0,
-        device="cpu",
-        progress=False,
-        torch_threads=1,
-    )
-    return train(cfg)
 
 
 @pytest.mark.slow

@@ -203,47 +203,6 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def reach_checkpoint(tmp_path_factory):
-    """A small flow policy (5 Euler steps) trained on 60 scripted reach episodes for 150 steps: ~4 of 6 reach
-    episodes succeed on the sim-as-real robot on the loaded 2-core machine."""
-    import torch
-
-    from policylink.policies.common.unet1d import UNetConfig
-    from policylink.policies.flow.config import FlowConfig
-    from policylink.policies.registry import make_config
-    from policylink.runtime.record import RecordConfig, record
-    from policylink.train.imitation import DatasetConfig, TrainConfig, train
-
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("reach")
-    record(RecordConfig(env="reach", expert="expert", episodes=60, out=str(out / "data.zarr")), progress=False)
-    policy = make_config(
-        "flow",
-        n_obs_steps=1,
-        chunk_size=8,
-        n_action_steps=4,
-        observation_keys=["observation.state"],
-        flow=FlowConfig(num_steps=5),
-        unet=UNetConfig(down_dims=[32, 64], time_embed_dim=32),
-    )
-    cfg = TrainConfig(
-        policy=policy,
-        dataset=DatasetConfig(path=str(out / "data.zarr"), env="reach", val_fraction=0.0),
-        output_dir=str(out / "run"),
-        steps=150,
-        batch_size=64,
-        lr=3e-3,
-        warmup_steps=10,
-        log_every=60,
-        val_every=0,
-        device="cpu",
-        progress=False,
-        torch_threads=1,
-    )
-    return train(cfg)
-
-
 def _start(args):
     # one torch thread: with two on two shared cores one inference takes seconds (see runtime.run.limit_threads)
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "OMP_NUM_THREADS": "1"}
@@ -262,13 +221,13 @@ def _start(args):
 
 
 @pytest.mark.slow
-def test_three_processes_policy_server_robot_server_and_run_complete_reach(reach_checkpoint, tmp_path):
+def test_three_processes_policy_server_robot_server_and_run_complete_reach(trained_reach_checkpoint, tmp_path):
     from policylink.data.sampler import SequenceDataset
     from policylink.real.server import RemoteRobot
 
     pport, rport = _free_port(), _free_port()
     policy_addr, robot_addr = f"tcp://127.0.0.1:{pport}", f"tcp://127.0.0.1:{rport}"
-    server = _start(["serve", "--checkpoint", str(reach_checkpoint), "--bind", policy_addr, "--device", "cpu"])
+    server = _start(["serve", "--checkpoint", str(trained_reach_checkpoint), "--bind", policy_addr, "--device", "cpu"])
     # half speed (5 Hz wall): the policy's inference fits a period even on a loaded 2-core CI machine
     robot = _start(["robot", "--sim", "reach", "--bind", robot_addr, "--watchdog-ms", "600", "--time_scale", "0.5"])
     store = tmp_path / "deploy.zarr"

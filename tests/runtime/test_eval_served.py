@@ -3,31 +3,16 @@
 import numpy as np
 import pytest
 
-from policylink.adapters.policy import HistoryPolicy
-from policylink.adapters.registry import make_env, register_policy
+from policylink.adapters.registry import register_policy
 from policylink.adapters.schema import PolicySpec
 from policylink.adapters.transport import PolicyServer
 from policylink.evaluate.nxm import evaluate
 
 
-class ReachP(HistoryPolicy):
-    """Deterministic proportional controller for ``reach``: move 60 % of the way to the target, capped."""
-
-    def __init__(self):
-        env_spec = make_env("reach").env_spec
-        super().__init__(PolicySpec(env_spec.observation_features, env_spec.action, 1, 4, 4, 10.0))
-        self._low, self._high = env_spec.action.low_array, env_spec.action.high_array
-
-    def _predict(self, history, pad_mask, tasks):
-        s = history["observation.state"][:, -1]  # (B, 6): ee xyz, target xyz (m)
-        step = np.clip(0.6 * (s[:, 3:6] - s[:, 0:3]), self._low, self._high)
-        return np.repeat(step[:, None, :], 4, axis=1).astype(np.float32)
-
-
 @pytest.mark.slow
-def test_served_policy_matches_in_process(tmp_path):
-    register_policy("reach_p_served_test", ReachP, overwrite=True)
-    server = PolicyServer(ReachP(), "tcp://127.0.0.1:0").start()
+def test_served_policy_matches_in_process(tmp_path, reach_p):
+    register_policy("reach_p_served_test", reach_p, overwrite=True)
+    server = PolicyServer(reach_p(), "tcp://127.0.0.1:0").start()
     try:
         summaries = evaluate(
             [("local", "reach_p_served_test"), ("served", server.endpoint)],
