@@ -146,16 +146,7 @@ class MujocoTaskEnv(EnvAdapter):
         self.n_substeps = int(round(1.0 / (CONTROL_FREQUENCY_HZ * self.model.opt.timestep)))
         self._body_views: dict[str, np.ndarray] = {}
         self._setup()
-        self.cameras = tuple(cameras) if cameras is not None else self.default_cameras
-        known = [self.model.camera(i).name for i in range(self.model.ncam)]
-        for cam in self.cameras:
-            if cam not in known:
-                raise KeyError(f"cameras: expected names from {known}, received {cam!r}")
-        parts = obs_mode_parts(obs_mode)
-        self._use_state = obs_mode != "image"
-        self._n_state = self.n_proprio if "proprio" in parts else len(self.state_names)
-        self._use_images, self._use_pointmaps = "image" in parts, "pointmap" in parts
-        self._full_state = self._n_state == len(self.state_names)
+        parts = self._init_observation(obs_mode, cameras)
         self.camera_pose_shift = CameraPoseShift.coerce(camera_pose_shift)
         if self.camera_pose_shift is not None:
             apply_camera_pose_shift(self.model, self.camera_pose_shift, np.asarray(self.workspace_center))
@@ -166,33 +157,10 @@ class MujocoTaskEnv(EnvAdapter):
         self.randomization = randomization if randomization is not None else RandomizationConfig()
         self._randomizer = SceneRandomizer(self.model, self.randomization, self.randomized_geoms)
         self.perturbation = perturbation
-        action = self._action_spec()
-        self._low, self._high = action.low_array, action.high_array
-        # per dimension (index, low, high): the float32 limits as Python floats, one tuple unpack per dimension a step
-        self._limits = tuple(zip(range(len(self._low)), self._low.tolist(), self._high.tolist()))
-        self._action_shape = self._low.shape
+        action = self._init_action(perturbation, gap)
         self._has_goal_distance = type(self).goal_distance is not MujocoTaskEnv.goal_distance
         self._start_distance = 0.0
-        self._perturber = (
-            Perturber(perturbation, self._low, self._high, self._hold_action())
-            if perturbation is not None and perturbation.active
-            else None
-        )
         self._main_body = self.model.body(self.main_object).id
-        self.reality_gap = load_gap(gap)
-        self._gap = (
-            None
-            if self.reality_gap is None
-            else GapRuntime(
-                self.model,
-                self.reality_gap,
-                action,
-                self.n_proprio,
-                np.asarray(self.workspace_center),
-                self._hold_action(),
-            )
-        )
-        self._hooked = self._perturber is not None or self._gap is not None  # something acts on the action
         # the step's fast path: a state-only observation built inline (no reality gap to apply to it)
         self._state_only = self._use_state and not (self._use_images or self._use_pointmaps) and self._gap is None
         self.env_spec = EnvSpec(
@@ -210,6 +178,51 @@ class MujocoTaskEnv(EnvAdapter):
         # a valid state right away, but no GL context yet: AsyncVectorEnv builds a dummy env in the parent and
         # then forks; an EGL context inherited across fork hangs the children
         self._reset_physics({})
+
+    def _init_observation(self, obs_mode: str, cameras: tuple[str, ...] | None) -> set[str]:
+        """Cameras (checked against the model's) and which observation parts this obs mode builds; returns the
+        parts of :func:`obs_mode_parts`. Raises KeyError naming an unknown camera and the known ones."""
+        self.cameras = tuple(cameras) if cameras is not None else self.default_cameras
+        known = [self.model.camera(i).name for i in range(self.model.ncam)]
+        for cam in self.cameras:
+            if cam not in known:
+                raise KeyError(f"cameras: expected names from {known}, received {cam!r}")
+        parts = obs_mode_parts(obs_mode)
+        self._use_state = obs_mode != "image"
+        self._n_state = self.n_proprio if "proprio" in parts else len(self.state_names)
+        self._use_images, self._use_pointmaps = "image" in parts, "pointmap" in parts
+        self._full_state = self._n_state == len(self.state_names)
+        return parts
+
+    def _init_action(self, perturbation: PerturbationConfig | None, gap: Any) -> ActionSpec:
+        """The action spec, its limits as the step reads them, and what acts on an action before the physics:
+        the perturbation's :class:`Perturber` and the reality gap's :class:`GapRuntime` (each None when absent;
+        ``_hooked`` says whether either is there). Returns the action spec."""
+        action = self._action_spec()
+        self._low, self._high = action.low_array, action.high_array
+        # per dimension (index, low, high): the float32 limits as Python floats, one tuple unpack per dimension a step
+        self._limits = tuple(zip(range(len(self._low)), self._low.tolist(), self._high.tolist()))
+        self._action_shape = self._low.shape
+        self._perturber = (
+            Perturber(perturbation, self._low, self._high, self._hold_action())
+            if perturbation is not None and perturbation.active
+            else None
+        )
+        self.reality_gap = load_gap(gap)
+        self._gap = (
+            None
+            if self.reality_gap is None
+            else GapRuntime(
+                self.model,
+                self.reality_gap,
+                action,
+                self.n_proprio,
+                np.asarray(self.workspace_center),
+                self._hold_action(),
+            )
+        )
+        self._hooked = self._perturber is not None or self._gap is not None  # something acts on the action
+        return action
 
     def _observation_features(self, height: int, width: int) -> dict[str, FeatureSpec]:
         """The observation features of this obs mode: state (all task state or proprio only), one RGB image and/or
