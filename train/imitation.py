@@ -39,6 +39,26 @@ METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
 
 
+def _distributed(model: torch.nn.Module, world: int, device: torch.device) -> torch.nn.Module:
+    """``model`` wrapped in ``DistributedDataParallel`` under ``torchrun`` (``world > 1``), else ``model``."""
+    if world <= 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _save(cfg: TrainConfig, ckpt_dir: Path, run: Any, model: Any, step: int, normalizer: Any, spec: Any,
+          processors: Any) -> None:  # fmt: skip
+    """Write ``checkpoints/last`` (the EMA weights, normaliser, spec, processor chain, training state to resume
+    from) and, every ``save_every`` steps, a numbered copy of it."""
+    state = _training_state(run, model, step)
+    save_checkpoint(ckpt_dir, model=run.ema.model, normalizer=normalizer, spec=spec, training_state=state,
+                    train_config=_plain(cfg), processors=processors)  # fmt: skip
+    if cfg.save_every and step % cfg.save_every == 0:
+        _copy_numbered(ckpt_dir, step)
+
+
 def train(cfg: TrainConfig) -> Path:
     """Train a policy; returns the final checkpoint folder (``output_dir/checkpoints/last``).
 
@@ -66,12 +86,7 @@ def train(cfg: TrainConfig) -> Path:
     run = Optimization(model, optim_config(cfg), device=device)
     # the saved state loads on the CPU: torch.set_rng_state takes a CPU tensor, load_state_dict moves the rest
     step = _load_state(run, load_training_state(ckpt_dir)) if cfg.resume and ckpt_dir.exists() else 0
-    train_model: torch.nn.Module = model
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
+    train_model = _distributed(model, world, device)
     logger = MetricsLogger(
         out_dir,
         (*METRIC_FIELDS, *loss_fn.metrics),
@@ -110,11 +125,7 @@ def train(cfg: TrainConfig) -> Path:
             if done.bar is not None:
                 done.bar.set_postfix({k: f"{v:.4g}" for k, v in row.items() if k != "lr"}, refresh=False)
         if rank == 0 and (cfg.save_every and step % cfg.save_every == 0 or step == cfg.steps):
-            state = _training_state(run, model, step)
-            save_checkpoint(ckpt_dir, model=ema, normalizer=normalizer, spec=spec, training_state=state,
-                            train_config=_plain(cfg), processors=train_ds.processors)  # fmt: skip
-            if cfg.save_every and step % cfg.save_every == 0:
-                _copy_numbered(ckpt_dir, step)
+            _save(cfg, ckpt_dir, run, model, step, normalizer, spec, train_ds.processors)
     logger.close()
     if world > 1:
         import torch.distributed as dist
