@@ -3,8 +3,9 @@
 :mod:`policylink.sim.isolated.metaworld_env`, run inside the venv.
 
 ``metaworld`` 3.1.1 pins ``mujoco==3.3.0`` (ours is 4.x: its models fail to load, an ``eq_data`` shape error), hence
-the venv. Env kwargs (JSON-serialisable, passed to the venv): ``obs_mode`` (``state``, ``image``, ``state+image``),
-``image_size``, ``cameras``, ``max_episode_steps``, ``expert_actions``, ``render_mode``; see
+the venv. Env kwargs (JSON-serialisable, passed to the venv): ``obs_mode`` (``state``, ``image``, ``state+image``,
+``image+proprio``: the hand and gripper only), ``image_size``, ``cameras``, ``max_episode_steps``, ``expert_actions``,
+``render_mode``; see
 :class:`~policylink.sim.isolated.metaworld_env.MetaWorldAdapter`.
 """
 

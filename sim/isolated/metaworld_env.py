@@ -64,7 +64,8 @@ UPSIDE_DOWN: frozenset[str] = frozenset({"corner", "corner2", "corner3", "corner
 """Cameras whose MJCF orientation renders the scene upside down (table above the floor); their frames are rotated
 180 degrees so the floor is down (checked by eye on ``pick-place``; LeRobot's MetaWorld env flips them too)."""
 
-OBS_MODES: tuple[str, ...] = ("state", "image", "state+image")
+OBS_MODES: tuple[str, ...] = ("state", "image", "state+image", "image+proprio")
+"""The observation modes this env takes (:data:`policylink.adapters.obs_modes.OBS_MODES`' vocabulary)."""
 
 _OBJ = ("x", "y", "z", "qw", "qx", "qy", "qz")
 _FRAME = ["hand_x", "hand_y", "hand_z", "gripper_opening"] + [f"obj{i}_{c}" for i in (1, 2) for c in _OBJ]
@@ -72,6 +73,9 @@ STATE_NAMES: tuple[str, ...] = tuple(_FRAME + [f"prev_{n}" for n in _FRAME] + ["
 """The 39 state dimensions: this frame's hand position (m), gripper opening (1), two objects' positions (m) and
 quaternions (wxyz; zero-padded when a task has fewer objects), the same 18 of the previous frame, the goal (m)."""
 _UNITS = (["m"] * 3 + ["1"] + (["m"] * 3 + ["1"] * 4) * 2) * 2 + ["m"] * 3
+PROPRIO_DIMS = 4
+"""``image+proprio``'s state: the first 4 of :data:`STATE_NAMES` (hand position, m; gripper opening), the
+robot's own part; the objects and the goal come only from the pixels."""
 
 ACTION_SPEC = ActionSpec(
     names=("hand_dx", "hand_dy", "hand_dz", "gripper_effort"),
@@ -87,7 +91,8 @@ effort in MetaWorld's own convention (-1 open, +1 closed; not the contract's 0/1
 class MetaWorldAdapter(EnvAdapter):
     """One MetaWorld task behind the contract.
 
-    Observations: ``observation.state`` float32 ``(39,)`` (:data:`STATE_NAMES`), ``observation.images.<camera>``
+    Observations: ``observation.state`` float32 ``(39,)`` (:data:`STATE_NAMES`; ``(4,)``, the hand and gripper
+    (:data:`PROPRIO_DIMS`), in ``image+proprio``), ``observation.images.<camera>``
     uint8 ``(S, S, 3)`` per camera (rendered once per step with :class:`mujoco.Renderer`, no shadows or
     multisampling), ``task`` (the instruction). ``info["is_success"]`` is MetaWorld's ``info["success"]``; an
     episode terminates at its first success (MetaWorld's ``AutoTerminateOnSuccessWrapper`` behaviour) and is
@@ -99,7 +104,7 @@ class MetaWorldAdapter(EnvAdapter):
         raw_env: a MetaWorld ``SawyerXYZEnv`` (or an object with its API: ``seed``, ``reset``, ``step`` returning
             a 39-d float64 observation and ``info["success"]``, ``dt``, ``max_path_length``, ``model``, ``data``).
         task: the task name (``"push"``), for the spec name ``metaworld/<task>`` and the instruction.
-        obs_mode: ``"state"``, ``"image"`` or ``"state+image"``.
+        obs_mode: ``"state"``, ``"image"``, ``"state+image"`` or ``"image+proprio"``.
         image_size: side of the square frames, pixels.
         cameras: camera names (:data:`CAMERAS`) observed in the image modes.
         expert: the scripted policy (``get_action(obs) -> (4,)``), needed for ``expert_actions``.
@@ -145,8 +150,9 @@ class MetaWorldAdapter(EnvAdapter):
         self.expert, self.expert_actions, self.render_mode = expert, bool(expert_actions), render_mode
         self.task = INSTRUCTIONS.get(task, task.replace("-", " "))
         features: dict[str, FeatureSpec] = {}
+        n = PROPRIO_DIMS if obs_mode == "image+proprio" else len(STATE_NAMES)
         if obs_mode != "image":
-            features[STATE_KEY] = FeatureSpec("float32", (39,), names=STATE_NAMES, unit=",".join(_UNITS))
+            features[STATE_KEY] = FeatureSpec("float32", (n,), names=STATE_NAMES[:n], unit=",".join(_UNITS[:n]))
         if "image" in obs_mode:
             for cam in self.cameras:
                 features[IMAGE_PREFIX + cam] = FeatureSpec("uint8", (self.size, self.size, 3), unit="rgb")
@@ -208,7 +214,8 @@ class MetaWorldAdapter(EnvAdapter):
     def _observation(self, raw: np.ndarray) -> dict[str, Any]:
         obs: dict[str, Any] = {}
         if self.obs_mode != "image":
-            obs[STATE_KEY] = np.asarray(raw, np.float32)
+            state = np.asarray(raw, np.float32)
+            obs[STATE_KEY] = state[:PROPRIO_DIMS] if self.obs_mode == "image+proprio" else state
         if "image" in self.obs_mode:
             for cam in self.cameras:
                 obs[IMAGE_PREFIX + cam] = self._render(cam)

@@ -69,6 +69,21 @@ def test_images_are_the_cameras_frames(fakes):
         env.close()  # on the thread that rendered (a GL context belongs to its thread)
 
 
+def test_image_proprio_state_is_the_hand_and_gripper(fakes):
+    full = fakes.make_fake_metaworld_env("reach", obs_mode="state")
+    env = fakes.make_fake_metaworld_env("reach", obs_mode="image+proprio", image_size=16)
+    try:
+        state, _ = full.reset(seed=3)
+        obs, _ = env.reset(seed=3)
+        np.testing.assert_array_equal(obs[STATE_KEY], state[STATE_KEY][:4])
+        feature = env.env_spec.observation_features[STATE_KEY]
+        assert feature.shape == (4,) and feature.names == ("hand_x", "hand_y", "hand_z", "gripper_opening")
+        assert feature.unit == "m,m,m,1" and obs[IMAGE_PREFIX + "corner2"].shape == (16, 16, 3)
+    finally:
+        env.close()
+        full.close()
+
+
 def test_adapter_through_the_env_server_in_process(fakes):
     adapter = fakes.make_fake_metaworld_env("reach")
     with EnvServer(adapter, "tcp://127.0.0.1:0") as server:
@@ -271,6 +286,13 @@ def test_real_metaworld_through_its_venv():
         for cam in ("corner2", "topview"):
             assert obs[IMAGE_PREFIX + cam].shape == (32, 32, 3) and obs[IMAGE_PREFIX + cam].std() > 0
         assert STATE_KEY not in obs and obs[TASK_KEY] == "push the puck to a goal"
+    finally:
+        env.close()
+    env = registry.make_env("metaworld/reach", obs_mode="image+proprio", image_size=16)
+    try:
+        obs, _ = env.reset(seed=11)
+        np.testing.assert_array_equal(obs[STATE_KEY], first_a[:4])  # the hand and gripper of the same reset
+        assert obs[IMAGE_PREFIX + "corner2"].shape == (16, 16, 3)
     finally:
         env.close()
 
