@@ -11,11 +11,12 @@ ends, excluded from the timing); *raw* = bare ``mj_step(model, data, nstep=n_sub
 physics of each env step (same model, state and actuator controls) on a shadow ``MjData``, interleaved step by
 step so both see the same machine load; overhead = median over ``--repeats`` runs of env time / raw time - 1.
 *image* = the env with one 96x96 camera (``obs_mode="image"``, fast rendering).
-Vectorised table (state and image): total env steps/s (sub-envs / median vector-step time) of one loop run on 1
-plain env, a ``SyncVectorEnv`` and an ``AsyncVectorEnv`` of ``--vector-envs`` sub-envs in interleaved rounds, each
-vector env's fixed cost per step (the same vector env over :class:`NullEnv` sub-envs: the task's observation and
-info, no physics), and the parallelism the machine gave 2 processes of bare physics in the same round (the ceiling
-of async / 1 env).
+Vectorised table (state, image, and state with each action repeated 8 times: the heavy case): total env steps/s
+(sub-envs / median vector-step time) of one loop run on 1 plain env, a ``SyncVectorEnv``, an ``AsyncVectorEnv`` and
+a ``ThreadVectorEnv`` of ``--vector-envs`` sub-envs in interleaved rounds, each vector env's fixed cost per step
+(the same vector env over :class:`NullEnv` sub-envs: the task's observation and info, no physics), the parallelism
+the machine gave 2 processes of bare physics in the same round (the ceiling of async / 1 env), and the load average
+at each round.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import mujoco
 import numpy as np
 
 from policylink.adapters.registry import make_env
-from policylink.runtime.rollout import RegistryEnvFn, make_vector_env
+from policylink.runtime.vector_env import make_vector_env
 
 TASKS = ("reach", "push", "pick_place", "insert", "multitask")
 
@@ -177,25 +178,32 @@ def cpu_scaling(pool, name: str, seconds: float = 0.3) -> float:
     return sum(two) / one
 
 
-def vector_rows(name: str, obs_mode: str, n: int, steps: int, rounds: int, pool) -> dict:
-    """1 env, ``SyncVectorEnv`` and ``AsyncVectorEnv`` of ``n`` sub-envs (total steps/s = ``n`` / median vector-step
-    time), the two vector envs' fixed cost per step (median step time over :class:`NullEnv` sub-envs, seconds) and
-    the 2-process CPU scaling, measured in ``rounds`` interleaved rounds (each sees the same machine load); returns
-    the per-round values of each."""
-    fn, null = RegistryEnvFn(name, obs_mode=obs_mode), _NullEnvFn(name, obs_mode)
+def vector_rows(name: str, mode: str, n: int, steps: int, rounds: int, pool) -> dict:
+    """1 env, ``SyncVectorEnv``, ``AsyncVectorEnv`` and :class:`ThreadVectorEnv` of ``n`` sub-envs (total steps/s =
+    ``n`` / median vector-step time), the vector envs' fixed cost per step (median step time over :class:`NullEnv`
+    sub-envs, seconds), the 2-process CPU scaling and the 1-minute load average, measured in ``rounds`` interleaved
+    rounds (each sees the same machine load); returns the per-round values of each. ``mode``: an obs mode, or
+    ``<obs mode>x<k>`` for the heavy case (each control step repeated ``k`` times: :class:`RepeatAction`)."""
+    obs_mode, _, repeat = mode.partition("x")
+    fn = RepeatedEnvFn(name, obs_mode, int(repeat or 1))
+    null = _NullEnvFn(name, obs_mode)
     envs = {
-        "one": make_env(name, obs_mode=obs_mode),
-        "sync": make_vector_env(fn, n, asynchronous=False),
+        "one": fn(),
+        "sync": make_vector_env(fn, n),
         "async": make_vector_env(fn, n, asynchronous=True),
-        "sync_fixed_cost_s": make_vector_env(null, n, asynchronous=False),
+        "threads": make_vector_env(fn, n, threads=True),
+        "sync_fixed_cost_s": make_vector_env(null, n),
         "async_fixed_cost_s": make_vector_env(null, n, asynchronous=True),
+        "threads_fixed_cost_s": make_vector_env(null, n, threads=True),
     }
-    runs: dict[str, list[float]] = {k: [] for k in (*envs, "one_wall", "sync_wall", "async_wall", "cpu_scaling")}
+    walls = ("one_wall", "sync_wall", "async_wall", "threads_wall")
+    runs: dict[str, list[float]] = {k: [] for k in (*envs, *walls, "cpu_scaling", "load")}
     try:
         for key, env in envs.items():
             env.reset(seed=0)
             time_loop(env, 5, None if key == "one" else n)  # warm-up (first frames, worker start)
         for _ in range(rounds):
+            runs["load"].append(os.getloadavg()[0])
             for key, env in envs.items():
                 times = time_loop(env, steps, None if key == "one" else n)
                 batch = 1 if key == "one" else n
@@ -209,6 +217,36 @@ def vector_rows(name: str, obs_mode: str, n: int, steps: int, rounds: int, pool)
         for env in envs.values():
             env.close()
     return runs
+
+
+class RepeatAction(gym.Wrapper):
+    """The heavy-work case of the vectorised table: each ``step`` applies its action ``repeat`` times (frame skip:
+    ``repeat`` x the physics and Python of one control step; the reward is the last step's; stops early at an
+    episode's end). Benchmark only."""
+
+    def __init__(self, env: gym.Env, repeat: int):
+        super().__init__(env)
+        self.repeat = int(repeat)
+
+    def step(self, action):
+        """``repeat`` control steps with ``action``; the last one's result."""
+        for _ in range(self.repeat):
+            out = self.env.step(action)
+            if out[2] or out[3]:
+                break
+        return out
+
+
+class RepeatedEnvFn:
+    """Picklable ``() -> env`` of task ``name`` (``obs_mode``), wrapped in :class:`RepeatAction` when ``repeat``
+    > 1."""
+
+    def __init__(self, name: str, obs_mode: str, repeat: int = 1):
+        self.name, self.obs_mode, self.repeat = name, obs_mode, int(repeat)
+
+    def __call__(self) -> gym.Env:
+        env = make_env(self.name, obs_mode=self.obs_mode)
+        return RepeatAction(env, self.repeat) if self.repeat > 1 else env
 
 
 def overhead_row(name: str, steps: int, image_steps: int, repeats: int) -> dict:
@@ -252,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="paired raw/env runs (overhead: their median)")
     parser.add_argument("--vector-envs", type=int, default=2, help="sub-envs in the vectorised rows (0 skips)")
     parser.add_argument("--vector-rounds", type=int, default=5, help="interleaved rounds of the vectorised rows")
-    parser.add_argument("--vector-modes", default="state,image", help="obs modes of the vectorised rows")
+    parser.add_argument(
+        "--vector-modes",
+        default="state,image,statex8",
+        help="obs modes of the vectorised rows (<mode>x<k>: each step repeated k times)",
+    )
     parser.add_argument("--out", default=None, help="markdown file to write (and its .json)")
     args = parser.parse_args(argv)
     load_start = os.getloadavg()[0]
@@ -266,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         with ctx.Pool(2, initializer=_set_barriers, initargs=(barriers,)) as pool:
             for name in args.tasks.split(","):
                 for mode in args.vector_modes.split(","):
-                    steps = (args.steps if mode == "state" else args.image_steps) // 4
+                    obs_mode, _, repeat = mode.partition("x")
+                    base = (args.steps if obs_mode == "state" else args.image_steps) // 4
+                    steps = base // max(1, int(repeat or 1) // 4)
                     runs = vector_rows(name, mode, args.vector_envs, steps, args.vector_rounds, pool)
                     vec[f"{name}/{mode}"] = runs
                     print(_vector_line(name, mode, runs), flush=True)
@@ -299,13 +343,15 @@ def _overhead_line(name: str, r: dict) -> str:
 def _vector_line(name: str, mode: str, runs: dict) -> str:
     m = {k: float(np.median(v)) for k, v in runs.items()}
 
-    def ratio(a: str, b: str) -> float:  # median over rounds of the ratio within each round (same load)
-        return float(np.median(np.array(runs[a]) / np.array(runs[b])))
+    def ratio(a: str, b: str) -> str:  # median over rounds of the ratio within each round (same load)
+        return f"{float(np.median(np.array(runs[a]) / np.array(runs[b]))):.2f}x"
 
+    us = " / ".join(f"{m[f'{k}_fixed_cost_s'] * 1e6:,.0f}" for k in ("sync", "async", "threads"))
     return (
-        f"| {name} | {mode} | {m['one']:,.0f} | {m['sync']:,.0f} | {m['async']:,.0f} | {ratio('sync', 'one'):.2f}x | "
-        f"{ratio('async', 'one'):.2f}x | {ratio('async', 'sync'):.2f}x | {m['sync_fixed_cost_s'] * 1e6:,.0f} us | "
-        f"{m['async_fixed_cost_s'] * 1e6:,.0f} us | {m['cpu_scaling']:.2f}x |"
+        f"| {name} | {mode} | {m['one']:,.0f} | {m['sync']:,.0f} | {m['async']:,.0f} | {m['threads']:,.0f} | "
+        f"{ratio('sync', 'one')} | {ratio('async', 'one')} | {ratio('threads', 'one')} | {ratio('async', 'sync')} | "
+        f"{ratio('threads', 'sync')} | {us} us | {m['cpu_scaling']:.2f}x | "
+        f"{min(runs['load']):.1f}-{max(runs['load']):.1f} |"
     )
 
 
@@ -319,9 +365,10 @@ def _tables(rows: dict, vec: dict, n: int) -> str:
     if vec:
         lines += [
             "",
-            f"| task | obs | 1 env steps/s | sync {n} envs, total steps/s | async {n} envs, total steps/s | sync / 1 | "
-            "async / 1 | async / sync | sync fixed cost / step | async fixed cost / step | 2-process CPU scaling |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| task | obs | 1 env steps/s | sync {n}, total steps/s | async {n}, total steps/s | threads {n}, total "
+            "steps/s | sync / 1 | async / 1 | threads / 1 | async / sync | threads / sync | fixed cost / step (sync / "
+            "async / threads) | 2-process CPU scaling | load average |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *(_vector_line(*key.split("/"), runs) for key, runs in vec.items()),
         ]
     return "\n".join(lines)
@@ -340,12 +387,16 @@ def _write(args, cmd: str, load: str, tables: str, rows: dict, vec: dict) -> Non
             "steps; the order alternates step by step (the second replays the first's physics with primed caches: "
             "'env first / raw first' = the same statistic over each half alone); steps/s columns = 1 / median "
             "per-step time (best run).\n\n"
-            f"Vectorised table: the same loop (random actions) over 1 plain env, a `SyncVectorEnv` and an "
-            f"`AsyncVectorEnv` of {args.vector_envs} sub-envs (the project's `make_vector_env`: SAME_STEP autoreset; "
-            "async = one forkserver process per sub-env, pipes), total env steps/s = sub-envs / median vector-step "
-            "time (the statistic of the table above: a step preempted by another process is one outlier); ratios = "
-            f"median over {args.vector_rounds} interleaved rounds ({args.steps // 4} state or {args.image_steps // 4} "
-            "image steps each) of the ratio within the round. Fixed cost / step = median step time of the same vector "
+            f"Vectorised table: the same loop (random actions) over 1 plain env, a `SyncVectorEnv`, an "
+            f"`AsyncVectorEnv` and a `ThreadVectorEnv` of {args.vector_envs} sub-envs (the project's "
+            "`make_vector_env`: SAME_STEP autoreset; async = one forkserver process per sub-env, pipes; threads = one "
+            "thread per sub-env in this process, `runtime/thread_vector_env.py`); obs `statex8` = the state env with "
+            "each step's action applied 8 times (`RepeatAction`: 8x the work per step, the heavy case). Total env "
+            "steps/s = sub-envs / median vector-step time (the statistic of the table above: a step preempted by "
+            f"another process is one outlier); ratios = median over {args.vector_rounds} interleaved rounds "
+            f"({args.steps // 4} state, {args.steps // 8} statex8 or {args.image_steps // 4} image steps each) of the "
+            "ratio within the round; load average = the 1-minute load at the start of each round (min-max). Fixed "
+            "cost / step = median step time of the same vector "
             "env over sub-envs that return the task's observation and info without physics or rendering "
             "(`NullEnv`). 2-process CPU scaling = raw `mj_step` steps of 2 processes running at once for 0.3 s / of 1 "
             "process alone for 0.3 s, in each round: the parallelism the machine offered "

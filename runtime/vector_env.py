@@ -73,9 +73,11 @@ def make_vector_env(
     plans: Sequence[Sequence[tuple[int, int]]] | int,
     max_episode_steps: int | None = None,
     asynchronous: bool = False,
+    threads: bool = False,
 ) -> gym.vector.VectorEnv:
-    """The one vector-env factory: a ``SyncVectorEnv`` (or ``AsyncVectorEnv``) with ``AutoresetMode.SAME_STEP``
-    (a finished slot is reset inside the same ``step`` call).
+    """The one vector-env factory: a ``SyncVectorEnv`` (or ``AsyncVectorEnv``, or a
+    :class:`~policylink.runtime.thread_vector_env.ThreadVectorEnv`) with ``AutoresetMode.SAME_STEP`` (a finished slot
+    is reset inside the same ``step`` call).
 
     Args:
         env_fn: zero-argument env constructor (picklable for ``asynchronous``).
@@ -86,12 +88,23 @@ def make_vector_env(
         asynchronous: one subprocess per slot, with pipes instead of shared memory (gymnasium's shared-memory
             buffers garble ``Text`` observations such as ``task``) and the ``forkserver`` start method (a child
             forked from a process that already holds an EGL context hangs on its first render).
+        threads: one thread per slot in this process (MuJoCo's physics runs in parallel, without the pipes and
+            pickling of ``asynchronous``; the envs' Python code shares the GIL).
+
+    Raises:
+        ValueError: both ``asynchronous`` and ``threads``.
     """
+    if asynchronous and threads:
+        raise ValueError("make_vector_env: expected at most one of asynchronous and threads, received both")
     if isinstance(plans, int):
         fns: list[Callable[[], gym.Env]] = [env_fn] * plans
     else:
         fns = [_PlannedEnvFn(env_fn, plan, max_episode_steps) for plan in plans]
     mode = gym.vector.AutoresetMode.SAME_STEP
+    if threads:
+        from policylink.runtime.thread_vector_env import ThreadVectorEnv
+
+        return ThreadVectorEnv(fns)
     if asynchronous:
         return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="forkserver", autoreset_mode=mode)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
