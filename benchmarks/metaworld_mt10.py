@@ -8,10 +8,14 @@ The runs themselves are ``policylink`` commands (``benchmarks/results/metaworld_
 
 - ``expert``: the scripted policy's success on the recorded episodes (``<data>/<task>.zarr``, its
   ``meta/episode_success``);
-- ``<policy>``: each ``<evals>/<policy>_<task>/results.json`` (``policylink eval`` output).
+- ``<policy>``: each ``<evals>/<policy>_<task>/results.json`` (``policylink eval`` output); a multi-task policy
+  (one checkpoint for all ten tasks, e.g. ``vla_mt10``) is evaluated per task into the same layout.
+
+Rows already in ``<out>.json`` for policies not named in ``--policies`` are kept (other runs, e.g. the image
+policies' rows collected from another ``--evals`` folder, share the files), so each run only rewrites its own rows.
 
     .venv/bin/python benchmarks/metaworld_mt10.py [--data outputs/mw/data] [--evals outputs/mw/eval]
-        [--policies flow] [--out benchmarks/results/metaworld_mt10]
+        [--policies flow diffusion act vla_mt10] [--out benchmarks/results/metaworld_mt10]
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ PUBLISHED = [
     ),
 ]
 """Published MT10 means quoted beside ours (source, mean success, how the setting differs)."""
+
+
+LABELS = {
+    "vla_mt10": "vla_mt10 (one policy for all ten tasks, told the task by its instruction)",
+}
+"""Row labels that say more than the policy name (the multi-task row); other rows show the name."""
 
 
 def expert_results(data: Path) -> dict[str, dict[str, float | int]]:
@@ -76,7 +86,7 @@ def markdown(table: dict[str, dict[str, dict[str, float | int]]]) -> str:
             row.append(f"{100 * c['success']:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]")
         done = [c["success"] for c in cells.values()]
         mean = f"{100 * sum(done) / len(done):.1f} ({len(done)}/10)" if done else "-"
-        lines.append(f"| {policy} | " + " | ".join(row) + f" | {mean} |")
+        lines.append(f"| {LABELS.get(policy, policy)} | " + " | ".join(row) + f" | {mean} |")
     for source, mean, _ in PUBLISHED:
         lines.append(f"| {source} | " + " | ".join(["-"] * len(MT10_TASKS)) + f" | {100 * mean:.0f} (10/10) |")
     notes = [f"- {source}: {how}." for source, _, how in PUBLISHED]
@@ -90,10 +100,12 @@ def main() -> None:
     p.add_argument("--policies", nargs="+", default=["flow"])
     p.add_argument("--out", default="benchmarks/results/metaworld_mt10")
     args = p.parse_args()
-    table = {"expert": expert_results(Path(args.data))}
+    out_json = Path(args.out + ".json")
+    table = json.loads(out_json.read_text()) if out_json.exists() else {}
+    table["expert"] = expert_results(Path(args.data))
     for policy in args.policies:
         table[policy] = policy_results(Path(args.evals), policy)
-    Path(args.out + ".json").write_text(json.dumps(table, indent=2) + "\n")
+    out_json.write_text(json.dumps(table, indent=2) + "\n")
     Path(args.out + ".table.md").write_text(markdown(table) + "\n")
     print(markdown(table))
 
