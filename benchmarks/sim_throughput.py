@@ -196,8 +196,9 @@ def vector_rows(name: str, mode: str, n: int, steps: int, rounds: int, pool) -> 
         "async_fixed_cost_s": make_vector_env(null, n, asynchronous=True),
         "threads_fixed_cost_s": make_vector_env(null, n, threads=True),
     }
-    walls = ("one_wall", "sync_wall", "async_wall", "threads_wall")
-    runs: dict[str, list[float]] = {k: [] for k in (*envs, *walls, "cpu_scaling", "load")}
+    timed = ("one", "sync", "async", "threads")
+    extra = [f"{k}_{s}" for k in timed for s in ("wall", "cpu_us", "wait_us")]
+    runs: dict[str, list[float]] = {k: [] for k in (*envs, *extra, "cpu_scaling", "load")}
     try:
         for key, env in envs.items():
             env.reset(seed=0)
@@ -205,18 +206,42 @@ def vector_rows(name: str, mode: str, n: int, steps: int, rounds: int, pool) -> 
         for _ in range(rounds):
             runs["load"].append(os.getloadavg()[0])
             for key, env in envs.items():
+                pids = [os.getpid(), *(p.pid for p in getattr(env, "processes", ()))]  # async: + its workers
+                cpu0, wait0 = schedstat(pids)
                 times = time_loop(env, steps, None if key == "one" else n)
+                cpu1, wait1 = schedstat(pids)
                 batch = 1 if key == "one" else n
                 if key.endswith("_fixed_cost_s"):
                     runs[key].append(float(np.median(times)))
                 else:
                     runs[key].append(batch / float(np.median(times)))
                     runs[f"{key}_wall"].append(batch * steps / float(times.sum()))
+                    runs[f"{key}_cpu_us"].append((cpu1 - cpu0) / 1e3 / (batch * steps))
+                    runs[f"{key}_wait_us"].append((wait1 - wait0) / 1e3 / (batch * steps))
             runs["cpu_scaling"].append(cpu_scaling(pool, name))
     finally:
         for env in envs.values():
             env.close()
     return runs
+
+
+def schedstat(pids: list[int]) -> tuple[int, int]:
+    """Nanoseconds every thread of processes ``pids`` has run on a CPU and waited in a run queue (ready, no CPU
+    free) so far (Linux ``/proc/<pid>/task/<tid>/schedstat``); ``(0, 0)`` where it cannot be read."""
+    cpu = wait = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    run, queued, _ = f.read().split()
+            except (OSError, ValueError):
+                continue
+            cpu, wait = cpu + int(run), wait + int(queued)
+    return cpu, wait
 
 
 class RepeatAction(gym.Wrapper):
@@ -347,10 +372,12 @@ def _vector_line(name: str, mode: str, runs: dict) -> str:
         return f"{float(np.median(np.array(runs[a]) / np.array(runs[b]))):.2f}x"
 
     us = " / ".join(f"{m[f'{k}_fixed_cost_s'] * 1e6:,.0f}" for k in ("sync", "async", "threads"))
+    cpu = " / ".join(f"{m[f'{k}_cpu_us']:,.0f}" for k in ("one", "sync", "async", "threads"))
+    wait = " / ".join(f"{m[f'{k}_wait_us']:,.0f}" for k in ("one", "sync", "async", "threads"))
     return (
         f"| {name} | {mode} | {m['one']:,.0f} | {m['sync']:,.0f} | {m['async']:,.0f} | {m['threads']:,.0f} | "
         f"{ratio('sync', 'one')} | {ratio('async', 'one')} | {ratio('threads', 'one')} | {ratio('async', 'sync')} | "
-        f"{ratio('threads', 'sync')} | {us} us | {m['cpu_scaling']:.2f}x | "
+        f"{ratio('threads', 'sync')} | {us} us | {cpu} | {wait} | {m['cpu_scaling']:.2f}x | "
         f"{min(runs['load']):.1f}-{max(runs['load']):.1f} |"
     )
 
@@ -367,8 +394,9 @@ def _tables(rows: dict, vec: dict, n: int) -> str:
             "",
             f"| task | obs | 1 env steps/s | sync {n}, total steps/s | async {n}, total steps/s | threads {n}, total "
             "steps/s | sync / 1 | async / 1 | threads / 1 | async / sync | threads / sync | fixed cost / step (sync / "
-            "async / threads) | 2-process CPU scaling | load average |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "async / threads) | CPU us / env step (1 / sync / async / threads) | run-queue wait us / env step | "
+            "2-process CPU scaling | load average |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *(_vector_line(*key.split("/"), runs) for key, runs in vec.items()),
         ]
     return "\n".join(lines)
@@ -395,7 +423,10 @@ def _write(args, cmd: str, load: str, tables: str, rows: dict, vec: dict) -> Non
             "steps/s = sub-envs / median vector-step time (the statistic of the table above: a step preempted by "
             f"another process is one outlier); ratios = median over {args.vector_rounds} interleaved rounds "
             f"({args.steps // 4} state, {args.steps // 8} statex8 or {args.image_steps // 4} image steps each) of the "
-            "ratio within the round; load average = the 1-minute load at the start of each round (min-max). Fixed "
+            "ratio within the round; load average = the 1-minute load at the start of each round (min-max). CPU us / "
+            "env step = CPU time of every thread of the benchmark process and (async) its workers during the timed "
+            "loop / env steps done (Linux schedstat; the work a step costs, whatever the load); run-queue wait = time "
+            "those threads were ready to run but had no CPU, per env step (what the shared machine adds). Fixed "
             "cost / step = median step time of the same vector "
             "env over sub-envs that return the task's observation and info without physics or rendering "
             "(`NullEnv`). 2-process CPU scaling = raw `mj_step` steps of 2 processes running at once for 0.3 s / of 1 "
