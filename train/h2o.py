@@ -2,7 +2,9 @@
 (``--sim``: demonstrations or rollouts in nominal simulation) and robot episodes (``--real``: what
 ``policylink run --robot ... --record`` kept), and advantage labels from it for advantage-conditioned training.
 
-One command, four steps, all optimisation through :func:`policylink.train.trainer.fit`:
+One command, four steps, all optimisation through :func:`policylink.train.trainer.fit`, each loss a registered
+objective (``h2o_discriminators``, :class:`DiscriminatorObjectiveConfig`; the critic's ``iql``,
+:mod:`policylink.train.critic`, with per-transition weights):
 
 1. per-step transitions ``(s, a, r, s', d)`` of every store (``observation.state``; ``d`` a true termination: the
    ``terminated`` field, else a rewarded step), normalised by the union's mean / std;
@@ -25,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -33,14 +35,39 @@ import torch
 from policylink.data.buffer import DONE_KEY, REWARD_KEY, EpisodeStore
 from policylink.data.labels import DEFAULT_LABEL_SET, LabelConfig, binary_labels, write_labels
 from policylink.data.recorder import TERMINATED_KEY
-from policylink.policies.critics import ChunkCritic, CriticConfig, IQLLoss
 from policylink.policies.finetune.h2o import DiscriminatorConfig, DiscriminatorLoss, DynamicsDiscriminators
-from policylink.train.critic import iql_optimization
+from policylink.train.critic import IQL_OBJECTIVE, iql_optimization
+from policylink.train.objectives import ObjectiveConfig, objective_loss, register_objective
 from policylink.train.trainer import OptimConfig, Optimization, fit, tty_progress
 
 STATE_KEY = "observation.state"
 SOURCE_KEY = "deploy.source"  # per-step who acted (real.deploy.DEPLOY_KEYS); 1 = human
 HUMAN = 1
+H2O_COMMAND = "finetune h2o"
+DISCRIMINATOR_OBJECTIVE = "h2o_discriminators"
+
+
+@dataclass(frozen=True)
+class DiscriminatorObjectiveConfig(DiscriminatorConfig, ObjectiveConfig):
+    """Objective ``h2o_discriminators``: the options are
+    :class:`~policylink.policies.finetune.h2o.DiscriminatorConfig`'s (shape, width, input noise, weight clip,
+    learning rate); trains the dynamics discriminators."""
+
+    trains: ClassVar[tuple[str, ...]] = ("discriminators",)
+    commands: ClassVar[tuple[str, ...]] = (H2O_COMMAND,)
+
+
+class DiscriminatorObjective(DiscriminatorLoss):
+    """H2O's discriminator loss (Niu et al. 2022, arXiv 2206.13464;
+    :class:`~policylink.policies.finetune.h2o.DiscriminatorLoss`) for new :class:`DynamicsDiscriminators` (weights
+    from torch's global generator) built from the options. Args: ``context`` (unused), ``**options``
+    (:class:`DiscriminatorConfig` fields). Raises ValueError: a bad option (named ``h2o.<field>``)."""
+
+    def __init__(self, context: Any = None, **options: Any):
+        super().__init__(DynamicsDiscriminators(DiscriminatorConfig(**options)))
+
+
+register_objective(DISCRIMINATOR_OBJECTIVE, DiscriminatorObjectiveConfig, DiscriminatorObjective)
 
 
 @dataclass
@@ -223,8 +250,9 @@ def train_discriminators(sim: dict[str, torch.Tensor], real: dict[str, torch.Ten
     """Fit :class:`DynamicsDiscriminators` on balanced batches of normalised ``sim`` / ``real`` transitions
     (``state``, ``action``, ``next_state`` tensors) for ``cmd.disc_steps`` steps; returns it (eval mode)."""
     S, A = sim["state"].shape[1], sim["action"].shape[1]
-    disc = DynamicsDiscriminators(DiscriminatorConfig(S, A, **cmd.discriminator))
-    loss = DiscriminatorLoss(disc)
+    options = {"state_dim": S, "action_dim": A, **cmd.discriminator}
+    loss = objective_loss(DISCRIMINATOR_OBJECTIVE, None, options, command=H2O_COMMAND, field="discriminator")
+    disc = loss.disc
     run = Optimization(disc, OptimConfig("adam", lr=disc.cfg.lr))
     g = torch.Generator().manual_seed(cmd.seed)
     half = max(cmd.batch_size // 2, 1)
@@ -247,10 +275,10 @@ def train_weighted_critic(data: dict[str, torch.Tensor], weight: torch.Tensor, c
     A)``, ``next_state``, ``reward``, ``terminal``) with per-transition ``weight`` ``(N,)`` on both losses;
     returns ``(critic, last metrics)``."""
     S, A = data["state"].shape[1], data["action"].shape[1]
-    ccfg = CriticConfig(S, A, 1, hidden_dim=cmd.hidden_dim, n_layers=cmd.n_layers, gamma=cmd.gamma,
-                        expectile=cmd.expectile)  # fmt: skip
-    critic = ChunkCritic(ccfg)
-    objective = IQLLoss(critic)
+    options = {"state_dim": S, "action_dim": A, "horizon": 1, "hidden_dim": cmd.hidden_dim, "n_layers": cmd.n_layers,
+               "gamma": cmd.gamma, "expectile": cmd.expectile}  # fmt: skip
+    objective = objective_loss(IQL_OBJECTIVE, None, options, command=H2O_COMMAND)
+    critic = objective.critic
     run = iql_optimization(objective)
     g = torch.Generator().manual_seed(cmd.seed + 1)
     discount = torch.full((cmd.batch_size,), cmd.gamma)
@@ -307,4 +335,14 @@ def _labels(store: Path, adv: np.ndarray, human: np.ndarray, cmd: H2OCommand) ->
     return labels, attrs
 
 
-__all__ = ["H2OCommand", "Transitions", "run_h2o", "train_discriminators", "train_weighted_critic", "write_union"]
+__all__ = [
+    "DISCRIMINATOR_OBJECTIVE",
+    "DiscriminatorObjective",
+    "DiscriminatorObjectiveConfig",
+    "H2OCommand",
+    "Transitions",
+    "run_h2o",
+    "train_discriminators",
+    "train_weighted_critic",
+    "write_union",
+]

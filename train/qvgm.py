@@ -15,72 +15,71 @@ from __future__ import annotations
 
 import sys
 import time
-import types
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from policylink.adapters.capabilities import Prediction
-from policylink.adapters.config_checks import require_choice, require_counts, require_positive
+from policylink.adapters.config_checks import require_counts, require_positive
+from policylink.adapters.registry import UnknownNameError, unknown_name_message
+from policylink.policies.critics import CriticConfig
 from policylink.policies.finetune.qvgm import QVGMConfig
 from policylink.policies.serialization import load_json, save_json
+from policylink.train.objectives import available_objectives, objective_class, objective_loss
+from policylink.train.qvgm_objectives import FINETUNE_QVGM, PolicyFinetune
 from policylink.train.trainer import OptimConfig, Optimization, fit, tty_progress
 
-METHODS = ("qvgm", "bc", "awr")
+FINETUNE_CRITIC = "finetune critic"
+METHOD_OBJECTIVES = {"qvgm": "qvgm", "bc": "imitation", "awr": "critic_awr"}
+"""``--method`` -> the registered objective it trains (any other method value names an objective directly)."""
+METHODS = tuple(METHOD_OBJECTIVES)
+OPTION_FLAGS = {"beta": "awr_beta", "max_weight": "awr_max_weight"}
+"""An objective option -> the ``finetune qvgm`` flag that sets it, where the names differ."""
 LINEAGE_FILE = "lineage.json"
 SOURCE_FILE = "critic_source.json"
-CRITIC_FIELDS = ("hidden_dim", "n_layers", "n_heads", "expectile", "gamma", "polyak", "lr")
 
 
-@dataclass
-class CriticCmdConfig:
-    """``policylink finetune critic``: an IQL chunk critic (policylink.policies.critics) on a replay buffer.
+@dataclass(frozen=True)
+class CriticCmdConfig(CriticConfig):
+    """``policylink finetune critic``: an IQL chunk critic (objective ``iql``) on a replay buffer: the settings of
+    :class:`~policylink.policies.critics.CriticConfig` (``gamma``, ``expectile``, ``n_heads``, ``hidden_dim``,
+    ``n_layers``, ``polyak``, ``lr``) plus the job's. The critic's shape is not an option: its state and action
+    widths come from the policy, its horizon from ``horizon``.
 
     Attributes:
         policy: checkpoint folder of the frozen policy whose encoder gives the critic's latents.
         buffer: episode store with per-step reward / done (/ terminated) of that policy's env.
         out: folder for critic.safetensors, critic.json and critic_metrics.csv.
         horizon: executed steps H per chunk transition (0 = the policy's n_action_steps).
-        gamma: per-step discount.
-        expectile: IQL expectile tau in (0, 1).
-        n_heads: Q ensemble size.
         hidden_dim: width of each head's hidden layers.
         n_layers: hidden layers per head.
-        polyak: Polyak rate of the target heads.
-        lr: Adam learning rate of Q and V.
         steps: gradient steps.
         batch_size: transitions per step.
         seed: seed of the initialisation and of the batch draws.
         torch_threads: intra-op CPU threads (0 = torch's default).
     """
 
+    state_dim: ClassVar[int] = 0  # type: ignore[misc]  # set by critic_config from the policy, not a flag
+    action_dim: ClassVar[int] = 0  # type: ignore[misc]
+    horizon: int = 0
     policy: str = ""
     buffer: str = ""
     out: str = "outputs/finetune/critic"
-    horizon: int = 0
-    gamma: float = 0.99
-    expectile: float = 0.8
-    n_heads: int = 2
-    hidden_dim: int = 256
-    n_layers: int = 3
-    polyak: float = 0.005
-    lr: float = 3e-4
     steps: int = 3000
     batch_size: int = 256
     seed: int = 0
     torch_threads: int = 1
 
-    def critic_config(self, state_dim: int = 1, action_dim: int = 1, horizon: int = 1) -> Any:
+    def critic_config(self, state_dim: int = 1, action_dim: int = 1, horizon: int = 1) -> CriticConfig:
         """The :class:`~policylink.policies.critics.CriticConfig` of these options for the given shape."""
-        from policylink.policies.critics import CriticConfig
+        settings = {f.name: getattr(self, f.name) for f in fields(CriticConfig)}
+        return CriticConfig(**{**settings, "state_dim": state_dim, "action_dim": action_dim, "horizon": horizon})
 
-        return CriticConfig(state_dim, action_dim, horizon, **{f: getattr(self, f) for f in CRITIC_FIELDS})
-
-    def validate(self, prefix: str = "") -> CriticCmdConfig:
+    def validate(self, prefix: str = "") -> CriticCmdConfig:  # type: ignore[override]
         """Return self if every value is usable (no file is read). Raises ValueError naming the field (``prefix``
         before it: ``critic.`` in the loop), the expected and the received value."""
         require_counts(self, prefix, steps=1, batch_size=1, horizon=0, torch_threads=0)
@@ -155,12 +154,32 @@ class QVGMCmdConfig(QVGMConfig):
     def validate(self, prefix: str = "") -> QVGMCmdConfig:  # type: ignore[override]
         """Return self if every value is usable (no file is read; ``last_steps`` against the sampler's steps is
         checked once the policy is loaded). Raises ValueError naming the field (``prefix`` before it: ``qvgm.`` in
-        the loop; the Q-VGM settings are always named ``qvgm.*``), the expected and the received value."""
-        require_choice(self, prefix, method=METHODS)
+        the loop; the Q-VGM settings are always named ``qvgm.*``), the expected and the received value; an
+        unknown ``method`` is an :class:`~policylink.adapters.registry.UnknownNameError` listing the choices."""
+        self.objective(prefix)
         require_counts(self, prefix, steps=1, batch_size=1, torch_threads=0)
         require_positive(self, "lr", "grad_clip", "awr_beta", "awr_max_weight", prefix=prefix)
         self.qvgm_config().validate()
         return self
+
+    def objective(self, prefix: str = "") -> str:
+        """The registered objective ``method`` trains: :data:`METHOD_OBJECTIVES` (``qvgm``, ``bc`` -> ``imitation``,
+        ``awr`` -> ``critic_awr``), else ``method`` itself when it names an objective ``finetune qvgm`` builds.
+
+        Raises:
+            UnknownNameError: naming ``{prefix}method``, the methods and those objectives.
+        """
+        choices = sorted({*METHODS, *available_objectives(FINETUNE_QVGM)})
+        if self.method not in choices:
+            raise UnknownNameError(unknown_name_message(f"{prefix}method", self.method, choices))
+        return METHOD_OBJECTIVES.get(self.method, self.method)
+
+    def objective_options(self, name: str) -> dict[str, Any]:
+        """The options of objective ``name`` these flags set: each option's flag of the same name (or its
+        :data:`OPTION_FLAGS` name); options without a flag keep the objective's default."""
+        flags = {f.name for f in fields(self)}
+        names = [f.name for f in fields(objective_class(name))]
+        return {n: getattr(self, OPTION_FLAGS.get(n, n)) for n in names if OPTION_FLAGS.get(n, n) in flags}
 
 
 def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
@@ -206,10 +225,9 @@ def open_buffer(path: str, model: Any, train_doc: dict[str, Any], field: str = "
 
 def train_critic(cfg: CriticCmdConfig) -> Path:
     """Train and save a :class:`~policylink.policies.critics.ChunkCritic`; returns ``cfg.out``."""
-    from policylink.policies.critics import ChunkCritic, IQLLoss
     from policylink.policies.finetune.transitions import build_transitions
     from policylink.runtime.checks import require_output_folder
-    from policylink.train.critic import iql_optimization
+    from policylink.train.critic import IQL_OBJECTIVE, iql_optimization
 
     require_output_folder(cfg.out, policy=cfg.policy, buffer=cfg.buffer)
     _threads(cfg.validate().torch_threads)
@@ -219,8 +237,9 @@ def train_critic(cfg: CriticCmdConfig) -> Path:
     horizon = cfg.horizon or spec.n_action_steps
     cache = build_transitions(store, model, processors, horizon, cfg.gamma)
     torch.manual_seed(cfg.seed)
-    critic = ChunkCritic(cfg.critic_config(int(cache.state.shape[1]), spec.action.dim, horizon))
-    objective = IQLLoss(critic)
+    critic_config = cfg.critic_config(int(cache.state.shape[1]), spec.action.dim, horizon)
+    objective = objective_loss(IQL_OBJECTIVE, None, asdict(critic_config), command=FINETUNE_CRITIC)
+    critic = objective.critic
     run = iql_optimization(objective)
     rng = np.random.default_rng(cfg.seed)
     out = Path(cfg.out)
@@ -251,21 +270,24 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
 
     _threads(cfg.validate().torch_threads)
     require_output_folder(cfg.out, policy=cfg.policy, buffer=cfg.buffer, critic=cfg.critic, bc_buffer=cfg.bc_buffer)
-    pcfg, spec, model, processors, train_doc = load_base(cfg.policy, require_flow=cfg.method == "qvgm")
+    name = cfg.objective()
+    requires = objective_class(name, "method", FINETUNE_QVGM).requires
+    pcfg, spec, model, processors, train_doc = load_base(cfg.policy, require_flow="flow" in requires)
     store = open_buffer(cfg.buffer, model, train_doc)
-    if cfg.method in ("qvgm", "awr"):
+    if "critic" in requires:
         if not cfg.critic:
             raise ValueError(f"critic: expected the folder of policylink finetune critic (--critic DIR) for method "
                              f"{cfg.method}, received ''")  # fmt: skip
         check_critic(cfg.critic, model, spec, (cfg.policy, cfg.base))
     ds = _windows(store, pcfg, model, processors, cfg.only_success, cfg.buffer)
-    bc_ds = None
-    if cfg.method == "qvgm" and cfg.bc_buffer:
+    bc_ds = None  # Q-VGM's flow-matching term on other windows (batch["bc"])
+    if name == "qvgm" and cfg.bc_buffer:
         bc_store = open_buffer(cfg.bc_buffer, model, train_doc, "bc_buffer", rewards=False)
         bc_ds = _windows(bc_store, pcfg, model, processors, cfg.bc_only_success, cfg.bc_buffer)
-    elif cfg.method == "qvgm" and cfg.bc_only_success and not cfg.only_success:
+    elif name == "qvgm" and cfg.bc_only_success and not cfg.only_success:
         bc_ds = _windows(store, pcfg, model, processors, True, cfg.buffer)
-    loss_fn = _loss(cfg, pcfg, model)
+    context = PolicyFinetune(pcfg, model, cfg.critic if "critic" in requires else "")
+    loss_fn = objective_loss(name, context, cfg.objective_options(name), command=FINETUNE_QVGM, field="method")
     metrics_names = tuple(getattr(loss_fn, "metrics", ()))
 
     def step_loss(step: int) -> tuple[torch.Tensor, dict[str, float]]:
@@ -292,7 +314,7 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
         "parent": cfg.policy,
         "buffer": cfg.buffer,
         "method": cfg.method,
-        "critic": cfg.critic if cfg.method in ("qvgm", "awr") else "",
+        "critic": context.critic_path,
         "round": cfg.round,
         "steps": cfg.steps,
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -342,25 +364,6 @@ def check_critic(path: str, model: Any, spec: Any, policies: Sequence[str] = ())
               f"{' / '.join(repr(p) for p in policies if p)}", file=sys.stderr)  # fmt: skip
 
 
-def _loss(cfg: QVGMCmdConfig, pcfg: Any, model: Any):
-    """The training loss of ``cfg.method`` (draws + ``(model, batch, step)``); the critic methods get a frozen
-    copy of ``model`` as their reference encoder."""
-    import copy
-
-    from policylink.policies.critics import ChunkCritic
-    from policylink.policies.finetune.critic_awr import CriticAWRLoss
-    from policylink.policies.finetune.qvgm import QVGMLoss
-    from policylink.train.losses import ImitationLoss
-
-    if cfg.method == "qvgm":
-        loss_fn = QVGMLoss(cfg.qvgm_config(), ChunkCritic.load(cfg.critic), copy.deepcopy(model))
-    elif cfg.method == "awr":
-        loss_fn = CriticAWRLoss(ChunkCritic.load(cfg.critic), copy.deepcopy(model), cfg.awr_beta, cfg.awr_max_weight)
-    else:
-        loss_fn = ImitationLoss(types.SimpleNamespace(policy=pcfg))
-    return loss_fn
-
-
 def _windows(store, pcfg, model, processors, only_success: bool, path: str):
     """The training windows (:class:`~policylink.data.sampler.SequenceDataset`) of ``store`` for the policy
     config ``pcfg``: every episode, or the successful ones only.
@@ -403,6 +406,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 __all__ = [
+    "METHODS",
+    "METHOD_OBJECTIVES",
     "CriticCmdConfig",
     "QVGMCmdConfig",
     "check_critic",

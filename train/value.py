@@ -1,16 +1,61 @@
-"""The value model of advantage-conditioned improvement in the one trainer: :func:`fit_value_model` fits a
+"""The value model of advantage-conditioned improvement in the one trainer: objective ``value``
+(:class:`ValueObjectiveConfig`, :class:`ValueLoss`); :func:`fit_value_model` fits a
 :class:`~policylink.policies.finetune.advantage.ValueModel` on frozen policy latents (AdamW through
 :func:`~policylink.train.trainer.fit`), :func:`cross_fitted_values` cross-fits it over episodes so that a step's
 value never comes from a model that saw that step's return (RECAP in pi*0.6; ALTER in N0-VTLA, arXiv 2607.23782).
+Built by ``policylink finetune advantage label --source value``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from policylink.policies.finetune.advantage import ValueConfig, ValueModel
+from policylink.train.objectives import ObjectiveConfig, objective_loss, register_objective
 from policylink.train.trainer import OptimConfig, Optimization, fit
+
+VALUE_OBJECTIVE = "value"
+LABEL_COMMAND = "finetune advantage label"
+
+
+@dataclass(frozen=True)
+class ValueObjectiveConfig(ValueConfig, ObjectiveConfig):
+    """Objective ``value``: the options are :class:`~policylink.policies.finetune.advantage.ValueConfig`'s (the
+    head, and the steps / batch / learning rate / folds of its fit); trains the value model."""
+
+    trains: ClassVar[tuple[str, ...]] = ("value",)
+    commands: ClassVar[tuple[str, ...]] = (LABEL_COMMAND,)
+
+
+class ValueLoss:
+    """The value model's loss (:meth:`~policylink.policies.finetune.advantage.ValueModel.loss`: cross-entropy on
+    the two-hot return for ``bins``, squared error for ``mse``) for a new ``ValueModel`` (weights from torch's
+    global generator: seed it first) whose input standardisation is the latents' mean / std.
+
+    Args:
+        context: the training latents float32 tensor ``(N, D)`` (their width and statistics).
+        **options: :class:`~policylink.policies.finetune.advantage.ValueConfig` fields.
+
+    Attributes:
+        model: the trained :class:`ValueModel`.
+    """
+
+    def __init__(self, context: torch.Tensor, **options: Any):
+        self.model = ValueModel(context.shape[1], ValueConfig(**options))
+        self.model.mean.copy_(context.mean(0))
+        self.model.std.copy_(context.std(0).clamp_min(1e-6))
+
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(loss, {})`` of ``latent`` float32 ``(B, D)`` against ``return`` float32 ``(B,)``."""
+        return self.model.loss(batch["latent"], batch["return"]), {}
+
+
+register_objective(VALUE_OBJECTIVE, ValueObjectiveConfig, ValueLoss)
 
 
 def fit_value_model(latents: np.ndarray, returns: np.ndarray, cfg: ValueConfig, seed: int = 0) -> ValueModel:
@@ -20,14 +65,13 @@ def fit_value_model(latents: np.ndarray, returns: np.ndarray, cfg: ValueConfig, 
     torch.manual_seed(seed)
     z = torch.as_tensor(np.asarray(latents, np.float32))
     r = torch.as_tensor(np.asarray(returns, np.float32))
-    model = ValueModel(z.shape[1], cfg)
-    model.mean.copy_(z.mean(0))
-    model.std.copy_(z.std(0).clamp_min(1e-6))
+    loss = objective_loss(VALUE_OBJECTIVE, z, asdict(cfg), command=LABEL_COMMAND)
+    model = loss.model
     run = Optimization(model, OptimConfig("adamw", lr=cfg.lr, weight_decay=1e-4))
 
     def step_loss(_: int) -> tuple[torch.Tensor, dict[str, float]]:
         idx = torch.randint(0, len(z), (min(cfg.batch_size, len(z)),), generator=g)
-        return model.loss(z[idx], r[idx]), {}
+        return loss({"latent": z[idx], "return": r[idx]})
 
     for _ in fit(step_loss, run, cfg.steps):
         pass
@@ -62,4 +106,11 @@ def cross_fitted_values(
     return out
 
 
-__all__ = ["ValueConfig", "cross_fitted_values", "fit_value_model"]
+__all__ = [
+    "VALUE_OBJECTIVE",
+    "ValueConfig",
+    "ValueLoss",
+    "ValueObjectiveConfig",
+    "cross_fitted_values",
+    "fit_value_model",
+]

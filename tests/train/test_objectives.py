@@ -22,6 +22,7 @@ from policylink.train.objectives import (
     objective_config,
     register_objective,
     resolve_objective,
+    unregister_objective,
 )
 
 BUILT_IN = ["advantage", "awr", "imitation", "prefix_conditioned"]
@@ -93,10 +94,7 @@ class _ScaledLoss:
 def scaled():
     register_objective("scaled", _ScaleConfig, _ScaledLoss)
     yield
-    del ObjectiveConfig._choice_registry["scaled"]
-    from policylink.train import objectives
-
-    del objectives._LOSSES["scaled"]
+    unregister_objective("scaled")
 
 
 def test_a_registered_objective_parses_and_builds_with_its_options(scaled):
@@ -109,3 +107,8 @@ def test_a_registered_objective_parses_and_builds_with_its_options(scaled):
         register_objective("scaled", ImitationConfig, _ScaledLoss)
     with pytest.raises(TypeError, match="expected an ObjectiveConfig dataclass subclass"):
         register_objective("plain", dict, _ScaledLoss)
+    bad = dataclasses.make_dataclass("NoTrains", [], bases=(ObjectiveConfig,), namespace={"trains": ()})
+    with pytest.raises(TypeError, match=r"expected NoTrains.trains a non-empty tuple of names, received \(\)"):
+        register_objective("no_trains", bad, _ScaledLoss)
+    unregister_objective("scaled")
+    assert "scaled" not in available_objectives() and "scaled" not in ObjectiveConfig.get_known_choices()
