@@ -9,15 +9,28 @@ An *env family* (entry-point group ``policylink.env_families``, or :func:`regist
 once: ``<family>/<task>`` (``metaworld/push``) resolves to ``family(task, **kwargs)`` for each ``task`` in the
 family's ``tasks``. Benchmarks that run in an isolated virtual environment behind the env transport
 (:mod:`policylink.sim.isolated`) are families; looking one up imports only its light host-side module.
+
+An env may declare its keyword arguments as a config dataclass (:mod:`policylink.adapters.env_config`:
+``register_env(name, factory, config=Cls)``, ``@with_env_config(Cls)`` on an entry-point factory, or an
+``env_config`` attribute of an env family); :func:`make_env` then checks a kwargs mapping against it before building
+the env (:func:`check_env_kwargs`). An env without one takes its kwargs unchecked, as before.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
+
+from policylink.adapters.env_config import (
+    ENV_CONFIG_ATTRIBUTE,
+    check_config_class,
+    field_types,
+    matches,
+    nested_config,
+)
 
 ENV_GROUP = "policylink.envs"
 POLICY_GROUP = "policylink.policies"
@@ -25,6 +38,7 @@ FAMILY_GROUP = "policylink.env_families"
 FAMILY_SEPARATOR = "/"
 
 _registries: dict[str, dict[str, Callable[..., Any]]] = {ENV_GROUP: {}, POLICY_GROUP: {}, FAMILY_GROUP: {}}
+_env_configs: dict[str, type | None] = {}  # env name -> its kwargs config (None: unchecked kwargs)
 
 
 class UnknownNameError(KeyError, ValueError):
@@ -69,13 +83,22 @@ def check_policy_name(name: str, field: str = "policy") -> None:
         raise UnknownNameError(unknown_name_message(field, name, available_policies()))
 
 
-def register_env(name: str, factory: Callable[..., Any], overwrite: bool = False) -> None:
+def register_env(name: str, factory: Callable[..., Any], overwrite: bool = False, config: type | None = None) -> None:
     """Register an environment factory ``(**kwargs) -> EnvAdapter`` under ``name``.
+
+    Args:
+        config: the dataclass of the factory's keyword arguments (:mod:`policylink.adapters.env_config`);
+            :func:`make_env` checks kwargs against it. None: the factory's own ``env_config`` attribute
+            (:func:`~policylink.adapters.env_config.with_env_config`) if it has one, else kwargs go unchecked.
 
     Raises:
         ValueError: ``name`` is taken and ``overwrite`` is False.
+        TypeError: ``factory`` is not callable, or ``config`` is not a dataclass type.
     """
+    if config is not None:
+        check_config_class(config)
     _register(ENV_GROUP, name, factory, overwrite)
+    _env_configs[name] = config if config is not None else getattr(factory, ENV_CONFIG_ATTRIBUTE, None)
 
 
 def register_policy(name: str, factory: Callable[..., Any], overwrite: bool = False) -> None:
@@ -113,19 +136,66 @@ def available_env_families() -> list[str]:
 
 
 def make_env(name: str, **kwargs: Any) -> Any:
-    """Build the environment registered as ``name`` with ``kwargs``.
+    """Build the environment registered as ``name`` with ``kwargs``, checked first against the env's config
+    (:func:`check_env_kwargs`) when it has one; the kwargs reach the factory unchanged.
 
     Raises:
-        UnknownNameError: no env ``name``.
-        ValueError: a keyword the factory does not take (names it and the env), or the factory's own errors.
+        UnknownNameError: no env ``name``, or a keyword the env's config does not name (with the accepted ones and
+            the closest: ``did you mean 'gap'?``).
+        ValueError: a keyword of the wrong type (names the field, expected and received), a keyword the factory
+            does not take (names it and the env), or the factory's own errors.
     """
     factory = _lookup(ENV_GROUP, name)
+    check_env_kwargs(name, kwargs)
     try:
         return factory(**kwargs)
     except TypeError as e:
         if "unexpected keyword argument" not in str(e):
             raise
         raise ValueError(f"env kwargs for {name!r}: {e} (received {sorted(kwargs)})") from None
+
+
+def env_config(name: str) -> type | None:
+    """The kwargs config dataclass of environment ``name`` (see :func:`register_env`), or None when it declares
+    none. Loads the env's factory (an entry point's module, a family's host-side module).
+
+    Raises:
+        UnknownNameError: no env ``name``.
+    """
+    _lookup(ENV_GROUP, name)
+    return _env_configs.get(name)
+
+
+def check_env_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
+    """Check the keyword arguments ``kwargs`` of environment ``name`` against its config (:func:`env_config`):
+    every key a field, every value of the field's type; a mapping given for a config-typed field
+    (``perturbation: {displacement: 0.03}``) is checked the same way, its fields named ``perturbation.<key>``.
+    Nothing is checked for an env without a config. Builds nothing.
+
+    Raises:
+        UnknownNameError: no env ``name``, or a key that is no field (message: ``'<name>' env kwarg: expected
+            one of [<fields>], received '<key>'; did you mean '<field>'?``).
+        ValueError: a value of the wrong type (``'<name>' env kwarg <field>: expected <annotation>, received
+            <value> (<type>)``).
+    """
+    config = env_config(name)
+    if config is not None:
+        _check_fields(config, kwargs, f"{name!r} env kwarg")
+
+
+def _check_fields(config: type, kwargs: Mapping[str, Any], where: str, prefix: str = "") -> None:
+    types_ = field_types(config)
+    for key, value in kwargs.items():
+        if key not in types_:
+            field = f"{where} {prefix.rstrip('.')}" if prefix else where
+            raise UnknownNameError(unknown_name_message(field, key, types_))
+        hint, written = types_[key]
+        if not matches(value, hint):
+            received = f"{value!r} ({type(value).__name__})"
+            raise ValueError(f"{where} {prefix}{key}: expected {written}, received {received}")
+        nested = nested_config(value, hint)
+        if nested is not None:
+            _check_fields(nested, value, where, f"{prefix}{key}.")
 
 
 def make_policy(name: str, **kwargs: Any) -> Any:
@@ -174,6 +244,8 @@ def _lookup(group: str, name: str) -> Callable[..., Any]:
     eps = _entry_points(group)
     if name in eps:
         reg[name] = eps[name].load()
+        if group == ENV_GROUP:
+            _env_configs[name] = getattr(reg[name], ENV_CONFIG_ATTRIBUTE, None)
         return reg[name]
     if group == ENV_GROUP and FAMILY_SEPARATOR in name:
         prefix, task = name.split(FAMILY_SEPARATOR, 1)
@@ -182,6 +254,7 @@ def _lookup(group: str, name: str) -> Callable[..., Any]:
             if task not in family.tasks:
                 raise UnknownNameError(unknown_name_message(f"{prefix} task", task, family.tasks))
             reg[name] = functools.partial(family, task)
+            _env_configs[name] = getattr(family, ENV_CONFIG_ATTRIBUTE, None)
             return reg[name]
     kind = {ENV_GROUP: "environment", POLICY_GROUP: "policy", FAMILY_GROUP: "env family"}[group]
     close = closest_name(name, _names(group))

@@ -7,7 +7,7 @@ and units), and optionally ``env.render()`` from a top-down camera becomes ``obs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ import mujoco
 import numpy as np
 
 from policylink.adapters.env import GymEnvAdapter, ObsMap
+from policylink.adapters.env_config import with_env_config
 from policylink.adapters.obs_modes import OBS_MODES as ALL_OBS_MODES
 from policylink.adapters.schema import IMAGE_PREFIX, STATE_KEY, ActionSpec, ControlMode, EnvSpec, FeatureSpec
 from policylink.sim.mujoco.rendering import load_llvm_before_gl
@@ -52,6 +53,59 @@ def pusher_success(raw_obs: np.ndarray, info: dict, env: gym.Env) -> bool:
     return bool(np.linalg.norm(raw_obs[17:19] - raw_obs[20:22]) < PUSHER_SUCCESS_TOLERANCE_M)
 
 
+@dataclass(frozen=True)
+class GymTaskConfig:
+    """Keyword arguments of a foreign gymnasium MuJoCo env (:func:`make_foreign_env`); those after
+    ``render_mode`` go to ``gymnasium.make`` and the gymnasium env (their defaults are gymnasium's).
+
+    Attributes:
+        obs_mode: ``"state"``, ``"image"`` or ``"state+image"``.
+        image_size: side of the square top-camera frame, pixels.
+        render_mode: None or ``"rgb_array"``.
+        max_episode_steps: gymnasium's time limit, steps (None: the registered one; -1: none).
+        disable_env_checker: skip gymnasium's env checker (None: gymnasium's default).
+        xml_file: the MJCF model file.
+        frame_skip: physics steps per control step.
+        default_camera_config: gymnasium's free camera (``distance``, ``elevation``...; default: our top view).
+        camera_id, camera_name: gymnasium's render camera.
+        max_geom: gymnasium's renderer geom limit.
+        visual_options: MuJoCo visual flags ``{mjtVisFlag: bool}``.
+    """
+
+    obs_mode: str = "state"
+    image_size: int = 96
+    render_mode: str | None = None
+    max_episode_steps: int | None = None
+    disable_env_checker: bool | None = None
+    xml_file: str | None = None
+    frame_skip: int | None = None
+    default_camera_config: Mapping[str, Any] | None = None
+    camera_id: int | None = None
+    camera_name: str | None = None
+    max_geom: int = 1000
+    visual_options: Mapping[int, bool] | None = None
+
+
+@dataclass(frozen=True)
+class ReacherConfig(GymTaskConfig):
+    """Keyword arguments of ``reacher``: :class:`GymTaskConfig` plus ``Reacher-v5``'s reward weights (``reward =
+    -reward_dist_weight * distance - reward_control_weight * ||action||^2``)."""
+
+    reward_dist_weight: float = 1.0
+    reward_control_weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class PusherConfig(GymTaskConfig):
+    """Keyword arguments of ``pusher``: :class:`GymTaskConfig` plus ``Pusher-v5``'s reward weights (near: hand to
+    object, dist: object to goal, control: ``||action||^2``)."""
+
+    reward_near_weight: float = 0.5
+    reward_dist_weight: float = 1.0
+    reward_control_weight: float = 0.1
+
+
+@with_env_config(ReacherConfig)
 def make_reacher_env(
     obs_mode: str = "state", image_size: int = 96, render_mode: str | None = None, **kw: Any
 ) -> GymEnvAdapter:
@@ -66,7 +120,8 @@ def make_reacher_env(
         obs_mode: ``"state"``, ``"image"`` or ``"state+image"``.
         image_size: side of the square ``observation.images.top`` frame (uint8 RGB ``(S, S, 3)``), pixels.
         render_mode: ``None`` or ``"rgb_array"`` (forced to ``"rgb_array"`` when images are observed).
-        **kw: passed to ``gymnasium.make`` (e.g. ``max_episode_steps``, ``reward_control_weight``).
+        **kw: passed to ``gymnasium.make`` (the fields of :class:`ReacherConfig` after ``render_mode``; ``make_env``
+            checks them).
 
     Raises:
         ValueError: unknown ``obs_mode``, ``image_size < 1``, or a render mode that conflicts with images.
@@ -74,6 +129,7 @@ def make_reacher_env(
     return make_foreign_env(REACHER, obs_mode=obs_mode, image_size=image_size, render_mode=render_mode, **kw)
 
 
+@with_env_config(PusherConfig)
 def make_pusher_env(
     obs_mode: str = "state", image_size: int = 96, render_mode: str | None = None, **kw: Any
 ) -> GymEnvAdapter:

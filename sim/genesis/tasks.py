@@ -20,6 +20,7 @@ import mujoco
 import numpy as np
 
 from policylink.adapters.env import EnvAdapter
+from policylink.adapters.env_config import with_env_config
 from policylink.adapters.validation import coerce_action
 from policylink.sim.genesis.scene import GANTRY_JOINTS, GantryScene
 from policylink.sim.mujoco.base import MujocoTaskEnv
@@ -28,6 +29,19 @@ from policylink.sim.mujoco.pick_place import PickPlaceEnv
 from policylink.sim.mujoco.randomization import RandomizationConfig
 from policylink.sim.mujoco.reach import ReachEnv
 from policylink.sim.mujoco.robot import GantryController
+from policylink.sim.mujoco.task_config import RenderedTaskConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class GenesisTaskConfig(RenderedTaskConfig):
+    """Keyword arguments of a Genesis task (:class:`GenesisTaskEnv`): those of
+    :class:`~policylink.sim.mujoco.task_config.RenderedTaskConfig` (``perturbation`` inactive only) plus
+
+    Attributes:
+        scene: a built :class:`~policylink.sim.genesis.scene.GantryScene` to share, or None to build one.
+    """
+
+    scene: GantryScene | None = None
 
 
 class GenesisTaskEnv(EnvAdapter):
@@ -58,7 +72,7 @@ class GenesisTaskEnv(EnvAdapter):
         render_quality: str = "fast",
         perturbation: PerturbationConfig | Mapping[str, Any] | None = None,
         render_mode: str | None = None,
-        randomization: RandomizationConfig | None = None,
+        randomization: RandomizationConfig | Mapping[str, Any] | None = None,
         render_size: int = 256,
     ):
         perturbation = PerturbationConfig.coerce(perturbation)
@@ -189,11 +203,13 @@ class GenesisPickPlaceEnv(GenesisTaskEnv):
         return self.mirror.goal_position
 
 
+@with_env_config(GenesisTaskConfig)
 def make_genesis_reach(**kwargs: Any) -> GenesisReachEnv:
-    """Registry factory for ``genesis_reach`` (kwargs: :class:`GenesisTaskEnv`)."""
+    """Registry factory for ``genesis_reach`` (kwargs: :class:`GenesisTaskConfig`, checked by ``make_env``)."""
     return GenesisReachEnv(**kwargs)
 
 
+@with_env_config(GenesisTaskConfig)
 def make_genesis_pick_place(**kwargs: Any) -> GenesisPickPlaceEnv:
-    """Registry factory for ``genesis_pick_place`` (kwargs: :class:`GenesisTaskEnv`)."""
+    """Registry factory for ``genesis_pick_place`` (kwargs: :class:`GenesisTaskConfig`, checked by ``make_env``)."""
     return GenesisPickPlaceEnv(**kwargs)

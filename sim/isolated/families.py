@@ -30,6 +30,9 @@ class IsolatedFamily:
         check: Python statement run in the venv after installing, to prove the benchmark imports.
         startup_timeout_s: seconds an env process may take to import and build the env.
         request_timeout_s: seconds a reset/step may take before the env counts as hung.
+        env_config: the dataclass of the tasks' keyword arguments (:mod:`policylink.adapters.env_config`), checked
+            by ``make_env`` in this process before the env server starts; None: unchecked (the venv factory's own
+            errors).
     """
 
     name: str
@@ -39,6 +42,7 @@ class IsolatedFamily:
     check: str = "pass"
     startup_timeout_s: float = 120.0
     request_timeout_s: float = 60.0
+    env_config: type | None = None
 
     def __call__(self, task: str, **kwargs: Any) -> IsolatedEnv:
         """Start ``task``'s env server in the installed venv and return the connected env.

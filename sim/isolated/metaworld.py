@@ -11,6 +11,7 @@ the venv. Env kwargs (JSON-serialisable, passed to the venv): ``obs_mode`` (``st
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,12 +33,36 @@ MT10_TASKS: tuple[str, ...] = (
 """The MT10 tasks (v3); the same tuple as ``metaworld_env.MT10_TASKS`` (a test checks it), kept here so the host
 never imports the venv module."""
 
+
+@dataclass(frozen=True)
+class MetaWorldConfig:
+    """Keyword arguments of a ``metaworld/<task>`` env (checked on the host before its env server starts; the
+    venv's :class:`~policylink.sim.isolated.metaworld_env.MetaWorldAdapter` checks the values).
+
+    Attributes:
+        obs_mode: ``"state"``, ``"image"``, ``"state+image"`` or ``"image+proprio"``.
+        image_size: side of the square frames, pixels.
+        cameras: camera names observed in the image modes.
+        expert_actions: put MetaWorld's scripted action in every info (``record --expert expert`` reads it).
+        max_episode_steps: truncation, steps (None: the benchmark's 500).
+        render_mode: None or ``"rgb_array"``.
+    """
+
+    obs_mode: str = "state"
+    image_size: int = 96
+    cameras: tuple[str, ...] = ("corner2",)
+    expert_actions: bool = True
+    max_episode_steps: int | None = None
+    render_mode: str | None = None
+
+
 METAWORLD = IsolatedFamily(
     name="metaworld",
     requirements=("metaworld==3.1.1",),
     factory="policylink.sim.isolated.metaworld_env:make_metaworld_env",
     tasks=MT10_TASKS,
     check="import metaworld",
+    env_config=MetaWorldConfig,
 )
 """The ``metaworld`` family (entry point ``policylink.env_families``)."""
 

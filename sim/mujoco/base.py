@@ -95,7 +95,8 @@ class MujocoTaskEnv(EnvAdapter):
         perturbation: a :class:`PerturbationConfig` (or a mapping of its fields, e.g. ``{"displacement": 0.03,
             "force": 2.0}`` from ``--env_kwargs``), or None for none.
         render_mode: ``"rgb_array"`` makes :meth:`render` return a ``render_size`` frame of the first camera.
-        randomization: visual randomisation bounds (default :class:`RandomizationConfig`).
+        randomization: visual randomisation bounds (a :class:`RandomizationConfig` or a mapping of its fields;
+            default :class:`RandomizationConfig`).
         render_size: side of the :meth:`render` frame, pixels (default 256).
         camera_pose_shift: a :class:`~policylink.sim.mujoco.cameras.CameraPoseShift` (or a mapping of its
             fields, e.g. ``{"yaw_deg": 20}`` from ``--env_kwargs``) moving every camera about ``workspace_center``
@@ -133,7 +134,7 @@ class MujocoTaskEnv(EnvAdapter):
         render_quality: str = "fast",
         perturbation: PerturbationConfig | Mapping[str, Any] | None = None,
         render_mode: str | None = None,
-        randomization: RandomizationConfig | None = None,
+        randomization: RandomizationConfig | Mapping[str, Any] | None = None,
         render_size: int = 256,
         camera_pose_shift: CameraPoseShift | Mapping[str, Any] | None = None,
         gap: RealityGap | Mapping[str, Any] | str | None = None,
@@ -154,7 +155,7 @@ class MujocoTaskEnv(EnvAdapter):
         configure_visual_quality(self.model, render_quality, *buf)
         self._renderer = FrameRenderer(self.model, height, width) if parts & {"image", "pointmap"} else None
         self._video_renderer = FrameRenderer(self.model, render_size, render_size) if render_mode else None
-        self.randomization = randomization if randomization is not None else RandomizationConfig()
+        self.randomization = RandomizationConfig.coerce(randomization)
         self._randomizer = SceneRandomizer(self.model, self.randomization, self.randomized_geoms)
         self.perturbation = perturbation
         action = self._init_action(perturbation, gap)

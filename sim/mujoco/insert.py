@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.env_config import with_env_config
 from policylink.sim.mujoco.base import euclidean3, sample_separated
 from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv
+from policylink.sim.mujoco.task_config import MujocoTaskConfig
 
 PEG_HALF_HEIGHT_M = 0.04
 HOLE_TOP_M = 0.04
@@ -81,7 +83,8 @@ class InsertEnv(GripperTaskEnv):
     goal_distance_now = staticmethod(_distance)
 
 
+@with_env_config(MujocoTaskConfig)
 def make_insert_env(**kwargs: Any) -> InsertEnv:
-    """Registry factory for ``insert`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``, ``render_quality``,
-    ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    """Registry factory for ``insert`` (kwargs: :class:`~policylink.sim.mujoco.task_config.MujocoTaskConfig`,
+    checked by ``make_env``)."""
     return InsertEnv(**kwargs)

@@ -19,9 +19,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from policylink.adapters.env_config import with_env_config
 from policylink.adapters.schema import ActionSpec
 from policylink.sim.mujoco.base import CONTROL_FREQUENCY_HZ, MujocoTaskEnv
 from policylink.sim.mujoco.robot import GantryController, xyz_delta_spec
+from policylink.sim.mujoco.task_config import MujocoTaskConfig
 
 MAX_DELTA_M = 0.02
 CUE_STEPS = int(CONTROL_FREQUENCY_HZ)  # the first second: observations 0 .. 9
@@ -128,7 +130,8 @@ class MemoryEnv(MujocoTaskEnv):
         return None
 
 
+@with_env_config(MujocoTaskConfig)
 def make_memory_env(**kwargs: Any) -> gym.Env:
-    """Registry factory for ``memory`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``, ``render_quality``,
-    ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    """Registry factory for ``memory`` (kwargs: :class:`~policylink.sim.mujoco.task_config.MujocoTaskConfig`,
+    checked by ``make_env``)."""
     return MemoryEnv(**kwargs)

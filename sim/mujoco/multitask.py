@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.env_config import with_env_config
 from policylink.sim.mujoco.base import sample_separated
 from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv, placed_at
+from policylink.sim.mujoco.task_config import MujocoTaskConfig
 
 COLOURS = ("red", "green", "blue")
 SIDES = ("left", "right")
@@ -91,7 +93,8 @@ class MultitaskEnv(GripperTaskEnv):
         return robot + [v for cube in cubes for v in cube], success
 
 
+@with_env_config(MujocoTaskConfig)
 def make_multitask_env(**kwargs: Any) -> MultitaskEnv:
-    """Registry factory for ``multitask`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``, ``render_quality``,
-    ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    """Registry factory for ``multitask`` (kwargs: :class:`~policylink.sim.mujoco.task_config.MujocoTaskConfig`,
+    checked by ``make_env``)."""
     return MultitaskEnv(**kwargs)

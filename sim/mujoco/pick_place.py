@@ -12,8 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.env_config import with_env_config
 from policylink.sim.mujoco.base import euclidean3, sample_separated
 from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv, placed_at
+from policylink.sim.mujoco.task_config import MujocoTaskConfig
 
 CUBE_HALF_M = 0.02
 SUCCESS_RADIUS_M = 0.03
@@ -77,7 +79,8 @@ class PickPlaceEnv(GripperTaskEnv):
     goal_distance_now = staticmethod(_distance)
 
 
+@with_env_config(MujocoTaskConfig)
 def make_pick_place_env(**kwargs: Any) -> PickPlaceEnv:
-    """Registry factory for ``pick_place`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``,
-    ``render_quality``, ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    """Registry factory for ``pick_place`` (kwargs: :class:`~policylink.sim.mujoco.task_config.MujocoTaskConfig`,
+    checked by ``make_env``)."""
     return PickPlaceEnv(**kwargs)

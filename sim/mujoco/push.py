@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.env_config import with_env_config
 from policylink.adapters.schema import ActionSpec, ControlMode
 from policylink.sim.mujoco.base import MujocoTaskEnv, yaw_of
 from policylink.sim.mujoco.robot import GantryController
+from policylink.sim.mujoco.task_config import MujocoTaskConfig
 
 MAX_DELTA_M = 0.025
 GOAL_POSE = np.array([0.0, 0.06, 0.0])  # x (m), y (m), yaw (rad); fixed, as in PushT
@@ -136,7 +138,8 @@ def _goal_distance(c: list[float]) -> float:
     return dist / SUCCESS_POSITION_M + dyaw / SUCCESS_YAW_RAD
 
 
+@with_env_config(MujocoTaskConfig)
 def make_push_env(**kwargs: Any) -> PushEnv:
-    """Registry factory for ``push`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``, ``render_quality``,
-    ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    """Registry factory for ``push`` (kwargs: :class:`~policylink.sim.mujoco.task_config.MujocoTaskConfig`,
+    checked by ``make_env``)."""
     return PushEnv(**kwargs)

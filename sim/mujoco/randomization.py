@@ -6,11 +6,14 @@ accumulates from one episode to the next. Object and goal poses are sampled by e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mujoco
 import numpy as np
+
+from policylink.sim.mujoco.env_kwargs import checked_mapping
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,19 @@ class RandomizationConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"RandomizationConfig.{name}: expected a value in [0, 1], received {value}")
+
+    @classmethod
+    def coerce(cls, value: RandomizationConfig | Mapping[str, Any] | None) -> RandomizationConfig:
+        """A config from itself, a mapping of its fields (env kwargs from YAML/JSON: ``{color: 0.0}``), or the
+        default bounds for None.
+
+        Raises:
+            ValueError: another type, an unknown field (the message lists the fields), or a value outside [0, 1].
+        """
+        if value is None:
+            return cls()
+        checked = checked_mapping(cls, value, "randomization")
+        return value if checked is None else cls(**checked)
 
 
 NO_RANDOMIZATION = RandomizationConfig(color=0.0, table_color=0.0, light=0.0, camera_position=0.0)

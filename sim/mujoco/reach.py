@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from policylink.adapters.env_config import with_env_config
 from policylink.adapters.schema import ActionSpec
 from policylink.sim.mujoco.base import MujocoTaskEnv, euclidean3
 from policylink.sim.mujoco.robot import GantryController, xyz_delta_spec
+from policylink.sim.mujoco.task_config import MujocoTaskConfig
 
 MAX_DELTA_M = 0.02
 SUCCESS_RADIUS_M = 0.02
@@ -80,7 +82,8 @@ class ReachEnv(MujocoTaskEnv):
     goal_distance_now = staticmethod(_distance)
 
 
+@with_env_config(MujocoTaskConfig)
 def make_reach_env(**kwargs: Any) -> ReachEnv:
-    """Registry factory for ``reach`` (kwargs: ``obs_mode``, ``image_size``, ``cameras``, ``render_quality``,
-    ``perturbation``, ``render_mode``, ``randomization``, ``render_size``)."""
+    """Registry factory for ``reach`` (kwargs: :class:`~policylink.sim.mujoco.task_config.MujocoTaskConfig`,
+    checked by ``make_env``)."""
     return ReachEnv(**kwargs)

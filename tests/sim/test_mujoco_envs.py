@@ -101,8 +101,12 @@ def test_invalid_arguments_name_the_field():
         registry.make_env("reach", obs_mode="image", render_quality="ultra")
     with pytest.raises(ValueError, match="action_delay_steps"):
         PerturbationConfig(action_delay_steps=-1)
-    with pytest.raises(ValueError, match=r"perturbation: unknown key\(s\) \['push'\]: expected keys among .*'force'"):
+    # through make_env a mapping's keys and types are checked against the env's config first (tests/sim/
+    # test_env_config.py); PerturbationConfig itself checks values, and keys and types when built directly
+    with pytest.raises(ValueError, match=r"^'push' env kwarg perturbation: expected one of .*received 'push'"):
         registry.make_env("push", perturbation={"push": 0.03})
+    with pytest.raises(ValueError, match=r"perturbation: unknown key\(s\) \['push'\]: expected keys among .*'force'"):
+        PerturbationConfig.coerce({"push": 0.03})
     bad = [
         ({"force": "strong"}, "force: expected a finite number, received 'strong'"),
         ({"displacement": float("inf")}, "displacement: expected a finite number, received inf"),
@@ -115,11 +119,13 @@ def test_invalid_arguments_name_the_field():
     ]
     for value, message in bad:
         with pytest.raises(ValueError, match=f"^PerturbationConfig.{message}$"):
-            registry.make_env("push", perturbation=value)
+            PerturbationConfig.coerce(value)
+    with pytest.raises(ValueError, match="^PerturbationConfig.displacement: expected a finite number, received inf$"):
+        registry.make_env("push", perturbation={"displacement": float("inf")})  # a float: the value check's
     with pytest.raises(ValueError, match="PerturbationConfig.displacement: expected a distance >= 0 m, received -0.1"):
         registry.make_env("push", perturbation={"displacement": -0.1})
     with pytest.raises(ValueError, match="perturbation: expected None or a mapping"):
-        registry.make_env("push", perturbation=0.03)
+        PerturbationConfig.coerce(0.03)
 
 
 def test_action_delay_holds_robot_for_the_delay():
