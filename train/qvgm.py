@@ -109,7 +109,8 @@ class QVGMCmdConfig(QVGMConfig):
         method: ``qvgm`` (velocity matching toward critic-improved chunks + lambda_bc x flow matching),
             ``bc`` (flow matching only: with only_success, the filtered-BC baseline) or ``awr`` (flow matching
             weighted by min(exp(A / awr_beta), awr_max_weight) with the critic's chunk advantage: the
-            advantage-weighted baseline).
+            advantage-weighted baseline): the objectives qvgm, imitation and critic_awr; or the name of another
+            objective registered for finetune qvgm (a plug-in), whose options take the flags of the same name.
         only_success: train on the buffer's successful episodes only.
         bc_only_success: method qvgm: the flow-matching term uses the successful episodes only while the
             velocity-matching term uses every episode (flow matching on a mostly failed buffer pulls the policy
