@@ -6,6 +6,9 @@ episode, triggers per episode, per-step alarm rate and the monitor's cost per co
 
     MUJOCO_GL=egl .venv/bin/python benchmarks/corrector.py --policy CKPT --episodes 50 --out outputs/corrector/bench
 
+``--breakdown`` (with ``--monitor``): instead, the CPU time of each part of one monitor step and of one policy call
+on ``--num_envs`` rows of synthetic frames (thread CPU time, so that a loaded machine inflates it little).
+
 Steps ((1) and (2) only when a corrective cell runs without ``--monitor``): (1) roll the policy open-loop with
 16-action chunks on training seeds (unperturbed) and record the rollouts; (2) ``policylink finetune monitor`` on
 them (train / calibration / test split of the successes); (3) evaluate every cell on held-out seeds.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -116,6 +120,95 @@ def evaluate_cell(policy, name, cfg, args, pert_name, pert, out):
     return row
 
 
+def _cpu_ms(fn, calls: int = 5) -> float:
+    """CPU milliseconds of this thread per call of ``fn`` (mean of ``calls`` calls)."""
+    t0 = time.thread_time()
+    for _ in range(calls):
+        fn()
+    return (time.thread_time() - t0) / calls * 1e3
+
+
+def monitor_breakdown(policy, monitor_dir: str, rows: int, reps: int = 12) -> dict:
+    """CPU ms (medians over ``reps`` interleaved repetitions) of the parts of a corrective monitor step on ``rows``
+    rows of new synthetic frames: ``policy.embed`` (the encoder pass of every row's new frame), the image trunk
+    per frame at batch 1, 2 and ``rows``, each trunk layer at batch ``rows``, the monitor's MLP + score and
+    detector; and of ``predict_action_chunk`` for 1-3 rows with cached latents (a policy call without its frames).
+    Also the paired ratios ``inference_mode / no_grad`` and ``channels_last / default`` of the trunk."""
+    import copy
+
+    from policylink.policies.common.frame_features import pixel_affine
+    from policylink.policies.corrector.monitor import load_monitor
+    from policylink.runtime.executors import CorrectiveExecutor
+
+    feats = policy.spec.observation_features
+    key = next(k for k, f in feats.items() if f.dtype == "uint8")
+    rng = np.random.default_rng(0)
+
+    def frame(f):
+        if f.dtype == "uint8":
+            return rng.integers(0, 256, (rows, *f.shape), dtype=np.uint8)
+        return rng.standard_normal((rows, *f.shape)).astype(f.dtype)
+
+    obs = [{k: frame(f) for k, f in feats.items()} for _ in range(4)]
+    monitor, thresholds = load_monitor(monitor_dir)
+    ex = CorrectiveExecutor(policy, cell_config("corrective:guidance_scale=0", monitor_dir), monitor, thresholds)
+    for t in range(2 * ex.k):
+        ex.act(obs[t % 4])
+    z = np.asarray(policy.embed(), np.float32)
+    enc = policy.model.encoder.image_encoder(key)
+    scale, shift = pixel_affine(policy.processors.normalizer, key, "cpu")
+    frames = {b: torch.from_numpy(obs[0][key][:b]) for b in sorted({1, 2, rows})}
+    x = enc.crop(frames[rows].permute(0, 3, 1, 2)).contiguous()
+    x = torch.addcmul(shift.view(1, 3, 1, 1), x.float(), scale.view(1, 3, 1, 1))
+    layer_in = [x]
+    with torch.no_grad():
+        for m in enc.trunk:
+            layer_in.append(m(layer_in[-1]))
+    last = copy.deepcopy(enc).to(memory_format=torch.channels_last)
+    x_last = x.contiguous(memory_format=torch.channels_last)
+    step = [0]
+
+    def embed() -> None:
+        step[0] += 1
+        policy.update_observation(obs[step[0] % 4])
+        policy.embed()
+
+    def plan(n: int):
+        def call() -> None:
+            policy._latent_ok[:] = True  # latents cached: the call's U-Net alone
+            policy.predict_action_chunk(env_ids=list(range(n)))
+
+        return call
+
+    jobs = {
+        "embed_all_rows": (embed, 1),
+        **{f"frame_batch{b}": ((lambda b=b: enc.forward_pixels(frames[b], scale, shift)), b) for b in frames},
+        "trunk": (lambda: enc.trunk(x), 1),
+        "trunk_channels_last": (lambda: last.trunk(x_last), 1),
+        "pool_out": (lambda: enc.out(enc.pool(layer_in[-1])), 1),
+        **{f"layer{i}_{type(m).__name__}": ((lambda m=m, h=layer_in[i]: m(h)), 1) for i, m in enumerate(enc.trunk)},
+        "monitor_scores": (lambda: ex._scores(z), 1),
+        "detector": (lambda: ex.detector.update(np.zeros(rows), ex.queue.offset.copy(), ex._t >= ex.k), 1),
+        **{f"policy_call_{n}_rows": (plan(n), 1) for n in (1, 2, 3) if n <= rows},
+    }
+    for fn, _ in jobs.values():  # warm-up: conv path choices, caches
+        fn()
+    res: dict[str, list[float]] = {k: [] for k in (*jobs, "trunk_inference_mode")}
+    for _ in range(reps):
+        with torch.no_grad():
+            for name, (fn, per) in jobs.items():
+                res[name].append(_cpu_ms(fn, 1 if name.startswith("policy_call") else 5) / per)
+        with torch.inference_mode():
+            res["trunk_inference_mode"].append(_cpu_ms(lambda: enc.trunk(x)))
+    out = {k: float(np.median(v)) for k, v in res.items()}
+    for name, alt in (
+        ("inference_mode_over_no_grad", "trunk_inference_mode"),
+        ("channels_last_over_default", "trunk_channels_last"),
+    ):
+        out[name] = float(np.median(np.array(res[alt]) / np.array(res["trunk"])))
+    return {"rows": rows, "reps": reps, "cpu_ms": out, "load": os.getloadavg()[0]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--policy", required=True)
@@ -129,8 +222,16 @@ def main() -> None:
     p.add_argument("--monitor", default=None, help="use this monitor folder instead of training one")
     p.add_argument("--cells", default="every1,open8,open16,corrective,corrective:guidance_scale=0")
     p.add_argument("--perturbations", default="none,displace+force")
+    p.add_argument("--breakdown", action="store_true", help="CPU time of a monitor step's parts (needs --monitor)")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.breakdown:
+        if not args.monitor:
+            raise SystemExit("--breakdown: expected --monitor DIR, received none")
+        print(
+            json.dumps(monitor_breakdown(load_policy(args.policy, device="cpu"), args.monitor, args.num_envs), indent=1)
+        )
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     policy = load_policy(args.policy, device="cpu")
