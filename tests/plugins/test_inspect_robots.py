@@ -372,7 +372,7 @@ def test_bad_names_and_kwargs_are_one_error_naming_the_field(flow_checkpoint):
         resolve("embodiment", "policylink", env="pushh")
     with pytest.raises(ConfigError, match=r"env: expected a registered policylink env \(-E env=NAME\)"):
         resolve("embodiment", "policylink")
-    with pytest.raises(ConfigError, match=r"policylink env 'reach'.*unexpected keyword argument 'colour'"):
+    with pytest.raises(ConfigError, match=r"policylink env 'reach': 'reach' env kwarg: expected one of .*'colour'"):
         resolve("embodiment", "policylink/reach", colour="red")
     with pytest.raises(ConfigError, match=r"obs_mode: expected one of"):
         resolve("embodiment", "policylink/reach", obs_mode="pixels")
