@@ -79,6 +79,8 @@ def test_metaworld_kwargs_are_checked_on_the_host_before_its_env_server_starts()
         registry.make_env("metaworld/push", camera=["corner2"])
     with pytest.raises(ValueError, match=r"^'metaworld/push' env kwarg image_size: expected int, received '32'"):
         registry.make_env("metaworld/push", image_size="32")
+    with pytest.raises(ValueError, match=r"^'metaworld/push' env kwarg: expected one of \[.*\], received 'gap'$"):
+        registry.make_env("metaworld/push", gap="worn_gantry")  # no reality gap for MetaWorld: named, not a TypeError
 
 
 def test_a_wrong_type_is_named_with_the_expected_and_received():
