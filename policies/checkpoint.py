@@ -130,28 +130,33 @@ def save_checkpoint(
     path: str | Path,
     *,
     model: ChunkModel,
-    normalizer: Normalizer,
     spec: PolicySpec,
+    processors: Processors | None = None,
     training_state: Mapping[str, Any] | None = None,
     train_config: Mapping[str, Any] | None = None,
-    processors: Processors | None = None,
+    normalizer: Normalizer | None = None,
 ) -> Path:
     """Write a checkpoint folder at ``path`` (replacing an existing one atomically). Returns ``path``.
 
     Args:
         model: the weights to serve (pass the EMA model during training).
-        normalizer: the normaliser used in training.
         spec: the PolicySpec.
+        processors: the policy's processor chain (required), written as ``processors.json``, the statistics of
+            its ``normalize`` step as ``normalizer.safetensors`` (none: empty).
         training_state: optional nested state for resume (optimizer / scheduler / EMA ``state_dict()``, RNG states,
             step...), written with :func:`~policylink.policies.serialization.save_tree` as
             ``training_state.safetensors`` + ``training_state.json``.
         train_config: optional plain dict stored under ``train`` in ``config.json``.
-        processors: the policy's processor chain (default: the chain of ``model.cfg`` with ``normalizer``,
-            :func:`~policylink.policies.processing.processors_for`), written as ``processors.json``.
+        normalizer: deprecated alias of ``processors`` for one release: the chain of ``model.cfg`` with it
+            (:func:`~policylink.policies.processing.processors_for`; warns).
 
     Raises:
         SerializationError: ``training_state`` or ``train_config`` holds a value that cannot be saved without pickle.
+        ValueError: both ``processors`` and ``normalizer``. TypeError: neither.
     """
+    from policylink.policies.processing import chain_of  # torch: only when a checkpoint is written
+
+    processors = chain_of(processors, normalizer, model.cfg, model.features, "save_checkpoint")
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
@@ -162,11 +167,7 @@ def save_checkpoint(
         doc["train"] = dict(train_config)
     save_json(tmp / CONFIG_FILE, doc)
     save_tensors(tmp / MODEL_FILE, model.state_dict())
-    save_tensors(tmp / NORMALIZER_FILE, normalizer.state_dict())
-    if processors is None:
-        from policylink.policies.processing import processors_for  # torch: only when a checkpoint is written
-
-        processors = processors_for(model.cfg, model.features, normalizer)
+    save_tensors(tmp / NORMALIZER_FILE, {} if processors.normalizer is None else processors.normalizer.state_dict())
     save_json(tmp / PROCESSORS_FILE, processors.to_dict())
     save_json(tmp / SPEC_FILE, spec.to_dict())
     if training_state is not None:

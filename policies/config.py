@@ -214,7 +214,7 @@ class PolicyType:
         model: its model class (a :class:`policylink.policies.model.ChunkModel` subclass built as
             ``model(cfg, features, action_dim)``), or ``"module:Class"`` imported on first use so that parsing a
             config imports no network code.
-        adapter: its PolicyAdapter class (``adapter(model, normalizer, spec, device=, seed=, validate=)``) or
+        adapter: its PolicyAdapter class (``adapter(model, processors, spec, device=, seed=, validate=)``) or
             ``"module:Class"``; None = the generic :class:`~policylink.policies.policy.ChunkPolicy` (or
             :class:`~policylink.policies.policy.PrefixChunkPolicy` for a velocity sampler).
     """

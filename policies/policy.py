@@ -33,50 +33,47 @@ from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_
 from policylink.policies.common.frame_features import FrameFeatureCache, lean_latents
 from policylink.policies.config import check_cfg_scale, policy_type
 from policylink.policies.model import ChunkModel, GenerativeChunkModel
-from policylink.policies.processing import (
-    actions_to_normalized,
-    actions_to_units,
-    observation_tensors,
-    processors_for,
-)
+from policylink.policies.processing import actions_to_normalized, actions_to_units, chain_of, observation_tensors
 from policylink.policies.temporal import MemoryRows
 
 
 class ModelPolicy(HistoryPolicy):
-    """A trained chunk model and its normaliser behind the PolicyAdapter contract: what every model-backed policy
-    shares (:class:`ChunkPolicy`, ACT's policy): the spec check, the device, ``config``, ``latent_dim``, ``save``.
+    """A trained chunk model and its processor chain behind the PolicyAdapter contract: what every model-backed
+    policy shares (:class:`ChunkPolicy`, ACT's policy): the spec check, the device, ``config``, ``latent_dim``,
+    ``save``.
 
     Args:
         model: the model (``cfg.n_obs_steps``, ``cfg.chunk_size``, ``action_dim``, ``latent_dim``); its weights are
             used as they are (pass the EMA model).
-        normalizer: the normaliser the model was trained with (observation keys and ``action``).
+        processors: the processor chain the model was trained with (a checkpoint's ``processors.json``, or
+            :func:`~policylink.policies.processing.processors_for` of its config): observations go through it, and
+            chunks come back to units through its ``normalize`` step.
         spec: the PolicySpec (its horizons and action dimension must match the model's config).
-        processors: the policy's processor chain (a checkpoint's ``processors.json``); default: the chain of the
-            model's config with ``normalizer`` (:func:`~policylink.policies.processing.processors_for`).
         device: torch device for inference.
         seed: the policy's seed (:meth:`reseed`).
         validate: validate observations against the spec on every ``update_observation``.
+        normalizer: deprecated alias of ``processors`` for one release (:func:`~policylink.policies.processing.
+            chain_of`).
 
     Raises:
         ValueError: ``spec``, the model's config and the processors' frame stack disagree (names each mismatch:
-            horizons, action dimension).
+            horizons, action dimension), or both ``processors`` and ``normalizer``. TypeError: no chain.
     """
 
     def __init__(
         self,
         model: Any,
-        normalizer: Normalizer,
+        processors: Processors,
         spec: PolicySpec,
         *,
-        processors: Processors | None = None,
         device: torch.device | str = "cpu",
         seed: int = 0,
         validate: bool = True,
+        normalizer: Normalizer | None = None,
     ):
         super().__init__(spec, validate=validate)
         cfg = model.cfg
-        if processors is None:
-            processors = processors_for(cfg, model.features, normalizer)
+        processors = chain_of(processors, normalizer, cfg, model.features, type(self).__name__)
         problems = [
             f"{name}: expected {want} (model config), received {got} (spec)"
             for name, want, got in (
@@ -91,7 +88,6 @@ class ModelPolicy(HistoryPolicy):
             raise ValueError("policy spec does not match the model: " + "; ".join(problems))
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
-        self.normalizer = normalizer
         self.processors = processors
         self.seed = int(seed)
 
@@ -107,9 +103,7 @@ class ModelPolicy(HistoryPolicy):
 
     def save(self, path: str | Path) -> Path:
         """Write an inference checkpoint folder (no training state). Returns the folder."""
-        return save_checkpoint(
-            path, model=self.model, normalizer=self.normalizer, spec=self.spec, processors=self.processors
-        )
+        return save_checkpoint(path, model=self.model, spec=self.spec, processors=self.processors)
 
 
 class ChunkPolicy(ModelPolicy):
@@ -118,11 +112,9 @@ class ChunkPolicy(ModelPolicy):
 
     Args:
         model: a :class:`ChunkModel` (its weights are used as they are: pass the EMA model).
-        normalizer: the normaliser the model was trained with (observation keys and ``action``).
-        spec: the PolicySpec (observation features, ActionSpec, ``n_obs_steps``, ``chunk_size``...).
-        device: torch device for inference.
-        seed: seed of the sampler's noise generator; the same seed gives the same chunks.
-        validate: validate observations against the spec on every ``update_observation``.
+        processors, spec: as :class:`ModelPolicy`.
+        **kwargs: ``device``, ``validate``, ``normalizer`` of :class:`ModelPolicy`, and ``seed``: of the sampler's
+            noise generator (the same seed gives the same chunks).
 
     The observation latent of each row is cached from the last chunk (or ``embed``) until that row's window
     changes (``update_observation`` or ``reset``), so ``embed()`` after ``predict_action_chunk()`` and a replan
@@ -132,20 +124,10 @@ class ChunkPolicy(ModelPolicy):
         ValueError: ``spec`` and the model's config disagree (horizons, action dimension).
     """
 
-    def __init__(
-        self,
-        model: ChunkModel,
-        normalizer: Normalizer,
-        spec: PolicySpec,
-        *,
-        processors: Processors | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-        validate: bool = True,
-    ):
-        super().__init__(model, normalizer, spec, processors=processors, device=device, seed=seed, validate=validate)
+    def __init__(self, model: ChunkModel, processors: Processors, spec: PolicySpec, **kwargs: Any):
+        super().__init__(model, processors, spec, **kwargs)
         self._generator = torch.Generator(device=self.device)
-        self.reseed(seed)
+        self.reseed(self.seed)
         self._latents: torch.Tensor | None = None  # (B, D) cached observation latents
         self._latent_ok: np.ndarray | None = None  # (B,) bool: row's latent matches its window
         self._labels: np.ndarray | None = None  # (B,) int64, NULL_LABEL = null
@@ -225,7 +207,7 @@ class ChunkPolicy(ModelPolicy):
         if obs is None:
             if labels is not None or tokens is not None:
                 raise ValueError("sample: labels/tokens go with explicit obs; for the history use set_conditioning")
-            ids = self._all_rows() if env_ids is None else self._ids(env_ids)
+            ids = self._ids(env_ids)
             latent = self._row_latents(ids)
             labels, tokens = self._row_conditioning(ids)
         else:
@@ -286,11 +268,11 @@ class ChunkPolicy(ModelPolicy):
 
     def normalize_actions(self, actions: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Actions ``(..., A)`` in units -> the normalised space the sampler (and ``guidance``) works in."""
-        return actions_to_normalized(actions, self.normalizer, self.device)
+        return actions_to_normalized(actions, self.processors, self.device)
 
     def unnormalize_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Normalised actions ``(B, H, A)`` -> float32 numpy in the ActionSpec's units."""
-        return actions_to_units(actions, self.normalizer)
+        return actions_to_units(actions, self.processors)
 
     # -- PolicyAdapter ----------------------------------------------------------------------------------------
 
@@ -352,9 +334,9 @@ class ChunkPolicy(ModelPolicy):
             raise ValueError(f"noise: expected shape {shape}, received {tuple(noise.shape)}")
         out = self.model.generate(cond, noise.to(self.device, torch.float32), num_steps, guidance, return_trajectory)
         if not return_trajectory:
-            return actions_to_units(out, self.normalizer)
+            return actions_to_units(out, self.processors)
         chunk, trajectory, times, outputs = out
-        return SampleResult(actions_to_units(chunk, self.normalizer), trajectory, times, outputs, cond)
+        return SampleResult(actions_to_units(chunk, self.processors), trajectory, times, outputs, cond)
 
     def _encode(self, obs: Mapping[str, Any], rows: np.ndarray | None = None) -> torch.Tensor:
         """Latents of windows ``obs``; ``rows`` (their row ids) also advance those rows' SEGA memory."""
@@ -411,9 +393,6 @@ class ChunkPolicy(ModelPolicy):
             pending, self._pending = self._pending, None
             self.set_conditioning(pending["labels"], pending["tokens"])
 
-    def _all_rows(self) -> np.ndarray:
-        return self._ids(None)
-
     def _ids(self, env_ids: Sequence[int] | None) -> np.ndarray:
         if self.batch_size is None:
             raise RuntimeError("no observation yet; call update_observation() first")
@@ -464,13 +443,13 @@ class PrefixChunkPolicy(ChunkPolicy):
 
 def policy_for_model(
     model: ChunkModel,
-    normalizer: Normalizer,
+    processors: Processors,
     spec: PolicySpec,
     *,
-    processors: Processors | None = None,
     device: torch.device | str = "cpu",
     seed: int = 0,
     validate: bool = True,
+    normalizer: Normalizer | None = None,
 ) -> ChunkPolicy:
     """The PolicyAdapter for ``model``: the adapter its policy type registered (ACT, the VLA), else a
     :class:`PrefixChunkPolicy` when its sampler predicts a velocity (``sampler.prediction == "velocity"``), else a
@@ -487,7 +466,8 @@ def policy_for_model(
                 "its own PolicyAdapter (register_policy_type(..., adapter=...))"
             )
         cls = PrefixChunkPolicy if model.sampler.prediction == Prediction.VELOCITY else ChunkPolicy
-    return cls(model, normalizer, spec, processors=processors, device=device, seed=seed, validate=validate)
+    processors = chain_of(processors, normalizer, model.cfg, model.features, "policy_for_model")
+    return cls(model, processors, spec, device=device, seed=seed, validate=validate)
 
 
 __all__ = ["ChunkPolicy", "PrefixChunkPolicy", "policy_for_model"]

@@ -1,7 +1,7 @@
 """The one observation/action transform shared by training and inference: a policy's processor chain
-(:class:`~policylink.data.processors.Processors`, built from its config by :func:`processors_for`), raw windows ->
-model tensors through it (:func:`observation_tensors`), normalised chunks -> action units, and the normaliser
-modes of a config.
+(:class:`~policylink.data.processors.Processors`, built from its config by :func:`processors_for`; the one thing a
+policy is built with), raw windows -> model tensors through it (:func:`observation_tensors`), normalised chunks <->
+action units through its ``normalize`` step, and the normaliser modes of a config.
 
 The training sampler (:class:`policylink.data.sampler.SequenceDataset`) runs the same chain object on its windows,
 so a policy sees the same numbers at inference as it did in training, bit for bit.
@@ -9,6 +9,7 @@ so a policy sees the same numbers at inference as it did in training, bit for bi
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,20 +92,48 @@ def observation_tensors(
     return out
 
 
-def actions_to_units(chunk: torch.Tensor, normalizer: Normalizer) -> np.ndarray:
-    """Normalised chunk ``(B, H, A)`` -> float32 numpy ``(B, H, A)`` in the ActionSpec's units."""
-    return np.ascontiguousarray(
-        normalizer.unnormalize_feature(ACTION_KEY, chunk.float()).cpu().numpy(), dtype=np.float32
-    )
+def chain_of(
+    processors: Any, normalizer: Normalizer | None, cfg: Any, features: Mapping[str, FeatureSpec], where: str
+) -> Processors:
+    """The processor chain a policy is built with: ``processors`` as given, or, from the deprecated ``normalizer``
+    (keyword alias for one release; also a :class:`~policylink.data.normalize.Normalizer` passed where the chain
+    goes, the old positional argument), the chain of ``cfg`` over ``features`` with it (:func:`processors_for`),
+    with a DeprecationWarning.
+
+    Raises:
+        ValueError: both a chain and a normaliser. TypeError: neither (names ``where`` and what it received).
+    """
+    if isinstance(processors, Normalizer) and normalizer is None:
+        processors, normalizer = None, processors
+    if normalizer is None:
+        if not isinstance(processors, Processors):
+            raise TypeError(f"{where}: processors: expected a Processors chain (policies.processing.processors_for), "
+                            f"received {type(processors).__name__}")  # fmt: skip
+        return processors
+    if processors is not None:
+        raise ValueError(f"{where}: normalizer is a deprecated alias of processors; received both, give processors")
+    warnings.warn(f"{where}(normalizer=...) is deprecated (removed in the next release): pass processors="
+                  "processors_for(cfg, features, normalizer) (policylink.policies.processing)", DeprecationWarning,
+                  stacklevel=3)  # fmt: skip
+    return processors_for(cfg, features, normalizer)
+
+
+def actions_to_units(chunk: torch.Tensor, processors: Processors) -> np.ndarray:
+    """Normalised chunk ``(B, H, A)`` -> float32 numpy ``(B, H, A)`` in the ActionSpec's units (the inverse of the
+    chain's ``normalize`` step for ``action``; as it is without one)."""
+    norm, x = processors.normalizer, chunk.float()
+    return np.ascontiguousarray((x if norm is None else norm.unnormalize_feature(ACTION_KEY, x)).cpu().numpy(),
+                                dtype=np.float32)  # fmt: skip
 
 
 def actions_to_normalized(
-    actions: np.ndarray | torch.Tensor, normalizer: Normalizer, device: torch.device | str = "cpu"
+    actions: np.ndarray | torch.Tensor, processors: Processors, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """Actions ``(..., A)`` in units -> normalised float32 tensor on ``device`` (inverse of
-    :func:`actions_to_units`)."""
+    """Actions ``(..., A)`` in units -> normalised float32 tensor on ``device`` (the chain's ``normalize`` step for
+    ``action``; inverse of :func:`actions_to_units`)."""
     t = actions if isinstance(actions, torch.Tensor) else torch.from_numpy(np.asarray(actions, np.float32))
-    return normalizer.normalize_feature(ACTION_KEY, t.float().to(device))
+    t, norm = t.float().to(device), processors.normalizer
+    return t if norm is None else norm.normalize_feature(ACTION_KEY, t)
 
 
 def window_horizon(n_obs_steps: int, chunk_size: int) -> int:

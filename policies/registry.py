@@ -92,27 +92,33 @@ def make_policy(
     checkpoint: str | Path | None = None,
     *,
     spec: PolicySpec | None = None,
-    normalizer: Any = None,
+    processors: Any = None,
     config: PolicyConfig | Mapping[str, Any] | None = None,
     device: str = "auto",
     seed: int = 0,
+    normalizer: Any = None,
 ):
     """A ready PolicyAdapter of type ``kind``: loaded from ``checkpoint``, or untrained from ``spec``,
-    ``normalizer`` and ``config`` (default: the type's default config).
+    ``processors`` and ``config`` (default: the type's default config).
 
     Args:
         kind: a registered type name.
-        checkpoint: a checkpoint folder; when given, ``spec``, ``normalizer`` and ``config`` must be None.
-        spec, normalizer: required without a checkpoint (the spec's horizons must match the config).
+        checkpoint: a checkpoint folder; when given, ``spec``, ``processors`` and ``config`` must be None.
+        spec, processors: required without a checkpoint (the spec's horizons must match the config; the chain:
+            :func:`~policylink.policies.processing.processors_for` of the config, the spec's observation features
+            and the normaliser).
         config: a config of type ``kind``, or a dict of its fields.
         device: ``"auto"``, ``"cpu"``, ``"cuda[:N]"``. seed: the sampler's noise seed.
+        normalizer: deprecated alias of ``processors`` for one release (the chain of the config with it; warns).
 
     Raises:
-        ValueError: a checkpoint or config of another type, or missing ``spec``/``normalizer``.
+        ValueError: a checkpoint or config of another type, missing ``spec``/``processors``, or both
+            ``processors`` and ``normalizer``.
         CheckpointError: a missing or inconsistent checkpoint file, or an old (pickle) layout.
     """
     from policylink.policies.checkpoint import resolve_device  # torch: only when called
     from policylink.policies.policy import policy_for_model
+    from policylink.policies.processing import chain_of
 
     if checkpoint is not None:
         policy = load_checkpoint(checkpoint, device=device, seed=seed)
@@ -121,10 +127,10 @@ def make_policy(
                 f"checkpoint {str(checkpoint)!r}: expected policy type {kind!r}, received {policy.config.type!r}"
             )
         return policy
-    if spec is None or normalizer is None:
+    if spec is None or processors is None and normalizer is None:
         raise ValueError(
-            f"{kind} policy: expected a checkpoint, or both spec and normalizer; received "
-            f"spec={type(spec).__name__}, normalizer={type(normalizer).__name__}"
+            f"{kind} policy: expected a checkpoint, or both spec and processors; received "
+            f"spec={type(spec).__name__}, processors={type(processors).__name__}"
         )
     if config is None:
         cfg = make_config(kind)
@@ -135,7 +141,8 @@ def make_policy(
     if cfg.type != kind:
         raise ValueError(f"config.type: expected {kind!r}, received {cfg.type!r}")
     model = build_model(cfg, spec.observation_features, spec.action.dim)
-    return policy_for_model(model, normalizer, spec, device=resolve_device(device), seed=seed)
+    processors = chain_of(processors, normalizer, cfg, model.features, "make_policy")
+    return policy_for_model(model, processors, spec, device=resolve_device(device), seed=seed)
 
 
 def load_checkpoint(
@@ -160,7 +167,7 @@ def load_checkpoint(
 
     cfg, spec, model, normalizer = load_components(path)
     processors = load_processors(path, cfg, spec, normalizer)
-    policy = policy_for_model(model, normalizer, spec, processors=processors, device=resolve_device(device), seed=seed)
+    policy = policy_for_model(model, processors, spec, device=resolve_device(device), seed=seed)
     if cfg_scale is not None and isinstance(policy, ChunkPolicy):
         policy.set_cfg_scale(cfg_scale)
     elif cfg_scale is not None:  # a model with its own adapter (ACT) has no label slot: only w = 1 is valid

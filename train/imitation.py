@@ -53,7 +53,7 @@ def _save(cfg: TrainConfig, ckpt_dir: Path, run: Any, model: Any, step: int, nor
     """Write ``checkpoints/last`` (the EMA weights, normaliser, spec, processor chain, training state to resume
     from) and, every ``save_every`` steps, a numbered copy of it."""
     state = _training_state(run, model, step)
-    save_checkpoint(ckpt_dir, model=run.ema.model, normalizer=normalizer, spec=spec, training_state=state,
+    save_checkpoint(ckpt_dir, model=run.ema.model, spec=spec, training_state=state,
                     train_config=_plain(cfg), processors=processors)  # fmt: skip
     if cfg.save_every and step % cfg.save_every == 0:
         _copy_numbered(ckpt_dir, step)
@@ -118,7 +118,7 @@ def train(cfg: TrainConfig) -> Path:
             row["val_loss"] = validation_loss(ema, val_ds, loss_fn, cfg, device)
         if rank == 0 and cfg.eval.episodes and _due(cfg.eval.every, step, cfg.steps):
             row["success_rate"] = _success_rate(
-                cfg, policy_for_model(ema, normalizer, spec, processors=train_ds.processors, device=device)
+                cfg, policy_for_model(ema, train_ds.processors, spec, device=device)
             )
         if row:
             logger.log(step, row)

@@ -180,7 +180,7 @@ def load_eval_policy(path: str, critic_dir: str | Path | None = None, rerank_n: 
     cfg, spec, model, normalizer = load_components(path)
     processors = load_processors(path, cfg, spec, normalizer)
     critic = ChunkCritic.load(critic_dir)
-    return BestOfNPolicy(model, normalizer, spec, processors=processors, critic=critic, n=rerank_n, seed=seed)
+    return BestOfNPolicy(model, processors, spec, critic=critic, n=rerank_n, seed=seed)
 
 
 def _evaluate(cfg: LoopConfig, path: str, env_kwargs: dict[str, Any], critic_dir=None) -> dict[str, Any]:

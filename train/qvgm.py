@@ -325,7 +325,6 @@ def finetune_policy(cfg: QVGMCmdConfig) -> Path:
     out = save_checkpoint(
         cfg.out,
         model=model.eval(),
-        normalizer=processors.normalizer,
         spec=spec,
         train_config=train_config,
         processors=processors,

@@ -22,7 +22,7 @@ class ACTPolicy(ModelPolicy):
 
     Args:
         model: the model (its weights as they are: pass the EMA model).
-        normalizer: the normaliser it was trained with (observation keys and ``action``).
+        processors: the processor chain it was trained with (see :class:`~policylink.policies.policy.ModelPolicy`).
         spec: the PolicySpec (its horizons and action dimension must match the model's config).
         device: torch device for inference.
         seed: kept for the interface (:meth:`reseed`); ACT's chunks do not depend on it (``z = 0``).
@@ -62,7 +62,7 @@ class ACTPolicy(ModelPolicy):
         latent = self._encode(history)
         with torch.no_grad():
             chunk = self.model.predict(self.model.condition(latent))
-        return actions_to_units(chunk, self.normalizer)
+        return actions_to_units(chunk, self.processors)
 
 
 __all__ = ["ACTPolicy"]

@@ -19,20 +19,20 @@ class BestOfNPolicy(ChunkPolicy):
     the online heads) at the critic state from ``reference``'s encoder.
 
     Args:
-        model, normalizer, spec: as :class:`ChunkPolicy`.
+        model, processors, spec: as :class:`ChunkPolicy`.
         critic: a trained :class:`ChunkCritic` (its ``horizon`` leading steps are scored).
         reference: the frozen model whose latents the critic was trained on (default: ``model``).
         n: samples per row (>= 1; the issue's 32).
-        **kwargs: ``device``, ``seed``, ``validate`` of :class:`ChunkPolicy`.
+        **kwargs: ``device``, ``seed``, ``validate`` (and the deprecated ``normalizer``) of :class:`ChunkPolicy`.
 
     Raises:
         ValueError: ``n < 1`` or a spec/model mismatch.
     """
 
-    def __init__(self, model: ChunkModel, normalizer, spec, *, critic: ChunkCritic, reference=None, n=32, **kwargs):
+    def __init__(self, model: ChunkModel, processors, spec, *, critic: ChunkCritic, reference=None, n=32, **kwargs):
         if int(n) < 1:
             raise ValueError(f"rerank.n: expected >= 1 samples per row, received {n}")
-        super().__init__(model, normalizer, spec, **kwargs)
+        super().__init__(model, processors, spec, **kwargs)
         self.critic = critic.to(self.device).eval()
         self.reference = (reference or model).to(self.device).eval()
         self.n = int(n)
@@ -47,7 +47,7 @@ class BestOfNPolicy(ChunkPolicy):
         s = critic_state(self.reference.embed(obs), obs).repeat_interleave(n, 0)
         q = self.critic.actor_q(s, chunks).view(b, n)
         best = chunks.view(b, n, *chunks.shape[1:])[torch.arange(b), q.argmax(1)]
-        return actions_to_units(best, self.normalizer)
+        return actions_to_units(best, self.processors)
 
 
 __all__ = ["BestOfNPolicy"]

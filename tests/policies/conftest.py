@@ -12,7 +12,7 @@ from policylink.data.stats import compute_stats
 from policylink.policies.common.encoders import EncoderConfig
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.config import PolicyConfig
-from policylink.policies.processing import normalizer_modes
+from policylink.policies.processing import normalizer_modes, processors_for
 from policylink.policies.registry import make_config
 
 STATE = "observation.state"
@@ -44,6 +44,11 @@ def make_spec(cfg: PolicyConfig, features) -> PolicySpec:
         n_action_steps=cfg.n_action_steps,
         control_frequency=10.0,
     )
+
+
+def chain(cfg: PolicyConfig, normalizer: Normalizer):
+    """The processor chain of ``cfg`` over :data:`FEATURES` with ``normalizer`` (what a policy is built with)."""
+    return processors_for(cfg, FEATURES, normalizer)
 
 
 FEATURES = {STATE: FeatureSpec("float32", (3,)), IMAGE: FeatureSpec("uint8", (24, 24, 3), unit="rgb")}
@@ -83,7 +88,13 @@ def kit():
     import types
 
     return types.SimpleNamespace(
-        FEATURES=FEATURES, STATE=STATE, IMAGE=IMAGE, tiny_config=tiny_config, make_spec=make_spec, episode=episode
+        FEATURES=FEATURES,
+        STATE=STATE,
+        IMAGE=IMAGE,
+        tiny_config=tiny_config,
+        make_spec=make_spec,
+        episode=episode,
+        chain=chain,
     )
 
 

@@ -38,7 +38,9 @@ def _config(kit, keys=(STATE,), **kw) -> PolicyConfig:
 
 def _policy(kit, normalizer, keys=(STATE,), **kw) -> ACTPolicy:
     cfg = _config(kit, keys, **kw)
-    return make_act_policy(spec=kit.make_spec(cfg, kit.FEATURES), normalizer=normalizer, config=cfg, device="cpu")
+    return make_act_policy(
+        spec=kit.make_spec(cfg, kit.FEATURES), processors=kit.chain(cfg, normalizer), config=cfg, device="cpu"
+    )
 
 
 def test_act_overfits_two_episodes(kit, store_path, normalizer):
@@ -70,7 +72,9 @@ def test_act_overfits_two_episodes(kit, store_path, normalizer):
     assert first > 1.0 and last < 0.1 * first, (first, last)
     assert np.mean(l1[-20:]) < 0.1, l1[-20:]  # min_max units: the demo actions span [-1, 1]
     # z = 0 at inference: the chunk reproduces the demonstrated one (action x spans [2, 6], y [-1, 1])
-    policy = make_act_policy(spec=kit.make_spec(cfg, kit.FEATURES), normalizer=normalizer, config=cfg, device="cpu")
+    policy = make_act_policy(
+        spec=kit.make_spec(cfg, kit.FEATURES), processors=kit.chain(cfg, normalizer), config=cfg, device="cpu"
+    )
     policy.model.load_state_dict(model.state_dict())
     with EpisodeStore(store_path) as store:
         ep = store.get_episode(1)

@@ -19,6 +19,7 @@ from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_
 from policylink.policies.common.unet1d import UNetConfig
 from policylink.policies.config import check_cfg_scale
 from policylink.policies.finetune.advantage import ValueConfig, awr_weights, two_hot
+from policylink.policies.processing import processors_for
 from policylink.policies.registry import make_config, make_policy
 from policylink.train.value import fit_value_model
 
@@ -68,7 +69,9 @@ def _policy(kind: str, **cfg):
                       control_frequency=10.0)  # fmt: skip
     stats = {STATE: {"min": np.zeros(3), "max": np.ones(3)}, "action": {"min": -np.ones(2), "max": np.ones(2)}}
     norm = Normalizer(stats, {STATE: "min_max", "action": "min_max"})
-    policy = make_policy(kind, spec=spec, normalizer=norm, config=config, device="cpu")
+    policy = make_policy(
+        kind, spec=spec, processors=processors_for(config, spec.observation_features, norm), config=config, device="cpu"
+    )
     with torch.no_grad():  # a "trained" label embedding (the slot starts at zero, where CFG changes nothing)
         torch.manual_seed(0)
         policy.model.extra_conditioning.labels.weight.normal_(0, 1.0)

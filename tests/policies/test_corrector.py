@@ -219,7 +219,7 @@ def test_finetune_monitor_then_guided_corrective_replan_on_a_flow_policy(tmp_pat
 
     cfg = kit.tiny_config("flow")
     spec = kit.make_spec(cfg, kit.FEATURES)
-    ckpt = policy_for_model(build_model(cfg, kit.FEATURES, 2), normalizer, spec).save(tmp_path / "ckpt")
+    ckpt = policy_for_model(build_model(cfg, kit.FEATURES, 2), kit.chain(cfg, normalizer), spec).save(tmp_path / "ckpt")
     rng = np.random.default_rng(0)
     with EpisodeStore(tmp_path / "rollouts.zarr", "w") as store:
         for i in range(12):
@@ -250,7 +250,9 @@ def test_finetune_monitor_then_guided_corrective_replan_on_a_flow_policy(tmp_pat
 
     with EpisodeStore(store_path, "r") as store:
         other_norm = Normalizer(compute_stats(store), normalizer_modes(kit.FEATURES, "mean_std", "min_max"))
-    other = policy_for_model(build_model(cfg, kit.FEATURES, 2), other_norm, spec).save(tmp_path / "other")
+    other = policy_for_model(build_model(cfg, kit.FEATURES, 2), kit.chain(cfg, other_norm), spec).save(
+        tmp_path / "other"
+    )
     with pytest.warns(UserWarning, match=r"trained on another policy's latents \(a fixed probe observation's latent"):
         make_executor(load_policy(other, device="cpu"), corrective)
     ep = kit.episode(6, 0.0, rng)
@@ -305,7 +307,10 @@ def _image_policy_pair(kit, normalizer):
 
     cfg = kit.tiny_config("flow", keys=(kit.STATE, kit.IMAGE))
     spec = kit.make_spec(cfg, kit.FEATURES)
-    a, b = (make_policy("flow", spec=spec, normalizer=normalizer, config=cfg, device="cpu", seed=3) for _ in "ab")
+    a, b = (
+        make_policy("flow", spec=spec, processors=kit.chain(cfg, normalizer), config=cfg, device="cpu", seed=3)
+        for _ in "ab"
+    )
     b.model.load_state_dict(a.model.state_dict())
     return a, b
 

@@ -74,7 +74,7 @@ def test_cache_encodes_each_frame_once_and_follows_resets():
 def _image_policy(kit, normalizer, store_path):
     cfg = kit.tiny_config("flow", keys=(kit.STATE, kit.IMAGE))
     spec = kit.make_spec(cfg, kit.FEATURES)
-    return make_policy("flow", spec=spec, normalizer=normalizer, config=cfg, device="cpu", seed=3)
+    return make_policy("flow", spec=spec, processors=kit.chain(cfg, normalizer), config=cfg, device="cpu", seed=3)
 
 
 def test_cached_features_give_the_actions_of_full_re_encoding(kit, normalizer, store_path):

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from policylink.data.normalize import Normalizer
+from policylink.data.processors import Processors
 from policylink.policies.policy import ChunkPolicy
+from policylink.policies.processing import processors_for
 from policylink.policies.registry import build_model, make_policy
 
 STATE, IMAGE = "observation.state", "observation.images.front"
@@ -31,6 +33,11 @@ def known_normalizer() -> Normalizer:
     return Normalizer(STATS, {STATE: "min_max", "action": "min_max", IMAGE: "identity"})
 
 
+def known_chain(cfg, features) -> Processors:
+    """The processor chain of ``cfg`` with the known statistics."""
+    return processors_for(cfg, features, known_normalizer())
+
+
 def window(b: int, t: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {
@@ -43,7 +50,9 @@ def window(b: int, t: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
 def test_sampler_returns_chunks_in_action_units(kind, kit):
     FEATURES, tiny_config, make_spec = kit.FEATURES, kit.tiny_config, kit.make_spec
     cfg = tiny_config(kind)
-    policy = make_policy(kind, spec=make_spec(cfg, FEATURES), normalizer=known_normalizer(), config=cfg, device="cpu")
+    policy = make_policy(
+        kind, spec=make_spec(cfg, FEATURES), processors=known_chain(cfg, FEATURES), config=cfg, device="cpu"
+    )
     obs = window(3)
     chunk = policy.sample(obs)
     assert chunk.shape == (3, 8, 2) and chunk.dtype == np.float32
@@ -84,7 +93,7 @@ def test_policy_adapter_batched_and_seeded(kind, kit):
     FEATURES, tiny_config, make_spec = kit.FEATURES, kit.tiny_config, kit.make_spec
     cfg = tiny_config(kind, keys=(STATE, IMAGE))
     spec = make_spec(cfg, FEATURES)
-    a = make_policy(kind, spec=spec, normalizer=known_normalizer(), config=cfg, device="cpu", seed=3)
+    a = make_policy(kind, spec=spec, processors=known_chain(cfg, FEATURES), config=cfg, device="cpu", seed=3)
     obs = window(4)
     a.update_observation({k: v[:, 0] for k, v in obs.items()})
     a.update_observation({k: v[:, 1] for k, v in obs.items()})
@@ -105,13 +114,15 @@ def test_spec_mismatch_names_the_field(kit):
     cfg = tiny_config("flow")
     spec = make_spec(tiny_config("flow", chunk_size=16), FEATURES)
     with pytest.raises(ValueError, match="chunk_size: expected 8 .* received 16"):
-        ChunkPolicy(build_model(cfg, FEATURES, 2), known_normalizer(), spec)
+        ChunkPolicy(build_model(cfg, FEATURES, 2), known_chain(cfg, FEATURES), spec)
 
 
 def test_noise_shape_is_checked(kit):
     FEATURES, tiny_config, make_spec = kit.FEATURES, kit.tiny_config, kit.make_spec
     cfg = tiny_config("flow")
-    policy = make_policy("flow", spec=make_spec(cfg, FEATURES), normalizer=known_normalizer(), config=cfg, device="cpu")
+    policy = make_policy(
+        "flow", spec=make_spec(cfg, FEATURES), processors=known_chain(cfg, FEATURES), config=cfg, device="cpu"
+    )
     with pytest.raises(ValueError, match=r"noise: expected shape \(2, 8, 2\), received \(2, 4, 2\)"):
         policy.sample(window(2), noise=torch.zeros(2, 4, 2))
 
@@ -128,8 +139,9 @@ def test_flow_beta_time_sampling_range_and_mean(kit):
 
 def _policy(kit, kind, seed=0, **kw):
     cfg = kit.tiny_config(kind, **kw)
+    chain = known_chain(cfg, kit.FEATURES)
     return make_policy(
-        kind, spec=kit.make_spec(cfg, kit.FEATURES), normalizer=known_normalizer(), config=cfg, device="cpu", seed=seed
+        kind, spec=kit.make_spec(cfg, kit.FEATURES), processors=chain, config=cfg, device="cpu", seed=seed
     )
 
 

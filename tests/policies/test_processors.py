@@ -1,5 +1,6 @@
 """One processor chain per policy: the training sampler and inference turn the same raw observation into the same
-arrays, and the chain round-trips through a checkpoint (``processors.json``; derived from the config when absent)."""
+arrays, the chain round-trips through a checkpoint (``processors.json``; derived from the config when absent), and
+it is the one thing a policy is built with (``normalizer=`` is a deprecated alias for one release)."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def test_sampler_and_inference_give_identical_arrays_for_the_same_raw_observatio
     cfg, model, spec = _policy(kit, normalizer)
     from policylink.policies.policy import policy_for_model
 
-    policy = policy_for_model(model, normalizer, spec)
-    chain = policy.processors
-    assert chain == processors_for(cfg, kit.FEATURES, normalizer)
+    chain = processors_for(cfg, kit.FEATURES, normalizer)
+    policy = policy_for_model(model, chain, spec)
+    assert policy.processors is chain
     ds = SequenceDataset(store_path, horizon=window_horizon(3, cfg.chunk_size), obs_keys=[kit.STATE, kit.IMAGE],
                          processors=chain, **chain.window_args())  # fmt: skip
     with EpisodeStore(store_path, "r") as store:
@@ -83,7 +84,7 @@ def test_the_chain_round_trips_through_a_checkpoint(kit, store_path, tmp_path):
     normalizer = _normalizer(store_path, kit)
     cfg, model, spec = _policy(kit, normalizer)
     chain = processors_for(cfg, kit.FEATURES, normalizer)
-    path = save_checkpoint(tmp_path / "ckpt", model=model, normalizer=normalizer, spec=spec, processors=chain)
+    path = save_checkpoint(tmp_path / "ckpt", model=model, spec=spec, processors=chain)
     saved = json.loads((path / PROCESSORS_FILE).read_text())
     assert saved == chain.to_dict() and saved["format"] == "policylink.processors/1"
     loaded = load_checkpoint(path, device="cpu").processors
@@ -107,3 +108,50 @@ def test_a_language_policy_records_its_tokenizer(kit, store_path):
     tokenize = [s for s in steps if s["step"] == "tokenize"]
     assert tokenize == [{"step": "tokenize", "key": TASK_KEY, "encoder": cfg.language.encoder,
                          "max_tokens": cfg.language.max_tokens, "runs_in": "model"}]  # fmt: skip
+
+
+def test_the_deprecated_normalizer_alias_warns_and_gives_the_same_policy_and_checkpoint(kit, store_path, tmp_path):
+    from policylink.policies.policy import ChunkPolicy, policy_for_model
+    from policylink.policies.registry import make_policy
+
+    normalizer = _normalizer(store_path, kit)
+    cfg, model, spec = _policy(kit, normalizer)
+    chain = processors_for(cfg, kit.FEATURES, normalizer)
+    new = policy_for_model(model, chain, spec, seed=2)
+    with pytest.warns(DeprecationWarning, match=r"policy_for_model\(normalizer=...\) is deprecated"):
+        old = policy_for_model(model, normalizer, spec, seed=2)  # the old positional argument
+    with pytest.warns(DeprecationWarning, match=r"ChunkPolicy\(normalizer=...\) is deprecated"):
+        keyword = ChunkPolicy(model, None, spec, normalizer=normalizer, seed=2)
+    with pytest.warns(DeprecationWarning, match=r"make_policy\(normalizer=...\) is deprecated"):
+        made = make_policy("flow", spec=spec, normalizer=normalizer, config=cfg, device="cpu")
+    assert old.processors == keyword.processors == made.processors == chain
+    obs = {kit.STATE: np.random.default_rng(1).normal(size=(2, 3, 3)).astype(np.float32),
+           kit.IMAGE: np.random.default_rng(2).integers(0, 256, (2, 3, 24, 24, 3), dtype=np.uint8)}  # fmt: skip
+    np.testing.assert_array_equal(old.sample(obs), new.sample(obs))
+    np.testing.assert_array_equal(keyword.sample(obs), policy_for_model(model, chain, spec, seed=2).sample(obs))
+    a = save_checkpoint(tmp_path / "a", model=model, spec=spec, processors=chain)
+    with pytest.warns(DeprecationWarning, match=r"save_checkpoint\(normalizer=...\) is deprecated"):
+        b = save_checkpoint(tmp_path / "b", model=model, spec=spec, normalizer=normalizer)
+    for name in ("processors.json", "normalizer.safetensors", "model.safetensors", "policy_spec.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    with pytest.raises(ValueError, match="received both, give processors"):
+        policy_for_model(model, chain, spec, normalizer=normalizer)
+    with pytest.raises(TypeError, match="save_checkpoint: processors: expected a Processors chain.*received NoneType"):
+        save_checkpoint(tmp_path / "c", model=model, spec=spec)
+    with pytest.raises(ValueError, match="expected a checkpoint, or both spec and processors"):
+        make_policy("flow", spec=spec, config=cfg)
+
+
+def test_actions_go_back_to_units_through_the_chains_normalize_step(kit, store_path):
+    from policylink.policies.processing import actions_to_normalized, actions_to_units
+
+    normalizer = _normalizer(store_path, kit)
+    cfg, _, _ = _policy(kit, normalizer)
+    chain = processors_for(cfg, kit.FEATURES, normalizer)
+    stats = compute_stats(EpisodeStore(store_path, "r"))["action"]
+    low, high = np.asarray(stats["min"], np.float32), np.asarray(stats["max"], np.float32)
+    ends = torch.tensor([[[-1.0, -1.0], [1.0, 1.0]]])  # min_max: -1 -> min, 1 -> max
+    np.testing.assert_allclose(actions_to_units(ends, chain)[0], np.stack([low, high]), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(actions_to_normalized(np.stack([low, high]), chain), ends[0])
+    bare = processors_for(cfg, kit.FEATURES, None)  # no normalize step: actions pass through as they are
+    np.testing.assert_array_equal(actions_to_units(ends, bare), ends.numpy())

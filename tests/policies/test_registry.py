@@ -23,6 +23,7 @@ from policylink.policies import load_policy
 from policylink.policies.common.samplers import FlowEulerSampler
 from policylink.policies.config import PolicyConfig
 from policylink.policies.model import GenerativeChunkModel
+from policylink.policies.processing import processors_for
 from policylink.policies.registry import make_config, make_policy, policy_type, register_policy_type
 
 STATE = "observation.state"
@@ -78,7 +79,9 @@ def test_third_policy_parses_builds_saves_loads_and_runs(kit, tmp_path):
     assert type(cfg) is MlpFlowConfig and cfg.type == NAME and policy_type(NAME).model_cls() is MlpFlowModel
     assert PolicyConfig.from_dict({"type": NAME, "hidden": 16, "chunk_size": 8, "n_action_steps": 4}) == cfg
     spec, norm = _spec_and_normalizer(kit, cfg)
-    policy = make_policy(NAME, spec=spec, normalizer=norm, config=cfg, device="cpu", seed=4)
+    policy = make_policy(
+        NAME, spec=spec, processors=processors_for(cfg, kit.FEATURES, norm), config=cfg, device="cpu", seed=4
+    )
     assert isinstance(policy, PolicyAdapter)
     assert capabilities_of(policy) == ["conditionable", "embedder", "guided_sampler", "prefix"]  # velocity sampler
     path = policy.save(tmp_path / "ckpt")

@@ -119,7 +119,9 @@ def test_policy_checkpoint_reloads_every_tensor_exactly(kit, tmp_path, normalize
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))  # off the init: a skipped load would show
-    path = save_checkpoint(tmp_path / "ckpt", model=model, normalizer=normalizer, spec=spec, train_config={"lr": 0.1})
+    path = save_checkpoint(
+        tmp_path / "ckpt", model=model, spec=spec, processors=kit.chain(cfg, normalizer), train_config={"lr": 0.1}
+    )
     assert read_checkpoint_config(path) == {"policy": cfg.to_dict(), "train": {"lr": 0.1}}
     cfg2, spec2, model2, norm2 = load_components(path)
     assert cfg2 == cfg and spec2 == spec
@@ -150,7 +152,9 @@ def test_resumed_training_continues_with_identical_optimizer_state(kit, tmp_path
     for _ in range(3):
         run.step(_step_loss(net))
     state = {"model": net.state_dict(), **run.state(), "step": 3, "rng": {"torch": torch.get_rng_state()}}
-    save_checkpoint(tmp_path / "ckpt", model=ckpt_model, normalizer=normalizer, spec=spec, training_state=state)
+    save_checkpoint(
+        tmp_path / "ckpt", model=ckpt_model, spec=spec, processors=kit.chain(cfg, normalizer), training_state=state
+    )
     saved = copy.deepcopy(state)  # state_dict() tensors are the live ones: the next steps change them in place
     for _ in range(3):
         run.step(_step_loss(net))
@@ -219,7 +223,7 @@ def test_the_tripwire_fires_when_unpickled(tmp_path):
 def test_old_pickle_training_state_is_refused_by_name_and_never_unpickled(kit, tmp_path, normalizer):
     cfg = kit.tiny_config("flow")
     path = save_checkpoint(
-        tmp_path / "old", model=build_model(cfg, kit.FEATURES, 2), normalizer=normalizer,
+        tmp_path / "old", model=build_model(cfg, kit.FEATURES, 2), processors=kit.chain(cfg, normalizer),
         spec=kit.make_spec(cfg, kit.FEATURES),
     )  # fmt: skip
     marker = tmp_path / "unpickled"

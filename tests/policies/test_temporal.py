@@ -13,6 +13,7 @@ import torch
 from policylink.adapters.schema import ActionSpec, ControlMode, FeatureSpec, PolicySpec
 from policylink.data.normalize import Normalizer
 from policylink.data.sampler import OBS_PAD_KEY, SequenceSampler
+from policylink.policies.processing import processors_for
 from policylink.policies.registry import make_config, make_policy
 from policylink.policies.temporal import SegaEncoder, SegaMemory
 from policylink.policies.temporal_config import SegaConfig, chain_windows
@@ -35,7 +36,7 @@ def _policy(seed: int = 0):
     norm = Normalizer(stats, {STATE: "min_max", "action": "min_max"})
     unet, sega = {"down_dims": [8, 16]}, asdict(SEGA)
     cfg = make_config("flow", n_obs_steps=2, chunk_size=8, n_action_steps=4, memory="sega", sega=sega, unet=unet)
-    return make_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu")
+    return make_policy("flow", spec=spec, processors=processors_for(cfg, FEATURES, norm), config=cfg, device="cpu")
 
 
 def _obs(rows: np.ndarray) -> dict[str, np.ndarray]:

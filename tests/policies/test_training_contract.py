@@ -50,7 +50,9 @@ def test_tiny_policy_overfits_two_episodes(kind, kit, store_path, normalizer):
     print(f"{kind}: loss {first:.4f} -> {last:.4f}")
     assert first > 0.5 and last < 0.1 * first, (first, last)
     # The sampled chunks reproduce the demonstrated ones (normalised actions lie in [-1, 1]).
-    policy = make_policy(kind, spec=kit.make_spec(cfg, kit.FEATURES), normalizer=normalizer, config=cfg, device="cpu")
+    policy = make_policy(
+        kind, spec=kit.make_spec(cfg, kit.FEATURES), processors=kit.chain(cfg, normalizer), config=cfg, device="cpu"
+    )
     policy.model.load_state_dict(model.state_dict())
     with EpisodeStore(store_path) as store:
         ep = store.get_episode(0)
@@ -65,7 +67,7 @@ def test_tiny_policy_overfits_two_episodes(kind, kit, store_path, normalizer):
 def test_checkpoint_round_trip_gives_identical_actions(kind, kit, tmp_path, normalizer):
     cfg = kit.tiny_config(kind, keys=(STATE, IMAGE))
     spec = kit.make_spec(cfg, kit.FEATURES)
-    policy = make_policy(kind, spec=spec, normalizer=normalizer, config=cfg, device="cpu", seed=11)
+    policy = make_policy(kind, spec=spec, processors=kit.chain(cfg, normalizer), config=cfg, device="cpu", seed=11)
     with torch.no_grad():  # move off the init so that a silently skipped load would show
         for p in policy.model.parameters():
             p.add_(0.01 * torch.randn_like(p))
@@ -94,7 +96,9 @@ def test_checkpoint_round_trip_gives_identical_actions(kind, kit, tmp_path, norm
 def test_checkpoint_missing_file_is_named(kit, tmp_path, normalizer):
     cfg = kit.tiny_config("flow")
     model = build_model(cfg, kit.FEATURES, 2)
-    path = save_checkpoint(tmp_path / "c", model=model, normalizer=normalizer, spec=kit.make_spec(cfg, kit.FEATURES))
+    path = save_checkpoint(
+        tmp_path / "c", model=model, spec=kit.make_spec(cfg, kit.FEATURES), processors=kit.chain(cfg, normalizer)
+    )
     (path / "normalizer.safetensors").unlink()
     with pytest.raises(CheckpointError, match="missing normalizer.safetensors"):
         load_policy(path, device="cpu")
