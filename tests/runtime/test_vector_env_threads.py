@@ -69,17 +69,20 @@ class _ThreadTagged(gym.Env):
 
 
 def test_each_sub_env_stays_on_one_thread_and_errors_reach_the_caller():
-    vec = make_vector_env(_ThreadTagged, 2, threads=True)
+    vec = make_vector_env(_ThreadTagged, 3, threads=True)
     try:
         vec.reset(seed=0)
-        obs, reward, *_ = vec.step(np.array([[0.5], [0.25]], np.float32))
-        np.testing.assert_array_equal(obs, [[0.5], [0.25]])
-        np.testing.assert_array_equal(reward, [1.0, 1.0])
+        obs, reward, *_ = vec.step(np.array([[0.5], [0.25], [0.125]], np.float32))
+        np.testing.assert_array_equal(obs, [[0.5], [0.25], [0.125]])
+        np.testing.assert_array_equal(reward, [1.0, 1.0, 1.0])
         tags = vec.get_attr("threads")
-        assert all(len(t) == 1 for t in tags) and tags[0] != tags[1]
-        assert threading.get_ident() not in tags[0] | tags[1]
+        assert tags[0] == {threading.get_ident()}  # sub-env 0 on the caller's thread, sub-env 1 on its own
+        assert all(len(t) == 1 for t in tags[1:]) and len(set.union(*tags)) == 3
         with pytest.raises(ValueError, match="negative action"):
-            vec.step(np.array([[0.5], [-0.5]], np.float32))
+            vec.step(np.array([[0.5], [-0.5], [0.5]], np.float32))
+        with pytest.raises(ValueError, match="negative action"):  # raised on the caller's own sub-env too
+            vec.step(np.array([[-0.5], [0.5], [0.5]], np.float32))
+        np.testing.assert_array_equal(vec.step(np.full((3, 1), 0.75, np.float32))[0], np.full((3, 1), 0.75))
     finally:
         vec.close()
     assert not any(t.is_alive() for t in vec._threads)
