@@ -302,12 +302,10 @@ class ChunkPolicy(ModelPolicy):
             self._row_ids = None
 
     def _predict(self, history: dict[str, np.ndarray], pad_mask: np.ndarray, tasks: list[str] | None) -> np.ndarray:
-        # Padded slots repeat the episode's first observation, as the training windows do (no masking).
-        ids = self._row_ids
-        if ids is None:  # called outside predict_action_chunk: the windows are all we know
-            return self.sample(history)
-        labels, tokens = self._row_conditioning(ids)
-        return self._generate(self._row_latents(ids), labels, tokens, None, None, None, False)
+        # Padded slots repeat the episode's first observation, as the training windows do (no masking); the rows
+        # are those predict_action_chunk selected (it is the only caller), their latents cached per row.
+        labels, tokens = self._row_conditioning(self._row_ids)
+        return self._generate(self._row_latents(self._row_ids), labels, tokens, None, None, None, False)
 
     def _on_reset(self, env_ids: np.ndarray) -> None:
         self._memory.reset(env_ids)  # SEGA: those rows restart from the initial state (gate 1)

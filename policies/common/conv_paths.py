@@ -240,11 +240,6 @@ def set_forced_path(name: str | None) -> None:
     _forced = name
 
 
-def forced_path() -> str | None:
-    """The pinned path, or None when paths are measured."""
-    return _forced
-
-
 class PathSelector:
     """Chooses and remembers the fastest path per :class:`ConvKey`.
 

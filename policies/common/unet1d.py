@@ -141,7 +141,6 @@ class ConditionalUnet1D(nn.Module):
             raise ValueError(f"down_dims: expected multiples of n_groups={n_groups}, received {list(down_dims)}")
         if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size: expected an odd number, received {kernel_size}")
-        self.down_dims = down_dims
         self.time_embed = nn.Sequential(
             SinusoidalTimeEmbedding(time_embed_dim),
             nn.Linear(time_embed_dim, time_embed_dim * 4),
@@ -188,11 +187,6 @@ class ConditionalUnet1D(nn.Module):
     def from_config(cls, cfg: UNetConfig, action_dim: int, global_cond_dim: int) -> ConditionalUnet1D:
         """The U-Net of ``cfg`` for ``action_dim`` channels and a ``global_cond_dim`` conditioning vector."""
         return cls(action_dim, global_cond_dim, tuple(cfg.down_dims), cfg.kernel_size, cfg.n_groups, cfg.time_embed_dim)
-
-    @property
-    def horizon_multiple(self) -> int:
-        """The chunk length ``H`` must be a multiple of this (one halving per level after the first)."""
-        return 2 ** (len(self.down_dims) - 1)
 
     def forward(self, sample: torch.Tensor, t: torch.Tensor, global_cond: torch.Tensor) -> torch.Tensor:
         x = sample.transpose(1, 2)  # (B, A, H)

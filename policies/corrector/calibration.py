@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -269,11 +269,6 @@ class PersistenceDetector:
         return fired, thr
 
 
-def detector_config_dict(config: DetectorConfig) -> dict[str, Any]:
-    """JSON-ready dict of a :class:`DetectorConfig`."""
-    return asdict(config)
-
-
 __all__ = [
     "ConformalThresholds",
     "DetectorConfig",
@@ -281,6 +276,5 @@ __all__ = [
     "alarm_rate",
     "conformal_quantile",
     "cosine_deviation",
-    "detector_config_dict",
     "ewma",
 ]
