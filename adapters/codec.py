@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +63,33 @@ def encode(message: Any, *, check_keys: bool = True) -> list[Frame]:
         CodecError: a value of an unsupported type or dtype, naming its path in the message
             (e.g. ``body.observation.x: object arrays are not supported``).
     """
+    try:
+        packer, arrays = _THREAD.encoder
+    except AttributeError:
+        packer, arrays = _THREAD.encoder = _new_encoder()
+    arrays.clear()  # a failed encode may have left some behind
+    try:
+        if check_keys and type(message) in _CONTAINERS and not _str_keys(message):
+            raise TypeError("map key")
+        header = packer.pack(message)
+    except (TypeError, ValueError, OverflowError) as e:
+        path, why = _find_unencodable(message, "message")
+        raise CodecError(f"{path}: {why}" if path else f"message: cannot encode ({e})") from None
+    frames = [header, *arrays]
+    arrays.clear()
+    if len(header) > _MAX_KEPT_HEADER:  # the packer's buffer grew to fit it: let it go rather than keep it
+        del _THREAD.encoder
+    return frames
+
+
+_THREAD = threading.local()  # .encoder: this thread's (msgpack.Packer, its list of array frames)
+_MAX_KEPT_HEADER = 2**20
+
+
+def _new_encoder() -> tuple[msgpack.Packer, list[np.ndarray]]:
+    """A msgpack ``Packer`` whose ``default`` hook turns arrays into extensions and collects them as frames, and that
+    frame list. One per thread, made once: ``msgpack.packb`` builds a ``Packer`` and allocates its 256 KiB buffer
+    on every call; a ``Packer`` resets its buffer after each message and after a failed one."""
     arrays: list[np.ndarray] = []
 
     def default(obj: Any) -> msgpack.ExtType:
@@ -76,14 +104,7 @@ def encode(message: Any, *, check_keys: bool = True) -> list[Frame]:
         arrays.append(obj)
         return _array_ext(code, obj.shape, len(arrays) - 1)
 
-    try:
-        if check_keys and type(message) in _CONTAINERS and not _str_keys(message):
-            raise TypeError("map key")
-        header = msgpack.packb(message, default=default, use_bin_type=True, strict_types=False)
-    except (TypeError, ValueError, OverflowError) as e:
-        path, why = _find_unencodable(message, "message")
-        raise CodecError(f"{path}: {why}" if path else f"message: cannot encode ({e})") from None
-    return [header, *arrays]
+    return msgpack.Packer(default=default, use_bin_type=True, strict_types=False), arrays
 
 
 def check_keys(obj: Any, path: str = "message") -> None:
@@ -110,10 +131,26 @@ def decode(frames: Sequence[Any]) -> Any:
     if not frames:
         raise CodecError("frames: expected at least one (the msgpack header), received none")
     used: set[int] = set()
+    n_arrays = len(frames) - 1
 
     def ext_hook(code: int, data: bytes) -> Any:
-        if code == _EXT_ARRAY:
-            return _decode_array(data, frames, used)
+        if code == _EXT_ARRAY:  # the common case, inlined: the header's fields, checked once per payload
+            head = _DECODED_HEADS.get(data) or _array_head(data)
+            dt, shape, index, size, is_bool, native = head
+            if index in used or not 0 <= index < n_arrays:
+                raise CodecError(f"array: frame index {index} is out of range or reused ({n_arrays} array frame(s))")
+            used.add(index)
+            buf = frames[1 + index]
+            if type(buf) is not zmq.Frame:  # a received frame is a writable byte buffer already
+                buf = _writable_buffer(buf)
+            if len(buf) != size:
+                raise CodecError(
+                    f"array frame {index}: expected {size} bytes for {dt.name} {list(shape)}, received {len(buf)}"
+                )
+            arr = np.ndarray(shape, dt, buf)  # a view of the frame
+            if is_bool and arr.size and arr.view(np.uint8).max() > 1:
+                raise CodecError(f"array frame {index}: bool array holds bytes other than 0 and 1")
+            return arr if native else arr.astype(dt.newbyteorder("="))
         if code == _EXT_STR_ARRAY:
             return _decode_str_array(data)
         if code == _EXT_SCALAR:
@@ -128,7 +165,7 @@ def decode(frames: Sequence[Any]) -> Any:
     try:
         if type(header) not in _BYTE_BUFFERS:
             header = _buffer_of(header)
-        message = msgpack.unpackb(header, ext_hook=ext_hook, raw=False, strict_map_key=True, use_list=True)
+        message = msgpack.unpackb(header, ext_hook=ext_hook)  # defaults: raw=False, strict_map_key, use_list
     except CodecError:
         raise
     except Exception as e:  # msgpack raises several types (ExtraData, FormatError, ValueError...)
@@ -222,27 +259,10 @@ def _array_ext(code: int, shape: tuple[int, ...], index: int) -> msgpack.ExtType
     return ext
 
 
-def _decode_array(data: bytes, frames: Sequence[Any], used: set[int]) -> np.ndarray:
-    head = _DECODED_HEADS.get(data)
-    if head is None:
-        head = _array_head(data)
-    dt, shape, index, nbytes, is_bool, native = head
-    if index in used or not 0 <= index < len(frames) - 1:
-        raise CodecError(f"array: frame index {index} is out of range or reused ({len(frames) - 1} array frame(s))")
-    used.add(index)
-    buf = frames[1 + index]
-    if type(buf) is not zmq.Frame:  # a received frame is a writable byte buffer already
-        buf = _buffer_of(buf)
-        if buf.readonly:
-            buf = memoryview(bytearray(buf))
-    if len(buf) != nbytes:
-        raise CodecError(
-            f"array frame {index}: expected {nbytes} bytes for {dt.name} {list(shape)}, received {len(buf)}"
-        )
-    arr = np.ndarray(shape, dt, buf)  # a view of the frame
-    if is_bool and arr.size and arr.view(np.uint8).max() > 1:
-        raise CodecError(f"array frame {index}: bool array holds bytes other than 0 and 1")
-    return arr if native else arr.astype(dt.newbyteorder("="))
+def _writable_buffer(frame: Any) -> memoryview:
+    """A writable 1-D byte view of ``frame``: its own for a writable buffer, a copy's for a read-only one (bytes)."""
+    buf = _buffer_of(frame)
+    return memoryview(bytearray(buf)) if buf.readonly else buf
 
 
 def _array_head(data: bytes) -> tuple[np.dtype, tuple[int, ...], int, int, bool, bool]:

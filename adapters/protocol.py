@@ -255,13 +255,71 @@ def parse_message(
             "type",
             rid,
         )
-    problem = _fields_problem(schema, body, "body", type_)
-    if problem:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, problem[1], problem[0], rid)
+    accept = _ACCEPTORS.get(id(schema))
+    if accept is None or accept[0] is not schema:
+        accept = _remember_acceptor(schema)
+    if not accept[1](body):  # not certainly valid: the exact checks name the problem, if there is one
+        problem = _fields_problem(schema, body, "body", type_)
+        if problem:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, problem[1], problem[0], rid)
     return Message(rid, type_, body, protocol)
 
 
 _ENVELOPES = ({"id", "type", "body"}, {"id", "type", "body", "v"})
+_ACCEPTORS: dict[int, tuple[Mapping[str, Field], Any]] = {}  # id(schema) -> (schema, its acceptor)
+
+
+def _remember_acceptor(schema: Mapping[str, Field]) -> tuple[Mapping[str, Field], Any]:
+    """``(schema, acceptor)`` for ``schema``, made once (the entry holds the schema, so its id is not reused while
+    cached; at most 1,024 entries: parse_message is given the module's schemas, not new ones per message)."""
+    if len(_ACCEPTORS) >= 1024:
+        _ACCEPTORS.clear()
+    entry = _ACCEPTORS[id(schema)] = (schema, _acceptor(schema))
+    return entry
+
+
+def _acceptor(schema: Mapping[str, Field]) -> Any:
+    """A function ``accept(value) -> bool`` that is True only for a map that conforms to ``schema``, by exact-type
+    tests alone (``bool`` where ``bool`` is listed, ``float`` where ``float`` is, arrays of type ``np.ndarray``...).
+
+    Every value it accepts passes :func:`_fields_problem`; a False sends the value there, which accepts what the
+    exact tests do not cover (an int for a float, subclasses) and names the problem otherwise. It walks the
+    fields present rather than every field of the schema, and tests most fields inline: it runs on every message
+    (a policy request's schema check took about half the time of its decode before).
+    """
+    names = frozenset(schema)
+    required = frozenset(name for name, (_, optional) in schema.items() if not optional)
+    tests: dict[str, Any] = {}  # name -> a frozenset of exact types (inline test) or a function
+    for name, (kind, optional) in schema.items():
+        maybe_none = frozenset((type(None),)) if optional else frozenset()
+        if type(kind) is tuple:
+            tests[name] = frozenset(kind) | maybe_none
+        elif type(kind) is dict:
+            tests[name] = _acceptor(kind)
+        elif kind in _EXACT_KINDS:
+            tests[name] = _EXACT_KINDS[kind] | maybe_none
+        else:
+            tests[name] = _KIND_ACCEPTORS[kind]
+
+    def accept(value: Any) -> bool:
+        if type(value) is not dict:
+            return False
+        keys = value.keys()
+        if not (keys <= names and keys >= required):
+            return False
+        for name, item in value.items():
+            test = tests[name]
+            if type(test) is frozenset:
+                if type(item) not in test:
+                    return False
+            elif item is None:
+                if name in required:
+                    return False
+            elif not test(item):
+                return False
+        return True
+
+    return accept
 
 
 def _fields_problem(schema: Mapping[str, Field], value: Any, path: str, what: str) -> tuple[str, str] | None:
@@ -343,6 +401,48 @@ def _obs_problem(obs: Any) -> str | None:
     return None
 
 
+def _accept_obs(obs: Any) -> bool:
+    if type(obs) is not dict:
+        return False
+    for value in obs.values():
+        if type(value) is np.ndarray or type(value) is str:
+            continue
+        if type(value) is not list:
+            return False
+        for s in value:
+            if type(s) is not str:
+                return False
+    return True
+
+
+def _accept_obs_list(value: Any) -> bool:
+    if type(value) is not list:
+        return False
+    for obs in value:
+        if not _accept_obs(obs):
+            return False
+    return True
+
+
+def _accept_list_of(kind: type) -> Any:
+    def accept(value: Any) -> bool:
+        if type(value) is not list:
+            return False
+        for v in value:
+            if type(v) is not kind:
+                return False
+        return True
+
+    return accept
+
+
+_EXACT_KINDS = {"array": frozenset((np.ndarray,)), "any_map": frozenset((dict,))}
+_KIND_ACCEPTORS = {
+    "int_list": _accept_list_of(int),
+    "str_list": _accept_list_of(str),
+    "obs": _accept_obs,
+    "obs_list": _accept_obs_list,
+}
 _KIND_CHECKS = {
     "array": _array_problem,
     "any_map": _map_problem,
