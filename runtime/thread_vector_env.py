@@ -55,7 +55,11 @@ class ThreadVectorEnv(gym.vector.VectorEnv):
         for t in self._threads:
             t.start()
         self.closed = False
-        spaces = self._all(lambda env: (env.observation_space, env.action_space, env.metadata, env.render_mode))
+        try:  # a sub-env constructor that raised on its thread raises here
+            spaces = self._all(lambda env: (env.observation_space, env.action_space, env.metadata, env.render_mode))
+        except BaseException:
+            self.close()
+            raise
         self.single_observation_space, self.single_action_space, metadata, self.render_mode = spaces[0]
         for i, (obs_space, act_space, _, _) in enumerate(spaces):
             for name, got, want in (("observation_space", obs_space, self.single_observation_space),

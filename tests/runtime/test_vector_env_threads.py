@@ -109,6 +109,22 @@ def test_rollout_with_threads_equals_sync():
     assert [(r.index, r.seed, r.n_steps) for r in results[1]] == [(0, 0, 6), (1, 1, 6), (2, 2, 6)]
 
 
+def test_a_failing_sub_env_constructor_raises_and_leaves_no_thread():
+    calls = []
+
+    def build():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("no simulator")
+        return _ThreadTagged()
+
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="no simulator"):
+        make_vector_env(build, 3, threads=True)
+    assert len(calls) == 3
+    assert threading.active_count() == before
+
+
 def test_asynchronous_and_threads_together_are_refused():
     with pytest.raises(ValueError, match="asynchronous and threads"):
         make_vector_env(_ThreadTagged, 2, asynchronous=True, threads=True)
