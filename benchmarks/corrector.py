@@ -130,9 +130,10 @@ def _cpu_ms(fn, calls: int = 5) -> float:
 
 def monitor_breakdown(policy, monitor_dir: str, rows: int, reps: int = 12) -> dict:
     """CPU ms (medians over ``reps`` interleaved repetitions) of the parts of a corrective monitor step on ``rows``
-    rows of new synthetic frames: ``policy.embed`` (the encoder pass of every row's new frame), the image trunk
-    per frame at batch 1, 2 and ``rows``, each trunk layer at batch ``rows``, the monitor's MLP + score and
-    detector; and of ``predict_action_chunk`` for 1-3 rows with cached latents (a policy call without its frames).
+    rows of new synthetic frames: ``policy.update_observation`` + ``policy.embed`` (the encoder pass of every row's
+    new frame), the image trunk per frame at batch 1, 2 and ``rows``, each trunk layer at batch ``rows``, the
+    monitor's MLP + score and detector; and of ``predict_action_chunk`` for 1-3 rows with cached latents (a policy
+    call without its frames).
     Also the paired ratios ``inference_mode / no_grad`` and ``channels_last / default`` of the trunk."""
     import copy
 
