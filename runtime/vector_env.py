@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from policylink.adapters.schema import EnvSpec
+from policylink.runtime.thread_vector_env import ThreadVectorEnv
 
 EPISODE_INDEX = "policylink_episode"  # reset-info key: index of the planned episode (-1 = padding)
 EPISODE_SEED = "policylink_seed"  # reset-info key: its reset seed (-1 = none)
@@ -88,8 +89,8 @@ def make_vector_env(
         asynchronous: one subprocess per slot, with pipes instead of shared memory (gymnasium's shared-memory
             buffers garble ``Text`` observations such as ``task``) and the ``forkserver`` start method (a child
             forked from a process that already holds an EGL context hangs on its first render).
-        threads: one thread per slot in this process (MuJoCo's physics runs in parallel, without the pipes and
-            pickling of ``asynchronous``; the envs' Python code shares the GIL).
+        threads: slots on threads of this process, slot 0 on the caller's (MuJoCo's physics runs in parallel,
+            without the pipes and pickling of ``asynchronous``; the envs' Python code shares the GIL).
 
     Raises:
         ValueError: both ``asynchronous`` and ``threads``.
@@ -102,8 +103,6 @@ def make_vector_env(
         fns = [_PlannedEnvFn(env_fn, plan, max_episode_steps) for plan in plans]
     mode = gym.vector.AutoresetMode.SAME_STEP
     if threads:
-        from policylink.runtime.thread_vector_env import ThreadVectorEnv
-
         return ThreadVectorEnv(fns)
     if asynchronous:
         return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="forkserver", autoreset_mode=mode)
