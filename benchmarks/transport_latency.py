@@ -343,9 +343,19 @@ def python_cpu_us(case: str, n: int = 2000) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
-def summary(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float], load: tuple) -> dict:
+def round_ratios(lat: dict, case: str, other: str, block: int) -> np.ndarray:
+    """Per round, policylink's p50 over ``other``'s p50 in ``case`` (their blocks of ``block`` round trips ran
+    back to back in that round, so a ratio pairs measurements taken under the same load)."""
+    ours, theirs = (lat[(s, case)].reshape(-1, block) for s in ("policylink", other))
+    return np.median(ours, axis=1) / np.median(theirs, axis=1)
+
+
+def summary(
+    lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float], load: tuple, block: int
+) -> dict:
     """The run as plain data (the ``--json`` file): machine, command, and per case and stack the p50/p90/p99
-    latency (ms), the ratios of ours to each other stack's p50, and our Python CPU per round trip (us)."""
+    latency (ms), the ratios of ours to each other stack's p50 (pooled, and per round: median, p25, p75), and our
+    Python CPU per round trip (us)."""
     cells = {}
     for case in CASES:
         cells[case] = {
@@ -355,6 +365,11 @@ def summary(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, 
         if "policylink" in stacks:
             ours = cells[case]["policylink"]["p50_ms"]
             cells[case]["ours_over"] = {s: round(ours / cells[case][s]["p50_ms"], 3) for s in stacks}
+            cells[case]["ours_over_per_round"] = {
+                s: {f"p{q}": round(float(np.percentile(round_ratios(lat, case, s, block), q)), 3) for q in (25, 50, 75)}
+                for s in stacks
+                if s != "policylink"
+            }
             cells[case]["ours_python_cpu_us"] = round(cpu_us[case], 1)
     return {
         "command": command,
@@ -368,9 +383,9 @@ def summary(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, 
     }
 
 
-def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float], load: tuple) -> str:
-    """Markdown table of p50/p99 (ms), ratios vs bare ZeroMQ, openpi websocket and gRPC + pickle, and the CPU
-    time of policylink's Python work per round trip."""
+def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float], load: tuple, block: int) -> str:
+    """Markdown table of p50/p99 (ms), ratios vs bare ZeroMQ, openpi websocket and gRPC + pickle (pooled p50s, then
+    the median [p25-p75] of the per-round ratios), and the CPU time of policylink's Python work per round trip."""
     ms = {k: (np.percentile(v, 50) * 1e3, np.percentile(v, 99) * 1e3) for k, v in lat.items()}
     lines = [
         f"Command: `{command}`",
@@ -381,8 +396,8 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
         "",
         "| case | "
         + " | ".join(f"{s} p50 / p99 ms" for s in stacks)
-        + " | ours/bare | ours/ws | ours/grpc | ours: Python CPU per round trip |",
-        "|---" * (len(stacks) + 5) + "|",
+        + " | ours/bare | ours/ws | ours/grpc | per round: ours/bare | ours/ws | ours: Python CPU per round trip |",
+        "|---" * (len(stacks) + 7) + "|",
     ]
     for case in CASES:
         cells = [f"{ms[(s, case)][0]:.3f} / {ms[(s, case)][1]:.3f}" for s in stacks]
@@ -391,7 +406,13 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
             f"{ours / ms[(s, case)][0]:.2f}" if s in stacks and ours is not None else "-"
             for s in ("bare_zmq", "openpi_ws", "grpc_pickle")
         ]
-        lines.append(f"| {case} | " + " | ".join([*cells, *ratios, f"{cpu_us[case]:.0f} us"]) + " |")
+        per_round = [
+            "{1:.2f} [{0:.2f}-{2:.2f}]".format(*np.percentile(round_ratios(lat, case, s, block), (25, 50, 75)))
+            if ours is not None and s in stacks
+            else "-"
+            for s in ("bare_zmq", "openpi_ws")
+        ]
+        lines.append(f"| {case} | " + " | ".join([*cells, *ratios, *per_round, f"{cpu_us[case]:.0f} us"]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -506,12 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     lat = run(args.rounds, args.block, stacks)
     load = (load_start, os.getloadavg()[0])
     cpu_us = {case: python_cpu_us(case) for case in CASES} if "policylink" in stacks else dict.fromkeys(CASES, 0.0)
-    text = report(lat, stacks, command.strip(), cpu_us, load)
+    text = report(lat, stacks, command.strip(), cpu_us, load, args.block)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(summary(lat, stacks, command.strip(), cpu_us, load), indent=1) + "\n")
+        data = summary(lat, stacks, command.strip(), cpu_us, load, args.block)
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 
