@@ -10,12 +10,17 @@ The runs themselves are ``policylink`` commands (``benchmarks/results/metaworld_
   ``meta/episode_success``);
 - ``<policy>``: each ``<evals>/<policy>_<task>/results.json`` (``policylink eval`` output); a multi-task policy
   (one checkpoint for all ten tasks, e.g. ``vla_mt10``) is evaluated per task into the same layout.
+- ``flow, <executor> (16-step chunks)``: with ``--corrective DIR``, each ``DIR/corr_<task>/bench/results.json``
+  (``benchmarks/corrector.py --env metaworld/<task>``: replan every step, corrective, open-loop 4), each cell also
+  carrying ``calls_per_episode``; the corrective table beside it (``--state_evals``: the flow row's evals, for the
+  open-loop 4 calls of tasks whose corrector run had no open-loop cell). Image rows: ``--evals outputs/mw_img/eval
+  --policies flow_image``.
 
 Rows already in ``<out>.json`` for policies not named in ``--policies`` are kept (other runs, e.g. the image
 policies' rows collected from another ``--evals`` folder, share the files), so each run only rewrites its own rows.
 
     .venv/bin/python benchmarks/metaworld_mt10.py [--data outputs/mw/data] [--evals outputs/mw/eval]
-        [--policies flow diffusion act vla_mt10] [--out benchmarks/results/metaworld_mt10]
+        [--policies flow diffusion act vla_mt10] [--corrective outputs/mw_img] [--out benchmarks/results/metaworld_mt10]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ PUBLISHED = [
 
 LABELS = {
     "vla_mt10": "vla_mt10 (one policy for all ten tasks, told the task by its instruction)",
+    "flow_image": "flow_image (corner2 camera 64x64 + hand and gripper, no object or goal state)",
 }
 """Row labels that say more than the policy name (the multi-task row); other rows show the name."""
 
@@ -68,6 +74,67 @@ def policy_results(evals: Path, policy: str) -> dict[str, dict[str, float | int]
         (summary,) = json.loads(path.read_text())
         out[task] = {"success": summary["pc_success"] / 100.0, "episodes": int(summary["n_episodes"])}
     return out
+
+
+CORRECTIVE_ROWS = {"every1": "replan every step", "open4": "open-loop 4", "corrective": "corrective"}
+"""``benchmarks/corrector.py`` cell (its executor name up to the first ``:``) -> its row in the corrective table."""
+
+
+def corrective_results(root: Path) -> dict[str, dict[str, dict[str, float | int]]]:
+    """Executor row -> task -> ``{"success", "episodes", "calls_per_episode"}`` from each
+    ``<root>/corr_<task>/bench/results.json`` (``benchmarks/corrector.py --env metaworld/<task>`` output, unperturbed
+    cells only); a task without that file is left out."""
+    out: dict[str, dict[str, dict[str, float | int]]] = {row: {} for row in CORRECTIVE_ROWS.values()}
+    for task in MT10_TASKS:
+        path = root / f"corr_{task}" / "bench" / "results.json"
+        if not path.exists():
+            continue
+        for cell in json.loads(path.read_text())["cells"]:
+            row = CORRECTIVE_ROWS.get(cell["executor"].split(":")[0])
+            if row is None or cell["perturbation"] != "none":
+                continue
+            out[row][task] = {"success": cell["success"], "episodes": int(cell["n"]),
+                              "calls_per_episode": cell["calls_per_episode"]}  # fmt: skip
+    return out
+
+
+def open_loop_calls(evals: Path, task: str) -> dict[str, float | int] | None:
+    """The state flow row's cell on ``task`` (``<evals>/flow_<task>/results.json``: open-loop 4, one env per
+    episode) with its ``calls_per_episode``; None when it was not run."""
+    path = evals / f"flow_{task}" / "results.json"
+    if not path.exists():
+        return None
+    (c,) = json.loads(path.read_text())
+    return {"success": c["pc_success"] / 100.0, "episodes": int(c["n_episodes"]), "calls_per_episode": c["avg_calls"]}
+
+
+def corrective_markdown(rows: dict[str, dict[str, dict[str, float | int]]], evals: Path) -> str:
+    """Per task: success % [Wilson 95 %] and policy calls per episode of replan-every-step, corrective and open-loop
+    4 (``corrector.py``'s own cell, else the flow row's, marked ``*``), and the goal: corrective within 3 points of
+    replan-every-step at <= 30 % of its calls."""
+
+    def cell(c: dict[str, float | int], mark: str = "") -> str:
+        lo, hi = wilson_interval(round(c["success"] * c["episodes"]), int(c["episodes"]))
+        return f"{100 * c['success']:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]{mark}, {c['calls_per_episode']:.1f}"
+
+    lines = ["| task | replan every step | corrective | open-loop 4 | corrective vs every step |"]
+    lines.append("|---|---|---|---|---|")
+    for task in MT10_TASKS:
+        every, corr = rows["replan every step"].get(task), rows["corrective"].get(task)
+        if every is None and corr is None:
+            continue
+        open4, mark = rows["open-loop 4"].get(task), ""
+        if open4 is None:
+            open4, mark = open_loop_calls(evals, task), "*"
+        goal = "-"
+        if every is not None and corr is not None:
+            gap = 100 * (corr["success"] - every["success"])
+            share = corr["calls_per_episode"] / every["calls_per_episode"]
+            met = "met" if gap >= -3 and share <= 0.3 else "not met"
+            goal = f"{gap:+.0f} points at {100 * share:.0f} % of the calls: {met}"
+        parts = [cell(c, m) if c else "not run" for c, m in ((every, ""), (corr, ""), (open4, mark))]
+        lines.append(f"| {task} | " + " | ".join(parts) + f" | {goal} |")
+    return "\n".join(lines)
 
 
 def markdown(table: dict[str, dict[str, dict[str, float | int]]]) -> str:
@@ -99,15 +166,23 @@ def main() -> None:
     p.add_argument("--evals", default="outputs/mw/eval")
     p.add_argument("--policies", nargs="+", default=["flow"])
     p.add_argument("--out", default="benchmarks/results/metaworld_mt10")
+    p.add_argument("--corrective", default=None, help="folder of corr_<task>/bench/results.json (corrector.py)")
+    p.add_argument("--state_evals", default="outputs/mw/eval", help="the flow row's evals (open-loop 4 calls)")
     args = p.parse_args()
     out_json = Path(args.out + ".json")
     table = json.loads(out_json.read_text()) if out_json.exists() else {}
     table["expert"] = expert_results(Path(args.data))
     for policy in args.policies:
         table[policy] = policy_results(Path(args.evals), policy)
+    corrective = corrective_results(Path(args.corrective)) if args.corrective else {}
+    for row, cells in corrective.items():  # calls per episode ride along in the JSON
+        table[f"flow, {row} (16-step chunks)"] = cells
     out_json.write_text(json.dumps(table, indent=2) + "\n")
-    Path(args.out + ".table.md").write_text(markdown(table) + "\n")
-    print(markdown(table))
+    text = markdown(table)
+    if corrective:
+        text += "\n\nCorrective execution:\n\n" + corrective_markdown(corrective, Path(args.state_evals))
+    Path(args.out + ".table.md").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":
