@@ -33,6 +33,7 @@ from policylink.data.normalize import Normalizer
 from policylink.policies.common import conv_paths
 from policylink.policies.common.encoders import EncoderConfig
 from policylink.policies.common.unet1d import GemmConv1d, UNetConfig
+from policylink.policies.processing import processors_for
 from policylink.policies.registry import make_config, make_policy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "inference_latency.md"
@@ -161,7 +162,8 @@ def _ours(kind: str, variant: str, down: list[int]):
     modes = {k: ("identity" if f.is_image else "min_max") for k, f in feats.items()} | {"action": "min_max"}
     if variant == "image":
         stats[IMAGE] = {"mean": np.zeros((3, 1, 1))}
-    policy = make_policy(kind, spec=spec, normalizer=Normalizer(stats, modes), config=cfg, device="cpu")
+    chain = processors_for(cfg, feats, Normalizer(stats, modes))
+    policy = make_policy(kind, spec=spec, processors=chain, config=cfg, device="cpu")
 
     def make_input(b: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(0)

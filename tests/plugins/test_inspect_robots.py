@@ -39,6 +39,7 @@ def flow_checkpoint(tmp_path_factory):
 
     from policylink.data.normalize import Normalizer
     from policylink.policies.common.unet1d import UNetConfig
+    from policylink.policies.processing import processors_for
     from policylink.policies.registry import make_config, make_policy
 
     env_spec = make_env("reach").env_spec
@@ -57,7 +58,8 @@ def flow_checkpoint(tmp_path_factory):
     }
     torch.manual_seed(0)
     norm = Normalizer(stats, {STATE: "min_max", "action": "min_max"})
-    policy = make_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu", seed=0)
+    chain = processors_for(cfg, spec.observation_features, norm)
+    policy = make_policy("flow", spec=spec, processors=chain, config=cfg, device="cpu", seed=0)
     return policy.save(tmp_path_factory.mktemp("ir") / "flow")
 
 

@@ -247,6 +247,7 @@ def _image_flow_policy(seed):
     from policylink.data.normalize import Normalizer
     from policylink.policies.common.encoders import EncoderConfig
     from policylink.policies.common.unet1d import UNetConfig
+    from policylink.policies.processing import processors_for
     from policylink.policies.registry import make_config, make_policy
 
     image = "observation.images.front"
@@ -258,7 +259,8 @@ def _image_flow_policy(seed):
     spec = PolicySpec(features, action, n_obs_steps=2, chunk_size=H, n_action_steps=4, control_frequency=10.0)
     stats = {STATE: {"min": np.zeros(3), "max": np.ones(3)}, "action": {"min": -np.ones(2), "max": np.ones(2)}}
     norm = Normalizer(stats, {STATE: "min_max", "action": "min_max", image: "identity"})
-    return make_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu", seed=seed), image
+    chain = processors_for(cfg, features, norm)
+    return make_policy("flow", spec=spec, processors=chain, config=cfg, device="cpu", seed=seed), image
 
 
 def test_monitor_and_plans_share_one_encoder_pass_per_step_and_score_fresh_latents():

@@ -43,6 +43,7 @@ def _tiny_flow_policy():
     from policylink.adapters.schema import ActionSpec, FeatureSpec
     from policylink.data.normalize import Normalizer
     from policylink.policies.common.unet1d import UNetConfig
+    from policylink.policies.processing import processors_for
     from policylink.policies.registry import make_config, make_policy
 
     state = "observation.state"
@@ -65,7 +66,8 @@ def _tiny_flow_policy():
     stats = {state: {"min": np.zeros(3), "max": np.ones(3)}, "action": {"min": -np.ones(2), "max": np.ones(2)}}
     torch.manual_seed(0)
     norm = Normalizer(stats, {state: "min_max", "action": "min_max"})
-    return make_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu", seed=0)
+    chain = processors_for(cfg, spec.observation_features, norm)
+    return make_policy("flow", spec=spec, processors=chain, config=cfg, device="cpu", seed=0)
 
 
 def test_rtc_prefix_over_the_wire_matches_in_process_for_a_flow_policy():

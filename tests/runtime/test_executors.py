@@ -315,6 +315,7 @@ def test_rtc_guidance_known_values():
 def _tiny_flow_policy():
     from policylink.data.normalize import Normalizer
     from policylink.policies.common.unet1d import UNetConfig
+    from policylink.policies.processing import processors_for
     from policylink.policies.registry import make_config, make_policy
 
     cfg = make_config(
@@ -336,7 +337,8 @@ def _tiny_flow_policy():
     stats = {STATE: {"min": np.zeros(3), "max": np.ones(3)}, "action": {"min": -np.ones(2), "max": np.ones(2)}}
     norm = Normalizer(stats, {STATE: "min_max", "action": "min_max"})
     torch.manual_seed(0)
-    return make_policy("flow", spec=spec, normalizer=norm, config=cfg, device="cpu", seed=0)
+    chain = processors_for(cfg, spec.observation_features, norm)
+    return make_policy("flow", spec=spec, processors=chain, config=cfg, device="cpu", seed=0)
 
 
 @pytest.mark.slow
