@@ -67,16 +67,16 @@ def encode(message: Any, *, check_keys: bool = True) -> list[Frame]:
         packer, arrays = _THREAD.encoder
     except AttributeError:
         packer, arrays = _THREAD.encoder = _new_encoder()
-    arrays.clear()  # a failed encode may have left some behind
     try:
         if check_keys and type(message) in _CONTAINERS and not _str_keys(message):
             raise TypeError("map key")
         header = packer.pack(message)
+        frames = [header, *arrays]
     except (TypeError, ValueError, OverflowError) as e:
         path, why = _find_unencodable(message, "message")
         raise CodecError(f"{path}: {why}" if path else f"message: cannot encode ({e})") from None
-    frames = [header, *arrays]
-    arrays.clear()
+    finally:
+        arrays.clear()  # the thread's list holds no array past this call, sent or refused
     if len(header) > _MAX_KEPT_HEADER:  # the packer's buffer grew to fit it: let it go rather than keep it
         del _THREAD.encoder
     return frames
@@ -88,8 +88,9 @@ _MAX_KEPT_HEADER = 2**20
 
 def _new_encoder() -> tuple[msgpack.Packer, list[np.ndarray]]:
     """A msgpack ``Packer`` whose ``default`` hook turns arrays into extensions and collects them as frames, and that
-    frame list. One per thread, made once: ``msgpack.packb`` builds a ``Packer`` and allocates its 256 KiB buffer
-    on every call; a ``Packer`` resets its buffer after each message and after a failed one."""
+    frame list. One per thread that encodes (its 256 KiB buffer kept), made once: ``msgpack.packb`` builds a
+    ``Packer`` and allocates that buffer on every call; a ``Packer`` resets its buffer after each message and after a
+    failed one."""
     arrays: list[np.ndarray] = []
 
     def default(obj: Any) -> msgpack.ExtType:

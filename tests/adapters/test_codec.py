@@ -221,3 +221,36 @@ def test_random_bytes_never_crash_the_decoder(frames):
         decode(frames)
     except CodecError:
         pass
+
+
+def test_a_refused_message_leaves_no_arrays_behind_and_the_next_one_encodes_alone():
+    from policylink.adapters import codec
+
+    big = np.ones(1000, np.float32)
+    with pytest.raises(CodecError, match=r"message\.bad: object arrays"):
+        encode({"x": big, "bad": np.array([object()], dtype=object)})
+    assert codec._THREAD.encoder[1] == []  # the refused message's array is not kept alive
+    frames = encode({"y": np.arange(3, dtype=np.int16)})
+    assert len(frames) == 2 and decode(_as_bytes(frames))["y"].tolist() == [0, 1, 2]
+
+
+def test_each_thread_encodes_with_its_own_packer():
+    import threading
+
+    from policylink.adapters import codec
+
+    results, packers = {}, {}
+
+    def work(i):
+        x = np.full((i + 1,), i, np.int32)
+        for _ in range(200):
+            results[i] = decode(_as_bytes(encode({"x": x, "i": i})))
+        packers[i] = codec._THREAD.encoder[0]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(results[i]["i"] == i and results[i]["x"].tolist() == [i] * (i + 1) for i in range(4))
+    assert len({id(p) for p in packers.values()}) == 4
