@@ -86,7 +86,7 @@ class Ours:
         data = DatasetConfig(path=str(store_path), control_mode="joint_position", val_fraction=0.0)
         cfg = TrainConfig(policy=policy, dataset=data, batch_size=self.batch_size, device=args.device, steps=10**6)
         self.loss_fn = make_loss(cfg)
-        spec, _, self.ds, _ = training_data(cfg, self.loss_fn.fields, warn=False)
+        spec, self.ds, _ = training_data(cfg, self.loss_fn.fields, warn=False)
         torch.manual_seed(0)
         self.model = build_model(policy, spec.observation_features, spec.action.dim).to(self.device)
         optim = optim_config(cfg)  # AdamW, clip, cosine LR and EMA, as policylink train

@@ -88,7 +88,7 @@ def device_info(device: str) -> dict[str, Any]:
 
 def train(store_path: Path, args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     """``args.steps`` AMP training steps as ``policylink train`` takes them (its data, model, optimizer, EMA).
-    Returns ``(EMA model, normalizer, spec, results)``; results: samples/s after the warm-up, data seconds per
+    Returns ``(EMA model, processor chain, spec, results)``; results: samples/s after the warm-up, data seconds per
     step (batch building in the training process), loss at the start / end, autocast dtype, peak memory."""
     import torch
 
@@ -105,7 +105,7 @@ def train(store_path: Path, args: argparse.Namespace) -> tuple[Any, Any, Any, di
     data = DatasetConfig(path=str(store_path), control_mode="joint_position", val_fraction=0.0)
     cfg = TrainConfig(policy=policy, dataset=data, batch_size=args.batch, steps=args.steps, device=args.device)
     loss_fn, device = make_loss(cfg), torch.device(args.device)
-    spec, normalizer, ds, _ = training_data(cfg, loss_fn.fields, warn=False)
+    spec, ds, _ = training_data(cfg, loss_fn.fields, warn=False)
     torch.manual_seed(0)
     model = build_model(policy, spec.observation_features, spec.action.dim).to(device)
     run = Optimization(model, dataclasses.replace(optim_config(cfg), amp=True), device=device)
@@ -144,7 +144,7 @@ def train(store_path: Path, args: argparse.Namespace) -> tuple[Any, Any, Any, di
         "autocast": seen.get("autocast"), "all_finite": bool(np.isfinite(losses).all()),
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
     }  # fmt: skip
-    return run.ema.model, normalizer, spec, results
+    return run.ema.model, ds.processors, spec, results
 
 
 def observation_batches(store: Any, keys: list[str], b: int, steps: int = 40) -> list[dict[str, np.ndarray]]:
@@ -252,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(res["info"]), flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         store = build_store(Path(tmp) / "demo.zarr", "image", args.episodes, 60)
-        ema, normalizer, spec, res["train"] = train(Path(tmp) / "demo.zarr", args)
+        ema, processors, spec, res["train"] = train(Path(tmp) / "demo.zarr", args)
         print(f"train: {json.dumps(res['train'])}", flush=True)
-        ckpt = save_checkpoint(Path(tmp) / "ckpt", model=ema, normalizer=normalizer, spec=spec)
+        ckpt = save_checkpoint(Path(tmp) / "ckpt", model=ema, processors=processors, spec=spec)
         policy = load_policy(str(ckpt), device=args.device)
         res["inference"] = inference(policy, store, args)
         print(f"chunk inference (ms): {json.dumps(res['inference'])}", flush=True)

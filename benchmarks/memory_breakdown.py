@@ -56,8 +56,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for item in args.policies:
         label, path = item.split("=", 1)
-        _, spec, model, norm = load_components(path)
-        r = breakdown(policy_for_model(model, norm, spec, device="cpu"), args.episodes, args.seed)
+        _, spec, model, processors = load_components(path)
+        r = breakdown(policy_for_model(model, processors, spec, device="cpu"), args.episodes, args.seed)
         print(f"| {label} | {r['success']:.0%} | {r['wrong_goal']:.0%} | {r['no_waypoint']:.0%} | {r['other']:.0%} |")
 
 

@@ -54,8 +54,8 @@ def main() -> None:
     policies = {}
     for item in args.policies:
         label, path = item.split("=", 1)
-        _, spec, model, norm = load_components(path)
-        policies[label] = policy_for_model(model, norm, spec, device="cpu")
+        _, spec, model, processors = load_components(path)
+        policies[label] = policy_for_model(model, processors, spec, device="cpu")
     stream = episode_stream(args.store)
     times: dict[str, list[float]] = {k: [] for k in policies}
     labels = list(policies)

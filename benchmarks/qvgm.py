@@ -82,17 +82,15 @@ def critic_ranking(loop: Path, base: str, env: str, episodes: int, rounds: int) 
     from policylink.policies.checkpoint import load_components
     from policylink.policies.critics import ChunkCritic
     from policylink.policies.finetune.transitions import build_transitions
-    from policylink.policies.processing import processors_for
     from policylink.train.loop import LoopConfig, _record
 
     heldout = loop / "heldout.zarr"
     if not heldout.exists():
         _record(LoopConfig(policy=base, env=env, episodes=episodes), base, str(heldout), 200_000, {})
-    _, _, model, normalizer = load_components(base)
+    _, _, model, processors = load_components(base)
     out = {}
     for r in range(1, rounds + 1):
         critic = ChunkCritic.load(loop / f"round_{r:02d}" / "critic")
-        processors = processors_for(model.cfg, model.features, normalizer)
         cache = build_transitions(heldout, model, processors, critic.cfg.horizon, critic.cfg.gamma)
         with EpisodeStore(heldout, "r") as s:
             rewards, ends = s.array("reward")[:], s.episode_ends

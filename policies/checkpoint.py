@@ -181,14 +181,19 @@ def save_checkpoint(
     return path
 
 
-def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkModel, Normalizer]:
-    """Read config, spec, model (weights loaded, on CPU, eval mode) and normaliser from a checkpoint folder.
+def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkModel, Processors]:
+    """Read config, spec, model (weights loaded, on CPU, eval mode) and processor chain from a checkpoint folder.
 
     The config's ``type`` selects the registered policy type (:func:`policylink.policies.config.build_model`), which
-    builds the model; :func:`policylink.policies.registry.load_checkpoint` wraps the parts in a PolicyAdapter.
+    builds the model; :func:`policylink.policies.registry.load_checkpoint` wraps the parts in a PolicyAdapter. The
+    chain is the folder's ``processors.json`` with the statistics of ``normalizer.safetensors`` (its normaliser:
+    ``processors.normalizer``), or, for a folder written before that file existed, the chain derived from its config
+    (:func:`~policylink.policies.processing.processors_for`).
 
     Raises:
-        CheckpointError: a required file is missing, or the weights do not fit the config.
+        CheckpointError: a required file is missing, the weights do not fit the config, ``processors.json`` is
+            malformed, or its model-side steps (``crop``, ``tokenize``) or frame stack disagree with the config the
+            model is built from (names the step).
     """
     path = Path(path)
     if not path.is_dir():
@@ -212,22 +217,15 @@ def load_components(path: str | Path) -> tuple[PolicyConfig, PolicySpec, ChunkMo
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint {str(path)!r}: {MODEL_FILE} does not fit the config: {e}") from e
     normalizer = Normalizer.from_state_dict(load_tensors(path / NORMALIZER_FILE))
-    return cfg, spec, model.eval(), normalizer
+    return cfg, spec, model.eval(), _load_processors(path, cfg, spec, normalizer)
 
 
-def load_processors(path: str | Path, cfg: PolicyConfig, spec: PolicySpec, normalizer: Normalizer) -> Processors:
-    """The processor chain of checkpoint folder ``path``: its ``processors.json`` with ``normalizer``'s statistics,
-    or, for a folder written before the file existed, the chain derived from its config
-    (:func:`~policylink.policies.processing.processors_for`).
-
-    Raises:
-        CheckpointError: the file is malformed, or its model-side steps (``crop``, ``tokenize``) or frame stack
-            disagree with the config the model is built from (names the step).
-    """
+def _load_processors(path: Path, cfg: PolicyConfig, spec: PolicySpec, normalizer: Normalizer) -> Processors:
+    """The chain of :func:`load_components` (see there)."""
     from policylink.policies.processing import processors_for
 
     derived = processors_for(cfg, spec.observation_features, normalizer)
-    file = Path(path) / PROCESSORS_FILE
+    file = path / PROCESSORS_FILE
     if not file.is_file():
         return derived
     try:

@@ -162,11 +162,10 @@ def load_checkpoint(
         CheckpointError: missing or inconsistent files, or an old (pickle) layout.
         ValueError: a bad ``cfg_scale`` (see :meth:`~policylink.policies.policy.ChunkPolicy.set_cfg_scale`).
     """
-    from policylink.policies.checkpoint import load_components, load_processors, resolve_device  # torch: now
+    from policylink.policies.checkpoint import load_components, resolve_device  # torch: now
     from policylink.policies.policy import ChunkPolicy, policy_for_model
 
-    cfg, spec, model, normalizer = load_components(path)
-    processors = load_processors(path, cfg, spec, normalizer)
+    cfg, spec, model, processors = load_components(path)
     policy = policy_for_model(model, processors, spec, device=resolve_device(device), seed=seed)
     if cfg_scale is not None and isinstance(policy, ChunkPolicy):
         policy.set_cfg_scale(cfg_scale)

@@ -290,19 +290,19 @@ def _check_checkpoint_fits(cmd: LabelCommand, model, store) -> None:
 
 
 def _value_advantage(cmd, store, success):
-    from policylink.policies.checkpoint import load_components, load_processors
+    from policylink.policies.checkpoint import load_components
     from policylink.policies.finetune.advantage import store_latents
     from policylink.train.value import cross_fitted_values
 
     if not cmd.checkpoint:
         raise ValueError("checkpoint: source=value needs the frozen policy whose latents feed the value model")
-    cfg, spec, model, normalizer = load_components(cmd.checkpoint)
+    _, _, model, processors = load_components(cmd.checkpoint)
     _check_checkpoint_fits(cmd, model, store)
     ends = store.episode_ends
     t_max = cmd.max_episode_steps or int(store.episode_lengths.max())
     rewards = recap_rewards(ends, success, t_max)
     returns = discounted_returns(rewards, ends)
-    latents = store_latents(model.to(cmd.device), load_processors(cmd.checkpoint, cfg, spec, normalizer), store)
+    latents = store_latents(model.to(cmd.device), processors, store)
     vcfg = cmd.value
     episode = np.repeat(np.arange(len(ends)), store.episode_lengths)
     values = cross_fitted_values(latents, returns, episode, vcfg, cmd.seed)

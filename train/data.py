@@ -1,5 +1,5 @@
-"""The data side of a training run: its PolicySpec read from the episode store, the store/env checks, the
-normalizer and the train / validation datasets.
+"""The data side of a training run: its PolicySpec read from the episode store, the store/env checks, and the
+train / validation datasets (with the policy's processor chain and its normaliser).
 
 Observation features, ActionSpec and control frequency come from the store's ``info`` (written by the recorder and
 by the LeRobot importer), so a store recorded on a real robot or imported from LeRobot trains with no registered
@@ -31,11 +31,12 @@ if TYPE_CHECKING:
 
 def training_data(
     cfg: TrainConfig, fields: BatchFields, warn: bool = True
-) -> tuple[PolicySpec, Normalizer, SequenceDataset, SequenceDataset | None]:
-    """The run's PolicySpec (from the store, :func:`policy_spec_for`), its normalizer (statistics of the training
-    episodes) and the train / validation datasets (``None`` without held-out episodes), with the batch ``fields``
-    the loss reads; the datasets run the policy's processor chain (``train_ds.processors``, saved with the
-    checkpoint). ``warn`` prints a warning when ``val_every`` is set but no episode is held out.
+) -> tuple[PolicySpec, SequenceDataset, SequenceDataset | None]:
+    """The run's PolicySpec (from the store, :func:`policy_spec_for`) and the train / validation datasets (``None``
+    without held-out episodes), with the batch ``fields`` the loss reads; the datasets run the policy's processor
+    chain (``train_ds.processors``, saved with the checkpoint; its normaliser, ``train_ds.processors.normalizer``,
+    holds the statistics of the training episodes). ``warn`` prints a warning when ``val_every`` is set but no
+    episode is held out.
 
     Raises:
         ValueError: ``dataset.path`` is not an episode store, the store does not match ``dataset.env``
@@ -76,7 +77,7 @@ def training_data(
             f"{cfg.dataset.val_fraction}, {store.n_episodes} episodes): no validation loss will be logged",
             file=sys.stderr,
         )
-    return spec, normalizer, train_ds, val_ds
+    return spec, train_ds, val_ds
 
 
 def open_training_store(path: str) -> EpisodeStore:

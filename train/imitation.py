@@ -48,9 +48,8 @@ def _distributed(model: torch.nn.Module, world: int, device: torch.device) -> to
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
-def _save(cfg: TrainConfig, ckpt_dir: Path, run: Any, model: Any, step: int, normalizer: Any, spec: Any,
-          processors: Any) -> None:  # fmt: skip
-    """Write ``checkpoints/last`` (the EMA weights, normaliser, spec, processor chain, training state to resume
+def _save(cfg: TrainConfig, ckpt_dir: Path, run: Any, model: Any, step: int, spec: Any, processors: Any) -> None:
+    """Write ``checkpoints/last`` (the EMA weights, spec, processor chain with its normaliser, training state to resume
     from) and, every ``save_every`` steps, a numbered copy of it."""
     state = _training_state(run, model, step)
     save_checkpoint(ckpt_dir, model=run.ema.model, spec=spec, training_state=state,
@@ -81,7 +80,7 @@ def train(cfg: TrainConfig) -> Path:
         _warn_replacing(out_dir)
     loss_fn = make_objective(cfg)
     fields = loss_fn.fields
-    spec, normalizer, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
+    spec, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
     model = build_model(cfg.policy, spec.observation_features, spec.action.dim).to(device)
     run = Optimization(model, optim_config(cfg), device=device)
     # the saved state loads on the CPU: torch.set_rng_state takes a CPU tensor, load_state_dict moves the rest
@@ -117,15 +116,13 @@ def train(cfg: TrainConfig) -> Path:
         if val_ds is not None and _due(cfg.val_every, step, cfg.steps):
             row["val_loss"] = validation_loss(ema, val_ds, loss_fn, cfg, device)
         if rank == 0 and cfg.eval.episodes and _due(cfg.eval.every, step, cfg.steps):
-            row["success_rate"] = _success_rate(
-                cfg, policy_for_model(ema, train_ds.processors, spec, device=device)
-            )
+            row["success_rate"] = _success_rate(cfg, policy_for_model(ema, train_ds.processors, spec, device=device))
         if row:
             logger.log(step, row)
             if done.bar is not None:
                 done.bar.set_postfix({k: f"{v:.4g}" for k, v in row.items() if k != "lr"}, refresh=False)
         if rank == 0 and (cfg.save_every and step % cfg.save_every == 0 or step == cfg.steps):
-            _save(cfg, ckpt_dir, run, model, step, normalizer, spec, train_ds.processors)
+            _save(cfg, ckpt_dir, run, model, step, spec, train_ds.processors)
     logger.close()
     if world > 1:
         import torch.distributed as dist

@@ -170,15 +170,14 @@ def load_eval_policy(path: str, critic_dir: str | Path | None = None, rerank_n: 
     """The checkpoint as a PolicyAdapter; with ``critic_dir`` a :class:`~policylink.policies.finetune.rerank.
     BestOfNPolicy` over it (the reference encoder is the checkpoint's own)."""
     from policylink.policies import load_policy
-    from policylink.policies.checkpoint import load_components, load_processors
+    from policylink.policies.checkpoint import load_components
 
     if critic_dir is None:
         return load_policy(path, device="cpu", seed=seed)
     from policylink.policies.critics import ChunkCritic
     from policylink.policies.finetune.rerank import BestOfNPolicy
 
-    cfg, spec, model, normalizer = load_components(path)
-    processors = load_processors(path, cfg, spec, normalizer)
+    _, spec, model, processors = load_components(path)
     critic = ChunkCritic.load(critic_dir)
     return BestOfNPolicy(model, processors, spec, critic=critic, n=rerank_n, seed=seed)
 

@@ -192,12 +192,12 @@ def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[s
             checkpoint), or an empty path.
         CheckpointError / FileNotFoundError: not a checkpoint folder.
     """
-    from policylink.policies.checkpoint import load_components, load_processors, read_checkpoint_config
+    from policylink.policies.checkpoint import load_components, read_checkpoint_config
     from policylink.policies.model import GenerativeChunkModel
 
     if not path:
         raise ValueError("policy: expected a checkpoint folder (--policy CKPT), received ''")
-    cfg, spec, model, normalizer = load_components(path)
+    cfg, spec, model, processors = load_components(path)
     prediction = model.sampler.prediction if isinstance(model, GenerativeChunkModel) else None
     if require_flow and prediction != Prediction.VELOCITY:
         what = "no sampler" if prediction is None else f"{prediction.value} prediction"
@@ -206,7 +206,7 @@ def load_base(path: str, require_flow: bool) -> tuple[Any, Any, Any, Any, dict[s
             f"({what}) at {path}"
         )
     doc = read_checkpoint_config(path) or {}
-    return cfg, spec, model, load_processors(path, cfg, spec, normalizer), dict(doc.get("train") or {})
+    return cfg, spec, model, processors, dict(doc.get("train") or {})
 
 
 def open_buffer(path: str, model: Any, train_doc: dict[str, Any], field: str = "buffer", rewards: bool = True):

@@ -123,10 +123,11 @@ def test_policy_checkpoint_reloads_every_tensor_exactly(kit, tmp_path, normalize
         tmp_path / "ckpt", model=model, spec=spec, processors=kit.chain(cfg, normalizer), train_config={"lr": 0.1}
     )
     assert read_checkpoint_config(path) == {"policy": cfg.to_dict(), "train": {"lr": 0.1}}
-    cfg2, spec2, model2, norm2 = load_components(path)
+    cfg2, spec2, model2, chain2 = load_components(path)
     assert cfg2 == cfg and spec2 == spec
     assert_same_tree(model.state_dict(), model2.state_dict())
-    assert_same_tree(normalizer.state_dict(), norm2.state_dict())
+    assert_same_tree(normalizer.state_dict(), chain2.normalizer.state_dict())
+    assert chain2.to_dict() == kit.chain(cfg, normalizer).to_dict()
 
 
 def _step_loss(model):

@@ -21,7 +21,7 @@ from policylink.data.stats import compute_stats
 from policylink.policies import load_policy
 from policylink.policies.checkpoint import save_checkpoint
 from policylink.policies.common.unet1d import UNetConfig
-from policylink.policies.processing import normalizer_modes
+from policylink.policies.processing import normalizer_modes, processors_for
 from policylink.policies.registry import build_model, make_config
 from policylink.train.qvgm import CriticCmdConfig, QVGMCmdConfig, finetune_policy, train_critic
 
@@ -67,7 +67,7 @@ def _checkpoint(path, buffer, kind="flow"):
     with EpisodeStore(buffer, "r") as s:
         normalizer = Normalizer(compute_stats(s), normalizer_modes(FEATURES, "min_max", "min_max"))
     model = build_model(cfg, FEATURES, 2)
-    return save_checkpoint(path, model=model, normalizer=normalizer, spec=spec,
+    return save_checkpoint(path, model=model, processors=processors_for(cfg, FEATURES, normalizer), spec=spec,
                            train_config={"dataset": {"env": "push", "obs_mode": "state"}})  # fmt: skip
 
 
@@ -161,19 +161,19 @@ def test_best_of_n_picks_the_chunk_the_critic_prefers(tmp_path):
             return a[:, 0, 0]
 
     buf = _buffer(tmp_path / "buf.zarr")
-    _, spec, model, normalizer = load_components(_checkpoint(tmp_path / "base", buf))
+    _, spec, model, processors = load_components(_checkpoint(tmp_path / "base", buf))
     obs = {STATE: np.zeros((3, 3), np.float32)}
     plain = load_policy(tmp_path / "base", device="cpu", seed=0)
     plain.update_observation(obs)
-    one = BestOfNPolicy(model, normalizer, spec, critic=Prefer(), n=1, seed=0)
-    many = BestOfNPolicy(model, normalizer, spec, critic=Prefer(), n=32, seed=0)
+    one = BestOfNPolicy(model, processors, spec, critic=Prefer(), n=1, seed=0)
+    many = BestOfNPolicy(model, processors, spec, critic=Prefer(), n=32, seed=0)
     for p in (one, many):
         p.update_observation(obs)
     a1, a32 = one.predict_action_chunk(), many.predict_action_chunk()
     assert a32.shape == (3, 4, 2)
     assert (a32[:, 0, 0] >= a1[:, 0, 0]).all() and a32[:, 0, 0].mean() > a1[:, 0, 0].mean()
     with pytest.raises(ValueError, match="rerank.n: expected >= 1"):
-        BestOfNPolicy(model, normalizer, spec, critic=Prefer(), n=0)
+        BestOfNPolicy(model, processors, spec, critic=Prefer(), n=0)
 
 
 def test_recorder_separates_terminations_from_time_limits(tmp_path):

@@ -54,11 +54,11 @@ def test_a_lerobot_folder_gives_the_stores_spec_stats_and_batches(exported, tmp_
     store_path, folder = exported
     monkeypatch.setenv("POLICYLINK_CACHE", str(tmp_path / "cache"))
     assert is_lerobot_dataset(folder) and not is_lerobot_dataset(store_path)
-    spec_a, norm_a, ds_a, _ = training_data(_cfg(store_path, tmp_path / "a"), BatchFields())
-    spec_b, norm_b, ds_b, _ = training_data(_cfg(folder, tmp_path / "b"), BatchFields())
+    spec_a, ds_a, _ = training_data(_cfg(store_path, tmp_path / "a"), BatchFields())
+    spec_b, ds_b, _ = training_data(_cfg(folder, tmp_path / "b"), BatchFields())
     assert spec_b == spec_a  # features, ActionSpec (carried in info.json) and rate, with no dataset.env
-    for key, stats in norm_a.state_dict().items():
-        np.testing.assert_array_equal(norm_b.state_dict()[key], stats)
+    for key, stats in ds_a.processors.normalizer.state_dict().items():
+        np.testing.assert_array_equal(ds_b.processors.normalizer.state_dict()[key], stats)
     assert len(ds_b) == len(ds_a) == 33
     for i in (0, 8, 32):
         a, b = ds_a[i], ds_b[i]

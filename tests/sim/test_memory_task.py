@@ -108,9 +108,9 @@ def test_record_train_sega_and_eval(tmp_path, served):
         torch_threads=1,
     )
     ckpt = train(cfg)
-    loaded_cfg, spec, model, norm = load_components(ckpt)
+    loaded_cfg, spec, model, processors = load_components(ckpt)
     assert loaded_cfg.memory == "sega" and loaded_cfg.sega.train_windows == 6
-    rate = evaluate_success(policy_for_model(model, norm, spec), cfg.dataset, episodes=2, seed=100_000)
+    rate = evaluate_success(policy_for_model(model, processors, spec), cfg.dataset, episodes=2, seed=100_000)
     assert rate in (0.0, 0.5, 1.0)
 
     # served over ZMQ: the server's per-row memory follows the same steps and resets as a local policy's
