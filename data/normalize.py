@@ -132,10 +132,6 @@ class Normalizer:
         """
         return self._map(batch, self.normalize_feature)
 
-    def unnormalize(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        """Inverse of :meth:`normalize` (same key rules)."""
-        return self._map(batch, self.unnormalize_feature)
-
     def state_dict(self) -> dict[str, np.ndarray]:
         """Plain arrays: ``<key>/offset``, ``<key>/scale`` (float32, stats shape), ``<key>/mode`` (int64 ``(1,)``)."""
         out = {}

@@ -21,7 +21,6 @@ from policylink.data.normalize import MissingStatsError, Normalizer, NormMode
 if TYPE_CHECKING:
     from policylink.data.buffer import EpisodeStore
 
-STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99", "count")
 QUANTILES = {"q01": 0.01, "q99": 0.99}
 DEFAULT_MAX_QUANTILE_SAMPLES = 1_000_000
 _SKIP_KEYS = ("done",)
@@ -267,7 +266,6 @@ def _hist_quantile(hist: np.ndarray, values: np.ndarray, q: float) -> float:
 
 __all__ = [
     "QUANTILES",
-    "STAT_NAMES",
     "ImageStats",
     "MissingStatsError",
     "NormMode",

@@ -35,7 +35,6 @@ from policylink.train.metrics_log import MetricsLogger
 from policylink.train.objectives import make_objective, resolve_objective
 from policylink.train.trainer import OptimConfig, Optimization, cosine_with_warmup, fit  # noqa: F401
 
-METRICS_FILE = "metrics.csv"
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "samples_per_s", "val_loss", "success_rate")
 
 

@@ -56,11 +56,6 @@ class CameraPoseShift:
         if abs(self.pitch_deg) > 89.0:
             raise ValueError(f"camera_pose_shift.pitch_deg: expected a value in [-89, 89], received {self.pitch_deg}")
 
-    @property
-    def is_identity(self) -> bool:
-        """True when every component is zero."""
-        return self.yaw_deg == 0.0 and self.pitch_deg == 0.0 and self.distance_m == 0.0
-
     @classmethod
     def coerce(cls, value: CameraPoseShift | Mapping[str, Any] | None) -> CameraPoseShift | None:
         """A :class:`CameraPoseShift` from itself, a mapping of its fields (env kwargs from YAML/JSON), or None.
