@@ -54,15 +54,39 @@ def require_within(config: Any, prefix: str = "", **intervals: str) -> None:
         ValueError: the first field outside its interval (or NaN), named with ``prefix``; a malformed interval.
     """
     for name, interval in intervals.items():
-        text = interval.replace(" ", "")
-        if len(text) < 5 or text[0] not in "([" or text[-1] not in ")]" or text.count(",") != 1:
-            raise ValueError(f"{name}: interval {interval!r} is not like '(0, 1]'")
-        lo, hi = (float(v) for v in text[1:-1].split(","))
         value = getattr(config, name)
-        above = value >= lo if text[0] == "[" else value > lo
-        below = value <= hi if text[-1] == "]" else value < hi
-        if not (above and below):
+        if not _inside(value, name, interval):
             raise ValueError(f"{prefix}{name}: expected a value in {interval}, received {value}")
+
+
+def require_integers_within(config: Any, prefix: str = "", **intervals: str) -> None:
+    """Check integer fields against intervals (as :func:`require_within`): ``require_integers_within(cfg,
+    port="[1, 65535]")`` requires ``cfg.port`` to be an int (bools refused) with ``1 <= cfg.port <= 65535``.
+
+    Raises:
+        ValueError: the first field that is no int or lies outside its interval (``"port: expected an integer in
+            [1, 65535], received 70000"``, named with ``prefix``); a malformed interval.
+    """
+    for name, interval in intervals.items():
+        value = getattr(config, name)
+        integral = isinstance(value, Integral) and not isinstance(value, bool)
+        if not (integral and _inside(value, name, interval)):
+            raise ValueError(f"{prefix}{name}: expected an integer in {interval}, received {value!r}")
+
+
+def _inside(value: Any, name: str, interval: str) -> bool:
+    """Whether number ``value`` lies in ``interval`` (``"(0, 1]"``; ``inf`` allowed); False for NaN.
+
+    Raises:
+        ValueError: ``interval`` is malformed (names field ``name``).
+    """
+    text = interval.replace(" ", "")
+    if len(text) < 5 or text[0] not in "([" or text[-1] not in ")]" or text.count(",") != 1:
+        raise ValueError(f"{name}: interval {interval!r} is not like '(0, 1]'")
+    lo, hi = (float(v) for v in text[1:-1].split(","))
+    above = value >= lo if text[0] == "[" else value > lo
+    below = value <= hi if text[-1] == "]" else value < hi
+    return bool(above and below)
 
 
 def require_choice(config: Any, prefix: str = "", **choices: Iterable[str]) -> None:
@@ -78,4 +102,11 @@ def require_choice(config: Any, prefix: str = "", **choices: Iterable[str]) -> N
             raise ValueError(f"{prefix}{name}: expected one of {options}, received {getattr(config, name)!r}")
 
 
-__all__ = ["require_choice", "require_counts", "require_non_negative", "require_positive", "require_within"]
+__all__ = [
+    "require_choice",
+    "require_counts",
+    "require_integers_within",
+    "require_non_negative",
+    "require_positive",
+    "require_within",
+]

@@ -10,6 +10,8 @@ import runpy
 import sys
 from pathlib import Path
 
+from policylink.adapters.registry import unknown_name_message
+
 BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -32,7 +34,7 @@ def main(argv: list[str]) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in names:
-        print(f"policylink bench: unknown benchmark {name!r}; expected one of {names}", file=sys.stderr)
+        print(f"policylink bench: {unknown_name_message('benchmark', name, names)}", file=sys.stderr)
         return 2
     old_argv = sys.argv
     sys.argv = [str(BENCHMARKS_DIR / f"{name}.py"), *rest]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+ACTIONS = ("install", "list", "kwargs")
 USAGE = "usage: policylink envs install NAME [--force]\n       policylink envs list\n       policylink envs kwargs ENV"
 
 
@@ -40,10 +41,9 @@ def main(argv: Sequence[str]) -> int:
             return 2
         return _kwargs(rest[0])
     if action != "install":
-        print(
-            f"policylink envs: unknown action {action!r}; expected 'install', 'list' or 'kwargs'\n{USAGE}",
-            file=sys.stderr,
-        )
+        from policylink.adapters.registry import unknown_name_message
+
+        print(f"policylink envs: {unknown_name_message('action', action, ACTIONS)}\n{USAGE}", file=sys.stderr)
         return 2
     force = "--force" in rest
     names = [a for a in rest if a != "--force"]

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from policylink.adapters.registry import unknown_name_message
 from policylink.adapters.security import AUTHORIZED_DIR, generate_keys
 from policylink.cli.app import parse_config
 
@@ -45,7 +46,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"{USAGE}\n\n{__doc__}")
         return 0
     if args[0] != "generate":
-        print(f"policylink keys: unknown action {args[0]!r}; expected 'generate'\n{USAGE}", file=sys.stderr)
+        print(f"policylink keys: {unknown_name_message('action', args[0], ['generate'])}\n{USAGE}", file=sys.stderr)
         return 2
     cfg = parse_config(KeysConfig, args[1:], prog="policylink keys generate")  # a bare --force means --force=true
     out = generate_keys(cfg.out, tuple(cfg.clients), force=cfg.force)

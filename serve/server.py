@@ -22,11 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from policylink.adapters import security
+from policylink.adapters.config_checks import require_integers_within
+from policylink.adapters.registry import unknown_name_message
 from policylink.adapters.rpc import BindError
 from policylink.adapters.transport import PolicyServer
 
 log = logging.getLogger(__name__)
 PROTOCOLS = ("zmq", "openpi", "xpolicylab")
+PORT_FIELDS = ("port", "openpi_port", "xpolicylab_port")  # websocket ports: PORT_RANGE when given
+PORT_RANGE = "[1, 65535]"
 DEFAULT_PORTS = {"openpi": 8000, "xpolicylab": 19000}  # openpi's serve_policy.py, XPolicyLab's PolicyServerConfig
 
 
@@ -92,10 +96,16 @@ def check_binds(cfg: ServeConfig) -> security.ServerKeys | None:
     Raises:
         EndpointError, InsecureBindError, KeyFileError: a malformed address, a non-loopback bind without keys or
             ``insecure``, unreadable keys (each message names the address or the file); an unknown ``protocol`` or a
-            ``port`` without a websocket ``protocol`` (EndpointError naming the field).
+            ``port`` without a websocket ``protocol``, a websocket port outside ``PORT_RANGE`` (EndpointError naming
+            the field, the expected and the received value; an unknown protocol names the closest one).
     """
     if cfg.protocol not in PROTOCOLS:
-        raise security.EndpointError(f"protocol: expected one of {list(PROTOCOLS)}, received {cfg.protocol!r}")
+        raise security.EndpointError(unknown_name_message("protocol", cfg.protocol, PROTOCOLS))
+    ports = {name: PORT_RANGE for name in PORT_FIELDS if getattr(cfg, name) is not None}
+    try:
+        require_integers_within(cfg, **ports)  # before any address is formed or bound
+    except ValueError as e:
+        raise security.EndpointError(str(e)) from None
     if cfg.protocol == "zmq" and cfg.port is not None:
         raise security.EndpointError(
             f"port: applies to --protocol openpi or xpolicylab, received --port {cfg.port} with --protocol zmq "

@@ -11,4 +11,6 @@ def test_lists_and_runs_a_benchmark(tmp_path, monkeypatch, capsys):
     assert bench.main(["echo_args", "--n", "5"]) == 3
     assert "ARGS ['--n', '5']" in capsys.readouterr().out
     assert bench.main(["nope"]) == 2
-    assert "unknown benchmark 'nope'" in capsys.readouterr().err
+    assert capsys.readouterr().err == "policylink bench: benchmark: expected one of ['echo_args'], received 'nope'\n"
+    assert bench.main(["echo_arg"]) == 2
+    assert capsys.readouterr().err.endswith("received 'echo_arg'; did you mean 'echo_args'?\n")

@@ -152,7 +152,16 @@ def test_serve_checkpoint_goes_through_load_policy(monkeypatch, tmp_path):
         (["--policy", "a", "--bind", "tcp://0.0.0.0:5555", "--curve-keys", "/nonexistent"], "server.key_secret"),
         (["--policy", "a", "--bind", "tcp://127.0.0.1:99999"], "(port '99999' is not in 1..65535"),
         (["--policy", "a", "--bind", "127.0.0.1:5593"], "(no scheme); did you mean 'tcp://127.0.0.1:5593'?"),
-        (["--policy", "a", "--openpi-port", "70000"], "(port '70000' is not in 1..65535"),
+        (["--policy", "a", "--openpi-port", "70000"], "openpi_port: expected an integer in [1, 65535], received 70000"),
+        (["--policy", "a", "--xpolicylab-port", "0"], "xpolicylab_port: expected an integer in [1, 65535], received 0"),
+        (
+            ["--policy", "a", "--protocol", "openpi", "--port", "70000"],
+            "port: expected an integer in [1, 65535], received",
+        ),
+        (
+            ["--policy", "a", "--protocol", "zmqq"],
+            "protocol: expected one of ['zmq', 'openpi', 'xpolicylab'], received 'zmqq'; did you mean 'zmq'?",
+        ),
     ],
 )
 def test_bad_configurations_exit_2_with_a_reason(argv, message, capsys):
@@ -187,7 +196,9 @@ def test_keys_generate_writes_server_and_client_pairs(tmp_path, capsys):
     ]
     assert sorted(p.name for p in (tmp_path / "k" / "authorized_clients").iterdir()) == ["robot1.key", "robot2.key"]
     assert keys.main(["rotate"]) == 2
-    assert "expected 'generate'" in capsys.readouterr().err
+    assert "policylink keys: action: expected one of ['generate'], received 'rotate'\n" in capsys.readouterr().err
+    assert keys.main(["generat"]) == 2
+    assert "received 'generat'; did you mean 'generate'?\n" in capsys.readouterr().err
 
 
 def test_keys_generate_refuses_to_overwrite_without_force(tmp_path):
