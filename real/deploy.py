@@ -41,6 +41,8 @@ class DeployStats(EpisodeSubscriber):
             inference while the robot stands still): counted here, not in the running figures above.
             ``startup_late`` counts first chunks slower than a period; their first action is executed all the same.
         status: called with these stats about once a second (the live status line), or None.
+        lockstep: the robot runs on lockstep time (:class:`~policylink.real.lockstep.LockstepClock`, set by
+            :func:`run_deployment`): inference takes no simulated time, so :meth:`line` reports no latency.
     """
 
     steps: int = 0
@@ -55,6 +57,7 @@ class DeployStats(EpisodeSubscriber):
     active_s: float = 0.0
     safety: dict[str, Any] = field(default_factory=dict)
     status: Callable[[DeployStats], None] | None = field(default=None, repr=False)
+    lockstep: bool = False
     _shown: float = field(default=0.0, repr=False)
 
     def on_step(self, slot, obs, action, reward, done, info) -> None:
@@ -97,42 +100,77 @@ class DeployStats(EpisodeSubscriber):
         }
 
     def line(self, period_s: float) -> str:
-        """One status line: rate, overruns (late), latency p50/p99, safety clips."""
+        """One status line: rate, overruns (late), latency p50/p99 (``lockstep: latency not measured`` in lockstep
+        time, where every latency reads 0), safety clips."""
         s = self.summary(period_s)
         clips = sum((self.safety.get("counts") or {}).values())
+        latency = (
+            "lockstep: latency not measured"
+            if self.lockstep
+            else f"latency p50 {s['latency_p50_ms']:.1f} ms p99 {s['latency_p99_ms']:.1f} ms"
+        )
         return (
-            f"rate {s['rate_hz']:.2f} Hz | late {self.late} (+{self.startup_late} slow first chunks) | latency p50 "
-            f"{s['latency_p50_ms']:.1f} ms p99 {s['latency_p99_ms']:.1f} ms | safety clips/holds {clips} | "
-            f"human steps {self.human}"
+            f"rate {s['rate_hz']:.2f} Hz | late {self.late} (+{self.startup_late} slow first chunks) | {latency} | "
+            f"safety clips/holds {clips} | human steps {self.human}"
         )
 
 
 class DeployRecorder(RecorderSubscriber):
     """The rollout loop's recorder subscriber for deployments: records the command the robot actually executed
     (the human's, the policy's after safety, or the hold for a late action) with the :data:`DEPLOY_KEYS` per-step
-    fields, and commits an interrupted episode (Ctrl-C, a dead policy server) with success unknown and quality
-    ``aborted`` instead of discarding it.
+    fields, and commits an interrupted episode (Ctrl-C, a dead policy server) with success unknown and ``aborted``
+    added to its quality tag instead of discarding it.
+
+    Each episode's quality tag names who acted in it (:meth:`quality`): ``policy`` (a rollout without takeover),
+    ``policy+human`` (a human or the scripted operator took over: the steps' ``deploy.source``), ``human`` (every
+    step a human's); a ``meta`` template with a quality of its own keeps that one.
 
     Args:
         recorder: an ``EpisodeRecorder`` whose keys include :data:`DEPLOY_KEYS` (see :func:`open_deploy_recorder`).
-        meta: the episode metadata template (source ``policy``; ``human`` when every step was a human's).
+        meta: the episode metadata template (source ``policy``).
     """
+
+    def __init__(self, recorder: Any, meta: Any = None):
+        super().__init__(recorder, meta)
+        self._sources: dict[int, set[int]] = {}  # slot -> the step sources of its episode so far
+
+    def on_reset(self, slot: int, index: int, seed: int, info: Any) -> None:
+        """Open the episode (:class:`~policylink.runtime.rollout.RecorderSubscriber`) with no step sources yet."""
+        super().on_reset(slot, index, seed, info)
+        self._sources[slot] = set()
 
     def on_step(self, slot, obs, action, reward, done, info) -> None:
         """Buffer the step with its deployment fields (``info["deploy"]``; a step without them as any other)."""
         d = info.get("deploy")
         if d is None:
             return super().on_step(slot, obs, action, reward, done, info)
+        self._sources.setdefault(slot, set()).add(int(d["source"]))
         row = {**obs, "deploy.latency_s": np.float32(d["latency_s"]), "deploy.source": np.int8(d["source"])}
         row["deploy.period_error_s"] = np.float32(d["period_error_s"])
         row["deploy.late"] = np.bool_(d["late"] and not d["first"])  # dropped: the first action never is
         self.recorder.add_step(row, d["sent"], reward, done, slot=slot)
 
+    def quality(self, slot: int) -> str:
+        """The quality tag of ``slot``'s episode: the template's when it has one, else the names of the step sources
+        that acted in it (:data:`~policylink.real.teleop.STEP_SOURCES`, joined by ``+``): ``policy``,
+        ``policy+human`` or ``human``; ``policy`` for an episode without steps. Never empty."""
+        if self.meta.quality:
+            return self.meta.quality
+        sources = sorted(self._sources.get(slot) or {0})
+        return "+".join(STEP_SOURCES[s] for s in sources)
+
+    def on_episode_end(self, slot: int, result: Any) -> None:
+        """Commit the episode with its success flag and its :meth:`quality` tag."""
+        success = result.success or self._reset_success.pop(slot, False)
+        index = self.recorder.end_episode(success=success, slot=slot, quality=self.quality(slot))
+        self.committed[result.index] = (index, success, result.n_steps)
+        self._sources.pop(slot, None)
+
     def on_abort(self, slot: int) -> None:
-        """Commit the unfinished episode when it has steps: success unknown, ``aborted`` added to its quality tag."""
+        """Commit the unfinished episode when it has steps: success unknown, ``aborted`` added to its quality tag
+        (``policy+aborted``)."""
         if self.recorder.n_steps(slot) > 0:
-            quality = "+".join(q for q in (self.meta.quality, "aborted") if q)
-            self.recorder.end_episode(success=None, slot=slot, quality=quality)
+            self.recorder.end_episode(success=None, slot=slot, quality=f"{self.quality(slot)}+aborted")
             self._reset_success.pop(slot, None)
         else:
             self.recorder.abort_episode(slot=slot)
@@ -299,7 +337,10 @@ def run_deployment(
 
     if reply_timeout_s is not None and isinstance(executor, AsyncExecutor):
         executor.watch_replies(reply_timeout_s, robot.clock)
+    from policylink.real.lockstep import LockstepClock
+
     stats = stats if stats is not None else DeployStats()
+    stats.lockstep = isinstance(robot.clock, LockstepClock)
     vec = make_vector_env(lambda: robot, plan_episodes(episodes, seed, 1), robot.env_spec.max_episode_steps)
     subs = [stats, DeployRecorder(recorder)] if recorder is not None else [stats]
     out = DeployOutcome(0, [], stats, robot.period)

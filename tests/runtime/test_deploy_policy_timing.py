@@ -208,7 +208,7 @@ def test_a_policy_that_stops_answering_stops_the_robot_within_the_watchdog(
     )
     store = EpisodeStore(tmp_path / "run.zarr", "r")  # the episode so far is kept, marked aborted
     assert store.n_episodes == 1 and store.episode_lengths.tolist() == [len(cmds)]
-    assert store.episode_meta(0).success is None and store.episode_meta(0).quality == "aborted"
+    assert store.episode_meta(0).success is None and store.episode_meta(0).quality == "policy+aborted"
 
 
 def test_through_the_servers_a_policy_that_stops_answering_stops_the_robot_within_the_watchdog(servers, tmp_path):
@@ -230,4 +230,4 @@ def test_through_the_servers_a_policy_that_stops_answering_stops_the_robot_withi
     assert not robot.commands[-1][2].any()  # held
     assert out.code == 1 and "stopped answering" in out.reason and "(limit 300 ms)" in out.reason  # the robot's
     store = EpisodeStore(tmp_path / "run.zarr", "r")
-    assert store.n_episodes == 1 and store.episode_meta(0).quality == "aborted"
+    assert store.n_episodes == 1 and store.episode_meta(0).quality == "policy+aborted"
