@@ -187,7 +187,8 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
     Raises:
         SystemExit: on ``-h``/``--help``, after printing :func:`~policylink.cli.help.format_help`.
         ConfigError: an unknown flag (with the closest valid one), a config file that is missing or not valid
-            YAML (file, line and column), or an invalid value (the message names the field).
+            YAML (file, line and column), an invalid value (the message names the field), or a ``device`` this
+            machine does not have (:func:`check_device`).
     """
     args = list(argv)
     config_path = None
@@ -204,7 +205,31 @@ def parse_config(cls: type[T], argv: Sequence[str], prog: str | None = None) -> 
     if config_path is not None:
         config_path = resolve_config_path(config_path)
     with tempfile.TemporaryDirectory(prefix="policylink-config-") as tmp:
-        return _parse(cls, args, config_path, prog, tmp)
+        cfg = _parse(cls, args, config_path, prog, tmp)
+    check_device(cfg)
+    return cfg
+
+
+def check_device(cfg: Any) -> None:
+    """Check the ``device`` field of config ``cfg`` (every command's torch device: ``run``, ``eval``, ``serve``,
+    ``train``, ``demo``...) when the config is parsed, before any env, dataset or checkpoint is opened: ``"auto"``
+    and ``"cpu"`` pass without importing torch; anything else goes through
+    :func:`policylink.policies.checkpoint.resolve_device` (torch is imported, then needed by the run anyway).
+
+    Raises:
+        ConfigError: an unknown device string (``device: expected 'auto', 'cpu' or 'cuda[:N]', received 'gpu'``),
+            CUDA on a machine without it, or ``cuda:N`` past the last device (``device: expected cuda:0 ..
+            cuda:0, received 'cuda:7'``).
+    """
+    device = getattr(cfg, "device", None)
+    if not isinstance(device, str) or device in ("auto", "cpu"):
+        return
+    from policylink.policies.checkpoint import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _parse(cls: type[T], args: list[str], config_path: str | None, prog: str | None, tmp: str) -> T:
