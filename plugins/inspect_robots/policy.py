@@ -88,9 +88,9 @@ class PolicylinkPolicy(PolicyBase):
         self._instruction: str | None = None
 
     def bind(self, embodiment_info: EmbodimentInfo) -> None:
-        """Check what inspect-robots' compatibility check does not: the size of every camera and the shape of every
-        state field the policy reads, against the embodiment's declarations (dimension, control mode and key names
-        are inspect-robots' own check, which runs next).
+        """Check, before inspect-robots' own compatibility check (control mode and key names), the action size (both
+        sizes and their names, :func:`action_size_problem`), the size of every camera and the shape of every state
+        field the policy reads, against the embodiment's declarations.
 
         Raises:
             CompatibilityError: listing each mismatch (field, expected by the policy, declared by the embodiment).
@@ -98,7 +98,10 @@ class PolicylinkPolicy(PolicyBase):
         cams = {c.name: c for c in embodiment_info.observation_space.cameras}
         state = embodiment_info.observation_space.state
         fields = {f.key: f for f in state.fields} if state is not None else {}
-        problems = []
+        box = embodiment_info.action_space
+        labels = box.semantics.dim_labels if box.semantics is not None else None
+        size = action_size_problem(self.spec.action, box.dim, labels, f"embodiment {embodiment_info.name!r}")
+        problems = [size] if size is not None else []
         for key, feat in self.spec.observation_features.items():
             if feat.is_image and key.startswith(IMAGE_PREFIX) and camera_name(key) in cams:
                 cam = cams[camera_name(key)]
@@ -156,6 +159,17 @@ class PolicylinkPolicy(PolicyBase):
             close()
 
 
+def action_size_problem(action: Any, dim: int, labels: Any, where: str) -> str | None:
+    """None when the policy's :class:`~policylink.adapters.schema.ActionSpec` ``action`` has ``dim`` entries, else
+    the one line naming both sizes and their names: ``"action size: expected 2 (embodiment 'policylink/push': ['dx',
+    'dy']), received 3 (policy: ['dx', 'dy', 'dz'])"`` (``where`` names the embodiment or env; ``labels`` its
+    action names, or None when it declares none)."""
+    if action.dim == dim:
+        return None
+    names = f": {list(labels)}" if labels else ""
+    return f"action size: expected {dim} ({where}{names}), received {action.dim} (policy: {list(action.names)})"
+
+
 def policylink_policy(
     policy: str = "",
     device: str = "auto",
@@ -174,12 +188,15 @@ def policylink_policy(
     :class:`~policylink.runtime.executors.ExecutorConfig`); ``threads`` caps torch's CPU threads (0 = torch's
     default), as ``policylink run --threads``. An XPolicyLab model server (``xpl://HOST:PORT``) advertises no spec:
     ``env`` names the policylink env whose features, action and rate it takes (``obs_mode``, ``image_size``: that
-    env's observation mode), as ``policylink run --policy xpl://... --env NAME`` does.
+    env's observation mode), as ``policylink run --policy xpl://... --env NAME`` does; for any other policy ``env``
+    names the embodiment's env, so that an action size that does not fit it is refused here, as one line, rather
+    than when the evaluation starts.
 
     Raises:
         ConfigError: no ``policy``; a reference that cannot be loaded (missing folder, unknown name, a server that
-            does not answer); an unknown ``env``; bad executor settings or a control mode inspect-robots cannot
-            express. The message names the field, the expected and the received value.
+            does not answer); an unknown ``env``, or one whose action size differs from the policy's (both sizes
+            named); bad executor settings or a control mode inspect-robots cannot express. The message names the
+            field, the expected and the received value.
     """
     if not policy:
         raise ConfigError(
@@ -200,6 +217,14 @@ def policylink_policy(
     except (OSError, KeyError, ValueError, RuntimeError, ProtocolError) as e:  # not found, unknown, dead server
         raise ConfigError(f"policy {policy!r}: {e}") from None
     limit_threads(threads)  # torch may have been imported by the load
+    if env_spec is not None:
+        action = env_spec.action
+        size = action_size_problem(loaded.spec.action, action.dim, action.names, f"env {env!r}")
+        if size is not None:
+            close = getattr(loaded, "close", None)
+            if callable(close):
+                close()  # a served policy's connection
+            raise ConfigError(f"policy {policy!r}: {size}")
     try:
         return PolicylinkPolicy(loaded, f"policylink:{policy}", config, reference=policy)
     except (SpecError, ValueError) as e:
@@ -224,4 +249,4 @@ def _env_spec(env: str, obs_mode: str | None, image_size: int | None) -> Any:
     return spec
 
 
-__all__ = ["PolicylinkPolicy", "PolicylinkPolicyConfig", "policylink_policy"]
+__all__ = ["PolicylinkPolicy", "PolicylinkPolicyConfig", "action_size_problem", "policylink_policy"]

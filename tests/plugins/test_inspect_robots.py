@@ -434,6 +434,29 @@ def test_mismatched_scenes_observations_and_actions_are_named(flow_checkpoint, t
         policy.act(Observation(state={"eef_pos": np.zeros(3)}))
 
 
+def test_an_action_size_that_does_not_fit_is_one_error_naming_both_sizes(flow_checkpoint, tmp_path):
+    ref = str(flow_checkpoint)  # reach: 3-D actions; push takes 2-D ones
+    both = "expected 2 ({}: ['dx', 'dy']), received 3 (policy: ['dx', 'dy', 'dz'])"
+    with pytest.raises(ConfigError) as e:  # the embodiment's env is known (-P env=push): refused at construction
+        resolve("policy", "policylink", policy=ref, device="cpu", env="push")
+    assert str(e.value) == f"policy {ref!r}: action size: " + both.format("env 'push'")
+    policy = resolve("policy", "policylink", policy=ref, device="cpu")
+    with pytest.raises(CompatibilityError) as e:  # otherwise when the evaluation binds it, before any step
+        ir_eval("policylink/push", policy, "policylink/push", log_dir=str(tmp_path))
+    assert str(e.value) == (
+        f"policy 'policylink:{ref}' on embodiment 'policylink/push':\n"
+        f"  - action size: {both.format(repr('policylink/push').join(('embodiment ', '')))}"
+    )
+    env = {**os.environ, "INSPECT_ROBOTS_CONFIG": str(tmp_path / "none.ini")}
+    done = subprocess.run(
+        [INSPECT_ROBOTS, "run", "--task", "policylink/push", "--no-prompt", "--log-dir", str(tmp_path), "--policy",
+         "policylink", "-P", f"policy={ref}", "-P", "device=cpu", "-P", "env=push", "--embodiment", "policylink/push"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"policy {ref!r}: action size: " + both.format("env 'push'") in done.stderr
+
+
 def test_readme_example_runs(flow_checkpoint, tmp_path, monkeypatch):
     import re
 
