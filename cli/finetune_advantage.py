@@ -21,7 +21,7 @@ def main(argv: Sequence[str]) -> int:
                   file=sys.stderr)  # fmt: skip
         print("usage: policylink finetune advantage label|train [--option value ...]\n"
               "  label  compute binary advantage labels of an episode store (RECAP value model or ALTER progress)\n"
-              "  train  train a policy conditioned on those labels (or --loss awr: the AWR baseline)\n"
+              "  train  train a policy conditioned on those labels (or --objective.type awr: the AWR baseline)\n"
               "each takes --help for its options", file=sys.stderr if not asked else sys.stdout)  # fmt: skip
         return 0 if asked else 2
     if rest[0] == "label":

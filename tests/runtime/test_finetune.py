@@ -85,6 +85,16 @@ def test_help_lists_subcommands_and_documents_options(capsys):
     assert cli.main(["finetune", "nope"]) == 2
 
 
+def test_advantage_usage_names_the_awr_flag_that_train_takes(capsys):
+    assert cli.main(["finetune", "advantage", "--help"]) == 0
+    usage = capsys.readouterr().out
+    assert "--objective.type awr" in usage and "--loss" not in usage  # --loss is a deprecated, hidden alias
+    with pytest.raises(SystemExit) as e:
+        cli.main(["finetune", "advantage", "train", "--help"])
+    assert e.value.code == 0
+    assert "--objective.type {imitation,advantage,awr," in capsys.readouterr().out
+
+
 def test_bad_input_is_one_clear_line(tmp_path, capsys):
     buf = _buffer(tmp_path / "buf.zarr")
     diffusion = _checkpoint(tmp_path / "dp", buf, kind="diffusion")
