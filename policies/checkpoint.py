@@ -79,6 +79,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):  # 'mps', 'meta'...: torch parses them, nothing here runs them
         raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', received {str(device)!r}") from None
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0

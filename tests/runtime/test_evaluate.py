@@ -398,6 +398,10 @@ def test_bad_device_is_one_clear_error():
 
     with pytest.raises(ValueError, match=r"device: expected 'auto', 'cpu' or 'cuda\[:N\]', received 'tpu'"):
         resolve_device("tpu")
+    for parsed_by_torch in ("mps", "meta", "xpu:0"):  # torch.device() accepts them; the policies run on cpu/cuda
+        expected = rf"device: expected 'auto', 'cpu' or 'cuda\[:N\]', received '{parsed_by_torch}'"
+        with pytest.raises(ValueError, match=expected):
+            resolve_device(parsed_by_torch)
     assert resolve_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device: 'cuda' requested but CUDA is not available here"):
