@@ -10,7 +10,7 @@ The runs themselves are ``policylink`` commands (``benchmarks/results/metaworld_
   ``meta/episode_success``);
 - ``<policy>``: each ``<evals>/<policy>_<task>/results.json`` (``policylink eval`` output); a multi-task policy
   (one checkpoint for all ten tasks, e.g. ``vla_mt10``) is evaluated per task into the same layout.
-- ``flow, <executor> (16-step chunks)``: with ``--corrective DIR``, each ``DIR/corr_<task>/bench/results.json``
+- ``flow, <executor>`` (:data:`CORRECTIVE_KEYS`): with ``--corrective DIR``, each ``DIR/corr_<task>/bench/results.json``
   (``benchmarks/corrector.py --env metaworld/<task>``: replan every step, corrective, open-loop 4), each cell also
   carrying ``calls_per_episode``; the corrective table beside it (``--state_evals``: the flow row's evals, for the
   open-loop 4 calls of tasks whose corrector run had no open-loop cell). Image rows: ``--evals outputs/mw_img/eval
@@ -78,6 +78,12 @@ def policy_results(evals: Path, policy: str) -> dict[str, dict[str, float | int]
 
 CORRECTIVE_ROWS = {"every1": "replan every step", "open4": "open-loop 4", "corrective": "corrective"}
 """``benchmarks/corrector.py`` cell (its executor name up to the first ``:``) -> its row in the corrective table."""
+CORRECTIVE_KEYS = {
+    "replan every step": "flow, replan every step",
+    "open-loop 4": "flow, open-loop 4 (corrector.py's run)",
+    "corrective": "flow, corrective (16-step chunks)",
+}
+"""Corrective table row -> its policy key in the JSON and the main table."""
 
 
 def corrective_results(root: Path) -> dict[str, dict[str, dict[str, float | int]]]:
@@ -176,7 +182,7 @@ def main() -> None:
         table[policy] = policy_results(Path(args.evals), policy)
     corrective = corrective_results(Path(args.corrective)) if args.corrective else {}
     for row, cells in corrective.items():  # calls per episode ride along in the JSON
-        table[f"flow, {row} (16-step chunks)"] = cells
+        table[CORRECTIVE_KEYS[row]] = cells
     out_json.write_text(json.dumps(table, indent=2) + "\n")
     text = markdown(table)
     if corrective:
