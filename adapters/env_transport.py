@@ -32,7 +32,7 @@ class LiveEnv(Protocol):
 
 class EnvServer(Server):
     """Serve an :class:`EnvAdapter` (verbs ``hello``, ``ping``, ``reset``, ``step``, ``get_observation``,
-    ``send_action``); env calls are serialised on the worker thread.
+    ``send_action``, ``render``); env calls are serialised on the worker thread.
 
     ``get_observation`` returns ``env.get_observation()`` for a :class:`LiveEnv`, else the latest observation
     of ``reset``/``step``; ``send_action`` needs a :class:`LiveEnv` (else ``unsupported``). Actions go through
@@ -69,6 +69,12 @@ class EnvServer(Server):
     def handle(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         """Run ``verb`` on the env. Raises ProtocolError (``invalid_field`` for an off-spec action,
         ``unsupported`` for ``send_action`` on a non-live env, ``env_failed`` when the env raises)."""
+        if verb == "render":
+            frame = self.env.render()
+            if frame is None:
+                why = "render: the served env renders nothing; create it with render_mode='rgb_array'"
+                raise ProtocolError(ErrorCode.UNSUPPORTED, why)
+            return {"frame": np.ascontiguousarray(frame, dtype=np.uint8)}
         if verb == "reset":
             obs, info = self.env.reset(seed=body.get("seed"), options=body.get("options"))
             self._last_obs = obs
@@ -125,7 +131,7 @@ class RemoteEnv(EnvAdapter):
         TimeoutError, VersionMismatchError: at construction, as for :class:`RemotePolicy`.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"]}
 
     def __init__(
         self,
@@ -173,6 +179,14 @@ class RemoteEnv(EnvAdapter):
         else ``unsupported``). Raises ActionError as :meth:`step`."""
         action = coerce_action(self.env_spec.action, action)
         self._channel.request("send_action", {"action": action})
+
+    def render(self) -> np.ndarray:
+        """The served env's ``render()``: uint8 ``(H, W, 3)``.
+
+        Raises:
+            RemoteError: ``unsupported`` when the served env was not created with ``render_mode='rgb_array'``.
+        """
+        return self._channel.request("render", {})["frame"]
 
     def ping(self) -> float:
         """Round-trip time to the server, seconds."""

@@ -162,6 +162,7 @@ ENV_REQUESTS: dict[str, dict[str, Field]] = {
     "step": {"action": _f("array")},
     "get_observation": {},
     "send_action": {"action": _f("array")},
+    "render": {},
 }
 """Env request schemas (the same in every protocol)."""
 ENV_REPLIES: dict[str, dict[str, Field]] = {
@@ -177,6 +178,7 @@ ENV_REPLIES: dict[str, dict[str, Field]] = {
     },
     "get_observation": {"observation": _f("obs")},
     "send_action": {},
+    "render": {"frame": _f("array")},
 }
 """Env reply schemas (the same in every protocol)."""
 _ERROR_BODY = {"code": _f((str,)), "message": _f((str,)), "field": _f((str,), optional=True)}

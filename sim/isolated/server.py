@@ -41,9 +41,10 @@ def serve(factory: str, kwargs: dict[str, Any], bind: str, parent_pid: int | Non
     """Build ``factory(**kwargs)`` and serve it at ``bind`` until SIGTERM, Ctrl-C or the parent's exit.
 
     A state-only env runs inline on the serving loop after its first calls (``inline_below_s = inf``); an env that
-    renders (``obs_mode`` other than ``"state"``) is called on the server's worker thread only
-    (``inline_below_s = 0``): its GL context belongs to the thread that made it. A factory refusing ``kwargs``
-    (ValueError, LookupError, TypeError) prints one ``BAD_INPUT`` line with its message and exits with status 2.
+    renders (``obs_mode`` other than ``"state"``, or a ``render_mode`` for videos) is called on the server's worker
+    thread only (``inline_below_s = 0``): its GL context belongs to the thread that made it. A factory refusing
+    ``kwargs`` (ValueError, LookupError, TypeError) prints one ``BAD_INPUT`` line with its message and
+    exits with status 2.
     """
     from policylink.adapters.env_transport import EnvServer
 
@@ -57,7 +58,8 @@ def serve(factory: str, kwargs: dict[str, Any], bind: str, parent_pid: int | Non
     # one client, calls in sequence: a state env runs every call inline on the serving loop once its verb has been
     # seen 8 times (no thread hand-off, which costs most on a loaded machine); a rendering env never does, so its
     # GL context stays on the worker thread that made it
-    server.inline_below_s = float("inf") if getattr(env, "obs_mode", "state") == "state" else 0.0
+    renders = getattr(env, "obs_mode", "state") != "state" or getattr(env, "render_mode", None) is not None
+    server.inline_below_s = 0.0 if renders else float("inf")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()

@@ -156,6 +156,22 @@ def test_adapter_rejects_bad_options(fakes):
         fakes.make_fake_metaworld_env(obs_mode="pointmap+proprio")
 
 
+def test_isolated_env_renders_video_frames_over_the_wire(fakes):
+    """``render()`` of an env process (eval's videos): the served env's frame, decoded exactly; the image
+    observation of the same state is that frame (``image_size`` 24, camera corner2)."""
+    kw = {"task": "reach", "obs_mode": "state+image", "image_size": 24, "render_mode": "rgb_array"}
+    env = start_isolated_env(sys.executable, FAKE, kw)
+    try:
+        assert "rgb_array" in env.metadata["render_modes"]
+        obs, _ = env.reset(seed=7)
+        for _ in range(10):  # past the server's inline threshold: rendering stays on the thread that made the context
+            frame = env.render()
+        assert frame.dtype == np.uint8 and frame.shape == (24, 24, 3) and frame.std() > 0
+        np.testing.assert_array_equal(frame, obs[IMAGE_PREFIX + "corner2"])
+    finally:
+        env.close()
+
+
 def test_env_process_lifecycle_under_this_interpreter(fakes):
     env = start_isolated_env(sys.executable, FAKE, {"task": "push", "max_episode_steps": 50})
     pid, folder = env.process.pid, env.process.log_path.parent
