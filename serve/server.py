@@ -111,6 +111,7 @@ def check_binds(cfg: ServeConfig) -> security.ServerKeys | None:
             f"port: applies to --protocol openpi or xpolicylab, received --port {cfg.port} with --protocol zmq "
             "(ZeroMQ listens on --bind; add a websocket endpoint with --openpi-port / --xpolicylab-port)"
         )
+    _check_single_protocol_ports(cfg)
     keys = security.load_server_keys(cfg.curve_keys) if cfg.curve_keys else None
     if cfg.protocol == "zmq":
         security.check_bind(cfg.bind, keys, cfg.insecure)
@@ -123,6 +124,28 @@ def check_binds(cfg: ServeConfig) -> security.ServerKeys | None:
                 f"authentication or encryption; expected host 127.0.0.1 (default) or an explicit --insecure"
             ) from None
     return keys
+
+
+def _check_single_protocol_ports(cfg: ServeConfig) -> None:
+    """With ``--protocol openpi|xpolicylab`` only that protocol is served, on one port: an extra-endpoint port of the
+    other protocol, or its own extra port disagreeing with ``--port``, would be silently ignored, so it is an
+    EndpointError naming the flag, the expected and the received value."""
+    if cfg.protocol == "zmq":
+        return
+    for name in ("openpi", "xpolicylab"):
+        extra = getattr(cfg, f"{name}_port")
+        if extra is None:
+            continue
+        if name != cfg.protocol:
+            raise security.EndpointError(
+                f"{name}_port: applies beside ZeroMQ (--protocol zmq) or with --protocol {name}, received "
+                f"--{name}-port {extra} with --protocol {cfg.protocol} (which serves only {cfg.protocol}, on --port)"
+            )
+        if cfg.port is not None and cfg.port != extra:
+            raise security.EndpointError(
+                f"{name}_port: expected the same port as --port {cfg.port} (or only one of them) with --protocol "
+                f"{name}, received --{name}-port {extra}"
+            )
 
 
 def websocket_endpoints(cfg: ServeConfig) -> list[tuple[str, str, int]]:

@@ -159,6 +159,16 @@ def test_serve_checkpoint_goes_through_load_policy(monkeypatch, tmp_path):
             "port: expected an integer in [1, 65535], received",
         ),
         (
+            ["--policy", "a", "--protocol", "openpi", "--port", "8001", "--openpi-port", "8000"],
+            "openpi_port: expected the same port as --port 8001 (or only one of them) with --protocol openpi, "
+            "received --openpi-port 8000",
+        ),
+        (
+            ["--policy", "a", "--protocol", "openpi", "--xpolicylab-port", "19000"],
+            "xpolicylab_port: applies beside ZeroMQ (--protocol zmq) or with --protocol xpolicylab, received "
+            "--xpolicylab-port 19000 with --protocol openpi",
+        ),
+        (
             ["--policy", "a", "--protocol", "zmqq"],
             "protocol: expected one of ['zmq', 'openpi', 'xpolicylab'], received 'zmqq'; did you mean 'zmq'?",
         ),
