@@ -90,7 +90,8 @@ class EvalConfig:
             goal and tells the policy one of the file's instructions for it (:mod:`policylink.runtime.instructions`).
 
     Raises:
-        ValueError: ``episodes``, ``num_envs`` or ``shard_episodes`` < 1, ``workers`` or ``videos`` < 0.
+        ValueError: ``episodes``, ``num_envs`` or ``shard_episodes`` < 1, ``workers`` or ``videos`` < 0; ``gap``
+            and a different ``env_kwargs`` gap.
     """
 
     policies: list[str] = field(default_factory=list)
@@ -114,6 +115,11 @@ class EvalConfig:
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, workers=0, num_envs=1, shard_episodes=1, videos=0)
         if self.gap is not None:
+            if self.env_kwargs.get("gap", self.gap) != self.gap:
+                raise ValueError(
+                    f"gap: expected one reality gap, received --gap {self.gap!r} and env_kwargs gap "
+                    f"{self.env_kwargs['gap']!r} (give it once)"
+                )
             self.env_kwargs = {**self.env_kwargs, "gap": self.gap}
 
 

@@ -493,3 +493,11 @@ def test_an_unreachable_policy_server_is_its_own_error_not_an_incompatible_cell(
     with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}") as err:
         ev.evaluate([f"xpl://127.0.0.1:{port}"], ["line_a"], episodes=1, workers=0, progress=False, out=tmp_path)
     assert not isinstance(err.value, IncompatibleSpecError)
+
+
+def test_gap_given_twice_must_agree():
+    """``--gap`` is ``env_kwargs: {gap: ...}``: the same preset twice is one gap; two different ones are refused."""
+    assert ev.EvalConfig(gap="worn_gantry", env_kwargs={"gap": "worn_gantry"}).env_kwargs == {"gap": "worn_gantry"}
+    with pytest.raises(ValueError, match=r"^gap: expected one reality gap, received --gap 'worn_gantry' and "
+                                         r"env_kwargs gap 'noisy_sensors' \(give it once\)$"):  # fmt: skip
+        ev.EvalConfig(gap="worn_gantry", env_kwargs={"gap": "noisy_sensors"})
