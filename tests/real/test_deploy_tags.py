@@ -1,28 +1,11 @@
 """What a deployment on the sim-as-real robot reports and records: each recorded episode carries the quality tag of
 who acted in it (never ``''``), and a lockstep run's status line reports no latency (there is none to measure)."""
 
-import numpy as np
-
 from policylink.data.buffer import EpisodeStore
 from policylink.evaluate.run import RunConfig
 from policylink.real.deploy import DeployStats, open_deploy_recorder, open_robot, run_deployment
 from policylink.runtime.operator import ScriptedOperator, TakeoverRule
-
-
-class HoldStill:
-    """An action source that always commands zeros (the ``ee_delta`` arm holds)."""
-
-    def __init__(self, dim):
-        self.dim, self.inferences, self.stall_steps = dim, np.zeros(1, np.int64), np.zeros(1, np.int64)
-
-    def act(self, obs):
-        return np.zeros((1, self.dim), np.float32)
-
-    def reset(self, env_ids=None):
-        pass
-
-    def close(self):
-        pass
+from tests.real.test_deploy_takeover import HoldStill
 
 
 def _deploy(tmp_path, rule):
