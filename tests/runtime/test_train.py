@@ -27,6 +27,7 @@ from policylink.policies.registry import make_config
 from policylink.train.data import StoreInfoError
 from policylink.train.imitation import DatasetConfig, TrainConfig, cosine_with_warmup, train
 from policylink.train.losses import BatchFields, ImitationLoss, register_loss, training_batch
+from policylink.train.objectives import unregister_objective
 
 STATE = "observation.state"
 
@@ -127,7 +128,10 @@ def test_a_registered_loss_gets_its_fields_and_logs_its_metrics(reach_store, tmp
             dst.add_episode({**ep, "reward": np.ones(len(ep[STATE]), np.float32)}, EpisodeMeta(source="expert"))
     register_loss("probe", _ProbeLoss, overwrite=True)
     out = tmp_path / "run"
-    train(_cfg(path, out, loss="probe", steps=3, val_every=3))
+    try:
+        train(_cfg(path, out, loss="probe", steps=3, val_every=3))
+    finally:
+        unregister_objective("probe")  # the registry is global: later tests list the registered objectives
     rows = list(csv.DictReader((out / "metrics.csv").open()))
     # every batch holds a full 8-step chunk of rewards 1: R = sum_k 0.5^k = 2 (1 - 0.5^8) = 1.9921875
     assert [float(r["max_return"]) for r in rows] == [1.9921875] * 3 and rows[-1]["val_loss"]
