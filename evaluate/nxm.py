@@ -32,6 +32,7 @@ from policylink.evaluate.refs import (  # noqa: F401 - ENV_PLACEHOLDER re-export
     require_policy_refs,
     unique_labels,
     warn_recorded_seed_overlap,
+    with_gap,
 )
 from policylink.evaluate.resume import load_done, run_settings, shard_plan
 from policylink.policies import load_policy
@@ -114,13 +115,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, workers=0, num_envs=1, shard_episodes=1, videos=0)
-        if self.gap is not None:
-            if self.env_kwargs.get("gap", self.gap) != self.gap:
-                raise ValueError(
-                    f"gap: expected one reality gap, received --gap {self.gap!r} and env_kwargs gap "
-                    f"{self.env_kwargs['gap']!r} (give it once)"
-                )
-            self.env_kwargs = {**self.env_kwargs, "gap": self.gap}
+        self.env_kwargs = with_gap(self.env_kwargs, self.gap)
 
 
 @dataclass

@@ -176,3 +176,20 @@ def missing_checkpoints_message(field: str, folders: Sequence[str], typed: bool)
         else "policylink train writes <output_dir>/checkpoints/last"
     )
     return f"{field}: checkpoint folder not found: {', '.join(folders)} ({hint})"
+
+
+def with_gap(env_kwargs: dict[str, Any], gap: str | None) -> dict[str, Any]:
+    """``env_kwargs`` with ``gap`` (a reality-gap preset name or YAML path, :mod:`policylink.sim.mujoco.gap`) as
+    its ``gap`` entry: ``--gap NAME`` is ``env_kwargs: {gap: NAME}``. None leaves ``env_kwargs`` as it is.
+
+    Raises:
+        ValueError: ``env_kwargs`` already names a different gap (the message names both).
+    """
+    if gap is None:
+        return env_kwargs
+    if env_kwargs.get("gap", gap) != gap:
+        raise ValueError(
+            f"gap: expected one reality gap, received --gap {gap!r} and env_kwargs gap {env_kwargs['gap']!r} "
+            "(give it once)"
+        )
+    return {**env_kwargs, "gap": gap}

@@ -9,6 +9,7 @@ from typing import Any
 
 from policylink.adapters.config_checks import require_counts, require_positive
 from policylink.adapters.schema import IncompatibleSpecError
+from policylink.evaluate.refs import with_gap
 from policylink.runtime.checks import cell_problems, limit_threads
 from policylink.runtime.executors import ExecutorConfig, make_executor
 from policylink.runtime.operator import TakeoverRule
@@ -51,9 +52,12 @@ class RunConfig:
             None = off. Takeover steps are recorded with ``deploy.source`` = human.
         teleop_step: action units per key press.
         takeover: when the simulated operator (``teleop: expert``) takes over (:class:`TakeoverRule`).
+        gap: a reality gap of a MuJoCo task (a preset name such as ``worn_gantry``, or a YAML file), on ``env`` or on
+            a ``sim:TASK`` robot; the same as ``env_kwargs: {gap: NAME}``. None: nominal sim.
 
     Raises:
-        ValueError: ``episodes < 1``, ``num_envs < 1``, ``threads < 0`` or ``hz <= 0``.
+        ValueError: ``episodes < 1``, ``num_envs < 1``, ``threads < 0`` or ``hz <= 0``; ``gap`` and a different
+            ``env_kwargs`` gap.
     """
 
     policy: str = ""
@@ -74,9 +78,11 @@ class RunConfig:
     teleop: str | None = None
     teleop_step: float = 0.01
     takeover: TakeoverRule = field(default_factory=TakeoverRule)
+    gap: str | None = None
 
     def __post_init__(self) -> None:
         require_counts(self, episodes=1, num_envs=1, threads=0)
+        self.env_kwargs = with_gap(self.env_kwargs, self.gap)
         if self.hz is not None:
             require_positive(self, "hz")
 

@@ -501,3 +501,15 @@ def test_gap_given_twice_must_agree():
     with pytest.raises(ValueError, match=r"^gap: expected one reality gap, received --gap 'worn_gantry' and "
                                          r"env_kwargs gap 'noisy_sensors' \(give it once\)$"):  # fmt: skip
         ev.EvalConfig(gap="worn_gantry", env_kwargs={"gap": "noisy_sensors"})
+
+
+def test_run_takes_gap_as_eval_does():
+    from policylink.evaluate.run import RunConfig
+
+    assert RunConfig(gap="noisy_sensors", env_kwargs={"image_size": 32}).env_kwargs == {
+        "image_size": 32,
+        "gap": "noisy_sensors",
+    }
+    assert RunConfig().env_kwargs == {}
+    with pytest.raises(ValueError, match=r"^gap: expected one reality gap, received --gap 'a' and env_kwargs gap 'b'"):
+        RunConfig(gap="a", env_kwargs={"gap": "b"})
