@@ -39,12 +39,16 @@ def training_data(
     episode is held out.
 
     Raises:
-        ValueError: ``dataset.path`` is not an episode store, the store does not match ``dataset.env``
-            (:func:`check_store_matches`) or yields no training window, or the spec cannot be built.
+        ValueError: ``dataset.path`` is not an episode store or holds no episode, the store does not match
+            ``dataset.env`` (:func:`check_store_matches`) or yields no training window, or the spec cannot be built.
         StoreInfoError: the store lacks info the spec needs and nothing supplies it (names it).
     """
     env_spec = env_spec_for(cfg.dataset)
     store = open_training_store(cfg.dataset.path)
+    if store.n_episodes == 0:
+        raise ValueError(
+            f"dataset.path: expected a store with at least one episode, received {cfg.dataset.path!r} with 0 episodes"
+        )
     check_store_matches(store, cfg, env_spec)
     train_eps, val_eps = split_episodes(store.n_episodes, cfg.dataset.val_fraction, cfg.dataset.split_seed)
     p = cfg.policy

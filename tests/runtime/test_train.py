@@ -364,3 +364,11 @@ def test_a_store_missing_spec_info_is_named(lerobot_store, tmp_path):
     cfg.dataset.env, cfg.eval.every = "", 5
     with pytest.raises(ValueError, match=r"dataset.env: evaluation rollouts \(eval.every=5\) need a registered env"):
         train(cfg)
+
+
+def test_a_store_without_episodes_is_named(tmp_path):
+    path = tmp_path / "empty.zarr"
+    EpisodeStore(path, "w").close()
+    with pytest.raises(ValueError, match=r"^dataset.path: expected a store with at least one episode, received '.*"
+                                         r"empty.zarr' with 0 episodes$"):  # fmt: skip
+        train(_cfg(path, tmp_path / "run"))
