@@ -10,17 +10,21 @@ The runs themselves are ``policylink`` commands (``benchmarks/results/metaworld_
   ``meta/episode_success``);
 - ``<policy>``: each ``<evals>/<policy>_<task>/results.json`` (``policylink eval`` output); a multi-task policy
   (one checkpoint for all ten tasks, e.g. ``vla_mt10``) is evaluated per task into the same layout.
-- ``flow, <executor>`` (:data:`CORRECTIVE_KEYS`): with ``--corrective DIR``, each ``DIR/corr_<task>/bench/results.json``
-  (``benchmarks/corrector.py --env metaworld/<task>``: replan every step, corrective, open-loop 4), each cell also
-  carrying ``calls_per_episode``; the corrective table beside it (``--state_evals``: the flow row's evals, for the
-  open-loop 4 calls of tasks whose corrector run had no open-loop cell). Image rows: ``--evals outputs/mw_img/eval
+- ``flow, <executor>`` (:data:`CORRECTIVE_KEYS`): with ``--corrective DIR [DIR ...]``, each
+  ``DIR/corr_<task>/bench/results.json`` (``benchmarks/corrector.py --env metaworld/<task>``: replan every step,
+  corrective, open-loop 4; a task found in several folders is taken from the last), each cell also carrying
+  ``calls_per_episode``; the corrective table beside it (``--state_evals``: the flow row's evals, for the open-loop 4
+  calls of tasks whose corrector run had no open-loop cell), with the mean over the tasks where both executors ran.
+  Improvement attempts (:data:`CORRECTIVE_VARIANTS`): the corrective cell of ``DIR/corr_<task>/bench_<variant>/``,
+  an extra row compared with the same task's replan-every-step cell. Image rows: ``--evals outputs/mw_img/eval
   --policies flow_image``.
 
 Rows already in ``<out>.json`` for policies not named in ``--policies`` are kept (other runs, e.g. the image
 policies' rows collected from another ``--evals`` folder, share the files), so each run only rewrites its own rows.
 
     .venv/bin/python benchmarks/metaworld_mt10.py [--data outputs/mw/data] [--evals outputs/mw/eval]
-        [--policies flow diffusion act vla_mt10] [--corrective outputs/mw_img] [--out benchmarks/results/metaworld_mt10]
+        [--policies flow diffusion act vla_mt10] [--corrective outputs/mw_img outputs/mwcorr]
+        [--out benchmarks/results/metaworld_mt10]
 """
 
 from __future__ import annotations
@@ -86,21 +90,44 @@ CORRECTIVE_KEYS = {
 """Corrective table row -> its policy key in the JSON and the main table."""
 
 
-def corrective_results(root: Path) -> dict[str, dict[str, dict[str, float | int]]]:
+CORRECTIVE_VARIANTS = {
+    "alpha25": "monitor thresholds at alpha 0.25",
+    "h4": "4 actions per chunk after an alarm",
+}
+"""Improvement attempt (``corr_<task>/bench_<variant>/`` folder suffix) -> what it changed from the corrective cell;
+its row in the JSON is ``flow, corrective (16-step chunks, <what>)``."""
+
+
+def _cells(path: Path) -> dict[str, dict[str, float | int]]:
+    """Corrective table row -> ``{"success", "episodes", "calls_per_episode"}`` of one ``corrector.py``
+    ``results.json`` (unperturbed cells only)."""
+    out: dict[str, dict[str, float | int]] = {}
+    for cell in json.loads(path.read_text())["cells"]:
+        row = CORRECTIVE_ROWS.get(cell["executor"].split(":")[0])
+        if row is None or cell["perturbation"] != "none":
+            continue
+        out[row] = {"success": cell["success"], "episodes": int(cell["n"]),
+                    "calls_per_episode": cell["calls_per_episode"]}  # fmt: skip
+    return out
+
+
+def corrective_results(roots: list[Path]) -> dict[str, dict[str, dict[str, float | int]]]:
     """Executor row -> task -> ``{"success", "episodes", "calls_per_episode"}`` from each
     ``<root>/corr_<task>/bench/results.json`` (``benchmarks/corrector.py --env metaworld/<task>`` output, unperturbed
-    cells only); a task without that file is left out."""
+    cells only; a task in several roots is taken from the last), plus one row per :data:`CORRECTIVE_VARIANTS` entry
+    found (``<root>/corr_<task>/bench_<variant>/results.json``, its corrective cell); a task without a file is left
+    out."""
     out: dict[str, dict[str, dict[str, float | int]]] = {row: {} for row in CORRECTIVE_ROWS.values()}
-    for task in MT10_TASKS:
-        path = root / f"corr_{task}" / "bench" / "results.json"
-        if not path.exists():
-            continue
-        for cell in json.loads(path.read_text())["cells"]:
-            row = CORRECTIVE_ROWS.get(cell["executor"].split(":")[0])
-            if row is None or cell["perturbation"] != "none":
-                continue
-            out[row][task] = {"success": cell["success"], "episodes": int(cell["n"]),
-                              "calls_per_episode": cell["calls_per_episode"]}  # fmt: skip
+    for root in roots:
+        for task in MT10_TASKS:
+            path = root / f"corr_{task}" / "bench" / "results.json"
+            if path.exists():
+                for row, c in _cells(path).items():
+                    out[row][task] = c
+            for variant, label in CORRECTIVE_VARIANTS.items():
+                path = root / f"corr_{task}" / f"bench_{variant}" / "results.json"
+                if path.exists() and "corrective" in (cells := _cells(path)):
+                    out.setdefault(f"corrective, {label}", {})[task] = cells["corrective"]
     return out
 
 
@@ -114,32 +141,51 @@ def open_loop_calls(evals: Path, task: str) -> dict[str, float | int] | None:
     return {"success": c["pc_success"] / 100.0, "episodes": int(c["n_episodes"]), "calls_per_episode": c["avg_calls"]}
 
 
+def _goal(every: dict[str, float | int], corr: dict[str, float | int], digits: int = 0) -> str:
+    """The goal column: corrective within 3 points of replan-every-step at <= 30 % of its calls."""
+    gap = 100 * (corr["success"] - every["success"])
+    share = corr["calls_per_episode"] / every["calls_per_episode"]
+    met = "met" if gap >= -3 and share <= 0.3 else "not met"
+    return f"{gap:+.{digits}f} points at {100 * share:.0f} % of the calls: {met}"
+
+
 def corrective_markdown(rows: dict[str, dict[str, dict[str, float | int]]], evals: Path) -> str:
     """Per task: success % [Wilson 95 %] and policy calls per episode of replan-every-step, corrective and open-loop
     4 (``corrector.py``'s own cell, else the flow row's, marked ``*``), and the goal: corrective within 3 points of
-    replan-every-step at <= 30 % of its calls."""
+    replan-every-step at <= 30 % of its calls; then one row per improvement attempt (``corrective, <what>`` rows) and
+    the mean over the tasks where both executors ran (success, calls per episode; the share is of the mean calls)."""
 
-    def cell(c: dict[str, float | int], mark: str = "") -> str:
+    def cell(c: dict[str, float | int] | None, mark: str = "") -> str:
+        if c is None:
+            return "not run"
         lo, hi = wilson_interval(round(c["success"] * c["episodes"]), int(c["episodes"]))
         return f"{100 * c['success']:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]{mark}, {c['calls_per_episode']:.1f}"
 
     lines = ["| task | replan every step | corrective | open-loop 4 | corrective vs every step |"]
     lines.append("|---|---|---|---|---|")
+    every_row, corr_row = rows["replan every step"], rows["corrective"]
     for task in MT10_TASKS:
-        every, corr = rows["replan every step"].get(task), rows["corrective"].get(task)
+        every, corr = every_row.get(task), corr_row.get(task)
         if every is None and corr is None:
             continue
         open4, mark = rows["open-loop 4"].get(task), ""
         if open4 is None:
             open4, mark = open_loop_calls(evals, task), "*"
-        goal = "-"
-        if every is not None and corr is not None:
-            gap = 100 * (corr["success"] - every["success"])
-            share = corr["calls_per_episode"] / every["calls_per_episode"]
-            met = "met" if gap >= -3 and share <= 0.3 else "not met"
-            goal = f"{gap:+.0f} points at {100 * share:.0f} % of the calls: {met}"
-        parts = [cell(c, m) if c else "not run" for c, m in ((every, ""), (corr, ""), (open4, mark))]
-        lines.append(f"| {task} | " + " | ".join(parts) + f" | {goal} |")
+        goal = _goal(every, corr) if every is not None and corr is not None else "-"
+        lines.append(f"| {task} | {cell(every)} | {cell(corr)} | {cell(open4, mark)} | {goal} |")
+    for row, cells in rows.items():
+        for task, corr in cells.items() if row.startswith("corrective, ") else ():
+            every = every_row.get(task)
+            goal = _goal(every, corr) if every is not None else "-"
+            lines.append(f"| {task}, {row.removeprefix('corrective, ')} | {cell(every)} | {cell(corr)} | - | {goal} |")
+    both = [t for t in MT10_TASKS if t in every_row and t in corr_row]
+    if both:
+        mean = {name: {"success": sum(r[t]["success"] for t in both) / len(both),
+                       "calls_per_episode": sum(r[t]["calls_per_episode"] for t in both) / len(both)}
+                for name, r in (("every", every_row), ("corr", corr_row))}  # fmt: skip
+        pct = {k: f"{100 * m['success']:.1f}, {m['calls_per_episode']:.1f}" for k, m in mean.items()}
+        lines.append(f"| mean ({len(both)}/10 tasks) | {pct['every']} | {pct['corr']} | - | "
+                     f"{_goal(mean['every'], mean['corr'], 1)} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -172,7 +218,7 @@ def main() -> None:
     p.add_argument("--evals", default="outputs/mw/eval")
     p.add_argument("--policies", nargs="+", default=["flow"])
     p.add_argument("--out", default="benchmarks/results/metaworld_mt10")
-    p.add_argument("--corrective", default=None, help="folder of corr_<task>/bench/results.json (corrector.py)")
+    p.add_argument("--corrective", nargs="+", default=None, help="folders of corr_<task>/bench/results.json")
     p.add_argument("--state_evals", default="outputs/mw/eval", help="the flow row's evals (open-loop 4 calls)")
     args = p.parse_args()
     out_json = Path(args.out + ".json")
@@ -180,9 +226,10 @@ def main() -> None:
     table["expert"] = expert_results(Path(args.data))
     for policy in args.policies:
         table[policy] = policy_results(Path(args.evals), policy)
-    corrective = corrective_results(Path(args.corrective)) if args.corrective else {}
+    corrective = corrective_results([Path(d) for d in args.corrective]) if args.corrective else {}
     for row, cells in corrective.items():  # calls per episode ride along in the JSON
-        table[CORRECTIVE_KEYS[row]] = cells
+        key = CORRECTIVE_KEYS.get(row) or f"flow, corrective (16-step chunks, {row.removeprefix('corrective, ')})"
+        table[key] = cells
     out_json.write_text(json.dumps(table, indent=2) + "\n")
     text = markdown(table)
     if corrective:
