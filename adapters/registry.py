@@ -50,6 +50,12 @@ class UnknownNameError(KeyError, ValueError):
         return str(self.args[0])
 
 
+class EnvKwargsError(ValueError):
+    """A bad value among an environment's keyword arguments (``--env_kwargs``, ``--gap``, ``--perturbation``): the
+    message is one line naming the env, the field, the expected and the received value (``'push' env kwarg
+    perturbation.force: expected float, received 'strong' (str)``); the CLI prints it as its one line."""
+
+
 def closest_name(name: str, choices: Iterable[str]) -> str | None:
     """The choice closest to ``name`` when one is close enough to be a typo of it (``difflib`` ratio >= 0.6:
     ``pushh`` -> ``push``, ``diffuson`` -> ``diffusion``), else None."""
@@ -142,8 +148,10 @@ def make_env(name: str, **kwargs: Any) -> Any:
     Raises:
         UnknownNameError: no env ``name``, or a keyword the env's config does not name (with the accepted ones and
             the closest: ``did you mean 'gap'?``).
-        ValueError: a keyword of the wrong type (names the field, expected and received), a keyword the factory
-            does not take (names it and the env), or the factory's own errors.
+        EnvKwargsError: a keyword of the wrong type or a value its config refuses (names the env, the field,
+            expected and received), or a value error of the factory whose message starts with the keyword's name
+            (``obs_mode: expected one of ...`` becomes ``'push' env kwarg obs_mode: expected one of ...``).
+        ValueError: a keyword the factory does not take (names it and the env), or the factory's other errors.
     """
     factory = _lookup(ENV_GROUP, name)
     check_env_kwargs(name, kwargs)
@@ -153,6 +161,19 @@ def make_env(name: str, **kwargs: Any) -> Any:
         if "unexpected keyword argument" not in str(e):
             raise
         raise ValueError(f"env kwargs for {name!r}: {e} (received {sorted(kwargs)})") from None
+    except (ValueError, KeyError) as e:
+        if isinstance(e, EnvKwargsError) or _kwarg_named(e, kwargs) is None:
+            raise
+        kind = UnknownNameError if isinstance(e, KeyError) else EnvKwargsError  # an unknown name stays a KeyError
+        raise kind(f"{name!r} env kwarg {e.args[0]}") from e
+
+
+def _kwarg_named(error: BaseException, kwargs: Mapping[str, Any]) -> str | None:
+    """The keyword of ``kwargs`` that the factory's ``error`` is about: its message starts with the keyword's name
+    (``obs_mode: expected ...``, ``gap.dynamics.mass_scale: ...``, an env's own value checks); else None."""
+    message = error.args[0] if len(error.args) == 1 and isinstance(error.args[0], str) else ""
+    head = message.split(":", 1)[0].split(".", 1)[0].split(" ", 1)[0]
+    return head if head in kwargs and ":" in message else None
 
 
 def env_config(name: str) -> type | None:
@@ -175,8 +196,9 @@ def check_env_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
     Raises:
         UnknownNameError: no env ``name``, or a key that is no field (message: ``'<name>' env kwarg: expected
             one of [<fields>], received '<key>'; did you mean '<field>'?``).
-        ValueError: a value of the wrong type (``'<name>' env kwarg <field>: expected <annotation>, received
-            <value> (<type>)``).
+        EnvKwargsError: a value of the wrong type (``'<name>' env kwarg <field>: expected <annotation>, received
+            <value> (<type>)``), or a mapping for a config-typed field that its dataclass refuses when built from
+            it (``'<name>' env kwarg randomization.color: expected a value in [0, 1], received 7``).
     """
     config = env_config(name)
     if config is not None:
@@ -192,10 +214,29 @@ def _check_fields(config: type, kwargs: Mapping[str, Any], where: str, prefix: s
         hint, written = types_[key]
         if not matches(value, hint):
             received = f"{value!r} ({type(value).__name__})"
-            raise ValueError(f"{where} {prefix}{key}: expected {written}, received {received}")
+            raise EnvKwargsError(f"{where} {prefix}{key}: expected {written}, received {received}")
         nested = nested_config(value, hint)
         if nested is not None:
             _check_fields(nested, value, where, f"{prefix}{key}.")
+            _check_values(nested, value, f"{where} {prefix}{key}")
+
+
+def _check_values(config: type, value: Mapping[str, Any], field: str) -> None:
+    """Build ``config`` from the mapping ``value`` (keys and types already checked) so its own value checks run
+    (ranges: ``RandomizationConfig.color`` in [0, 1]); a refusal is re-raised naming ``field`` (``'push' env kwarg
+    randomization``) in place of the class (``RandomizationConfig.color: ...`` -> ``... randomization.color: ...``).
+
+    Raises:
+        EnvKwargsError: the dataclass refused a value.
+    """
+    try:
+        config(**value)
+    except ValueError as e:
+        message = str(e)
+        for head in (config.__name__, field.rsplit(" ", 1)[-1]):
+            if message.startswith(f"{head}.") or message.startswith(f"{head}:"):
+                raise EnvKwargsError(f"{field}{message[len(head) :]}") from e
+        raise EnvKwargsError(f"{field}: {message}") from e
 
 
 def make_policy(name: str, **kwargs: Any) -> Any:

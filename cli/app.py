@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from policylink.adapters.registry import UnknownNameError, closest_name, unknown_name_message
+from policylink.adapters.registry import EnvKwargsError, UnknownNameError, closest_name, unknown_name_message
 from policylink.cli.commands import COMMANDS
 from policylink.cli.extras import report_missing_extra
 from policylink.cli.flags import _field_type, default_type_flags, normalise_flags
@@ -101,7 +101,7 @@ def run_main(name: str, main: Any, argv: Sequence[str]) -> int:
             return 2
         if not is_user_error(e) or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
-        if isinstance(e, (ConfigError, UnknownNameError)):  # a usage mistake: the one line says all there is
+        if isinstance(e, (ConfigError, UnknownNameError, EnvKwargsError)):  # a usage mistake: the line says all
             print(f"policylink {name}: error: {e}", file=sys.stderr)
             return 2
         print(f"policylink {name}: error: {type(e).__name__}: {e}", file=sys.stderr)

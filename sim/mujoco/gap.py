@@ -181,27 +181,42 @@ class RealityGap:
         """A gap from a mapping (a YAML document): top-level ``name``, ``description``, ``seed``, ``randomize``,
         ``base`` (a preset name or file to start from) and the groups ``dynamics``, ``sensing``, ``timing``.
 
+        ``where`` names the mapping in messages (``"gap"`` for an env's ``gap`` kwarg).
+
         Raises:
-            ValueError: an unknown key (lists the known ones), a group that is not a mapping, a bad value.
+            ValueError: an unknown key (``UnknownNameError``: ``<where>.dynamics: expected one of [...], received
+                'mass'; did you mean 'mass_scale'?``), a group that is not a mapping, a bad value (``<where>.
+                dynamics.mass_scale: expected ..., received ...``).
         """
+        from policylink.adapters.registry import UnknownNameError, unknown_name_message
+
         doc = dict(doc)
         base = doc.pop("base", None)
-        merged = _merge(load_gap(base).to_dict(), doc) if base is not None else doc
-        top = {"name", "description", "seed", "randomize", *GROUPS}
-        unknown = sorted(set(merged) - top)
+        try:
+            merged = _merge(load_gap(base).to_dict(), doc) if base is not None else doc
+        except UnknownNameError as e:  # load_gap names the field "gap"; here it is <where>.base
+            raise UnknownNameError(f"{where}.base{str(e).removeprefix('gap')}") from None
+        top = ["name", "description", "seed", "randomize", *GROUPS]
+        unknown = sorted(map(str, set(merged) - set(top)))
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}: expected keys among {sorted(top | {'base'})}")
+            raise UnknownNameError(unknown_name_message(where, unknown[0], [*top, "base"]))
         kwargs = {k: merged[k] for k in ("name", "description", "seed", "randomize") if k in merged}
         for group, gcls in GROUPS.items():
             sub = merged.get(group) or {}
             if not isinstance(sub, Mapping):
                 raise ValueError(f"{where}.{group}: expected a mapping of fields, received {sub!r}")
             names = [f.name for f in fields(gcls)]
-            bad = sorted(set(sub) - set(names))
+            bad = sorted(map(str, set(sub) - set(names)))
             if bad:
-                raise ValueError(f"{where}.{group}: unknown field(s) {bad}: expected fields among {names}")
+                raise UnknownNameError(unknown_name_message(f"{where}.{group}", bad[0], names))
             kwargs[group] = gcls(**{k: _as_param(v) for k, v in sub.items()})
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ValueError as e:  # the checks name the class: RealityGap.dynamics.mass_scale
+            message = str(e)
+            if where == cls.__name__ or not message.startswith(cls.__name__):
+                raise
+            raise ValueError(where + message[len(cls.__name__) :]) from None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (ranges as 2-lists); :meth:`from_mapping` of it gives an equal gap."""
@@ -318,7 +333,7 @@ def load_gap(ref: RealityGap | Mapping[str, Any] | str | Path | None) -> Reality
     if ref is None or isinstance(ref, RealityGap):
         return ref
     if isinstance(ref, Mapping):
-        return RealityGap.from_mapping(ref)
+        return RealityGap.from_mapping(ref, where="gap")
     text = str(ref)
     if text == "none":
         return None

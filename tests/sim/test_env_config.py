@@ -152,3 +152,37 @@ def test_envs_kwargs_command_prints_what_an_env_takes(capsys):
     assert main(["kwargs"]) == 2
     with pytest.raises(registry.UnknownNameError, match="did you mean 'push'"):
         main(["kwargs", "pushh"])
+
+
+def test_a_refused_value_is_one_line_naming_env_field_expected_and_received(monkeypatch, capsys):
+    """Values the kwargs' own dataclasses or the env constructor refuse (not only wrong types) name the env and the
+    field path the user wrote, and the CLI prints them as its one line (no exception name, no traceback hint)."""
+    from policylink.cli.app import DEBUG_ENV, run_main
+
+    presets = "['lab_robot', 'moved_camera', 'noisy_sensors', 'worn_gantry', 'worn_gantry_delayed']"
+    groups = "['name', 'description', 'seed', 'randomize', 'dynamics', 'sensing', 'timing', 'base']"
+    cases = [
+        ({"gap": "nosuchpreset"}, f"gap: expected a YAML file path or one of {presets}, received 'nosuchpreset'"),
+        ({"gap": {"nosuch": 1}}, f"gap: expected one of {groups}, received 'nosuch'"),
+        ({"gap": {"base": "worn_gantri"}}, "gap.base: expected a YAML file path or one of "),
+        ({"gap": {"dynamics": {"mass": 2}}}, "gap.dynamics: expected one of ['friction_scale', 'mass_scale', "),
+        (
+            {"gap": {"dynamics": {"mass_scale": -1}}},
+            "gap.dynamics.mass_scale: expected a factor in [0.01, 100], or a [low, high] range of them, received -1",
+        ),
+        ({"randomization": {"color": 7}}, "randomization.color: expected a value in [0, 1], received 7"),
+        ({"perturbation": {"force": -1}}, "perturbation.force: expected a magnitude >= 0 N, received -1"),
+        ({"camera_pose_shift": {"pitch_deg": 95}}, "camera_pose_shift.pitch_deg: expected a value in [-89, 89], "),
+        ({"render_quality": "ultra"}, "render_quality: expected one of ('fast', 'pretty'), received 'ultra'"),
+        ({"cameras": ["wrist"]}, "cameras: expected names from ['top', 'front'], received 'wrist'"),
+    ]
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    for kwargs, message in cases:
+        with pytest.raises(ValueError) as e:
+            registry.make_env("push", **kwargs)
+        assert str(e.value).startswith(f"'push' env kwarg {message}"), str(e.value)
+        assert run_main("eval", lambda argv, kw=kwargs: registry.make_env("push", **kw), []) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"policylink eval: error: 'push' env kwarg {message}") and err.count("\n") == 1, err
+    with pytest.raises(registry.UnknownNameError, match=r"received 'worn_gantri'; did you mean 'worn_gantry'\?$"):
+        registry.make_env("push", gap={"base": "worn_gantri"})
