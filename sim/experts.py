@@ -25,6 +25,7 @@ EXPERT_FACTORIES: dict[str, str] = {
     "reacher": "policylink.sim.gym_experts:make_reacher_expert",
     "pusher": "policylink.sim.gym_experts:make_pusher_expert",
     "metaworld/*": "policylink.sim.isolated.metaworld:make_metaworld_expert",  # every task of the env family
+    "aloha/*": "policylink.sim.isolated.aloha:make_aloha_expert",
 }
 
 

@@ -8,4 +8,6 @@
   and stopping the process at close or exit.
 - :mod:`.server`: the entry point run inside the venv (imports the contract and the family's env module only).
 - :mod:`.metaworld` (host side, imports no MetaWorld) and :mod:`.metaworld_env` (venv side).
+- :mod:`.aloha` (host side) and :mod:`.aloha_env` (venv side: gym-aloha's scenes, pins ``mujoco<3``), with
+  :mod:`.aloha_script`, the ACT paper's scripted end-effector policies (numpy only).
 """
