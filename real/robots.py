@@ -8,8 +8,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from policylink.adapters.config_checks import require_choice, require_integers_within, require_within
 from policylink.real.robot import Robot
-from policylink.real.safety import SafetyConfig
+from policylink.real.safety import SafetyConfig, TimeoutAction
 
 
 @dataclass
@@ -64,6 +65,22 @@ class RobotConfig:
     curve_keys: str | None = None
     insecure: bool = False
     duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        """Check the numbers and names before anything is built, naming the flag as typed without its dashes
+        (``jitter_ms: expected a value in [0, inf), received -5.0``: milliseconds, as the flag says).
+
+        Raises:
+            ValueError: a negative or non-finite latency, jitter or watchdog (ms), ``time_scale``, ``hz``,
+                ``max_step`` or ``duration_s`` not above 0, a negative ``seed``, an unknown ``on_timeout``.
+        """
+        require_within(self, observation_latency_ms="[0, inf)", actuation_latency_ms="[0, inf)", jitter_ms="[0, inf)")
+        require_within(self, watchdog_ms="[0, inf)", time_scale="(0, inf)", hz="(0, inf)")
+        require_integers_within(self, seed="[0, inf)")
+        require_choice(self, on_timeout=[a.value for a in TimeoutAction])
+        for name in ("max_step", "duration_s"):
+            if getattr(self, name) is not None:
+                require_within(self, **{name: "(0, inf)"})
 
 
 def build_robot(cfg: RobotConfig, clock: Any = None) -> Robot:

@@ -27,3 +27,26 @@ def test_safety_config_from_the_options():
     assert (cfg.watchdog_s, cfg.max_step, cfg.on_timeout, cfg.control_mode) == (0.25, 0.01, "stop", "ee_delta")
     assert cfg.low == pytest.approx((-0.02,) * 3) and cfg.high == pytest.approx((0.02,) * 3)
     sim.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--jitter-ms", "-5"], "jitter_ms: expected a value in [0, inf), received -5.0"),
+        (["--observation-latency-ms", "nan"], "observation_latency_ms: expected a value in [0, inf), received nan"),
+        (["--actuation_latency_ms", "inf"], "actuation_latency_ms: expected a value in [0, inf), received inf"),
+        (["--watchdog-ms", "-1"], "watchdog_ms: expected a value in [0, inf), received -1.0"),
+        (["--time-scale", "0"], "time_scale: expected a value in (0, inf), received 0.0"),
+        (["--max-step", "-1"], "max_step: expected a value in (0, inf), received -1.0"),
+        (["--seed", "-1"], "seed: expected an integer in [0, inf), received -1"),
+        (["--on-timeout", "halt"], "on_timeout: expected one of ('hold', 'stop'), received 'halt'"),
+    ],
+)
+def test_a_bad_option_is_one_line_naming_the_flag_in_its_own_unit(flags, message, monkeypatch, capsys):
+    """The flag's own name and unit (``jitter_ms``, -5.0 ms; it named ``jitter_s`` and -0.005 after the
+    conversion), before any robot is built."""
+    from policylink.cli.app import DEBUG_ENV, run_main
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    assert run_main("robot", robot_cli.main, ["--sim", "reach", *flags]) == 2
+    assert capsys.readouterr().err == f"policylink robot: error: {message}\n"
