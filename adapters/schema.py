@@ -23,6 +23,7 @@ IMAGE_PREFIX = "observation.images."
 TASK_KEY = "task"
 ACTION_KEY = "action"
 REALITY_GAP_INFO = "reality_gap"  # reset-info key: the episode's reality-gap parameters (JSON), recorded in its meta
+FAULT_INFO = "fault"  # step-info key: why the episode ended as a failure on diverged physics (a robot fault)
 
 # Numeric dtypes of the contract, in a fixed order (the wire codec numbers them by this order).
 NUMERIC_DTYPES: tuple[str, ...] = (

@@ -7,8 +7,9 @@ late actions -- on any laptop. ``real`` never imports ``sim``: the caller builds
 Each tick (absolute deadlines ``t0 + k / f`` plus a uniform jitter) applies the newest action whose actuation
 time has come, or the hold command when none arrived since the last tick (a late or dropped action means the
 robot stood still that period), then steps the env once. The episode ends (ticks stop) when the env terminates
-or truncates, or when its physics diverged (:func:`physics_fault`: the robot faults, the episode ends as a failure
-and the diverged observation is never served, so a recording holds no teleported objects);
+or truncates, or when its physics diverged (the task env's ``physics_fault``, the one check of
+``sim/mujoco/gap_runtime.py``, or a gapped env's own ``info["fault"]``: the robot faults, the episode ends as a
+failure and the diverged observation is never served, so a recording holds no teleported objects);
 :meth:`SimRobot.reset` starts the next one.
 """
 
@@ -24,43 +25,11 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.env import EnvAdapter
-from policylink.adapters.schema import REALITY_GAP_INFO
+from policylink.adapters.schema import FAULT_INFO, REALITY_GAP_INFO
 from policylink.real.robot import Clock, Robot
 from policylink.real.safety import DELTA_MODES
 
 log = logging.getLogger(__name__)
-
-
-MAX_SPEED = 10.0
-"""Fastest plausible joint speed of a simulated tabletop robot and its objects, m/s (slide / free joints) or rad/s
-(hinges, rotations): the MuJoCo tasks' scripted episodes stay below 0.4 (nominal) and 0.2 (median, ``worn_gantry``),
-while a diverged contact solve flings an object at 37-1400 (``worn_gantry``, 40 expert episodes each)."""
-
-
-def physics_fault(env: Any, max_speed: float = MAX_SPEED) -> str | None:
-    """Why the simulation of ``env`` diverged, or None while it is sane.
-
-    Reads MuJoCo's state through ``env.unwrapped.data`` (``qpos``, ``qvel``); an env without one (not MuJoCo) is
-    never judged. Diverged: a non-finite ``qpos``/``qvel`` entry, or a joint speed above ``max_speed`` (a contact
-    solve that blew up; MuJoCo itself only warns once values reach 1e10, many steps later).
-
-    Args:
-        env: the task env (gymnasium-style, ``unwrapped`` optional).
-        max_speed: speed limit, m/s or rad/s (:data:`MAX_SPEED`).
-    Returns:
-        A message naming the joint index and value, or None.
-    """
-    data = getattr(getattr(env, "unwrapped", env), "data", None)
-    qpos, qvel = getattr(data, "qpos", None), getattr(data, "qvel", None)
-    if qpos is None or qvel is None:
-        return None
-    qpos, qvel = np.asarray(qpos, np.float64), np.asarray(qvel, np.float64)
-    if not (np.isfinite(qpos).all() and np.isfinite(qvel).all()):
-        return "physics diverged: non-finite joint position or velocity"
-    if qvel.size and float(np.abs(qvel).max()) > max_speed:
-        i = int(np.abs(qvel).argmax())
-        return f"physics diverged: joint velocity {i} is {qvel[i]:.1f}, above the plausible {max_speed}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -129,8 +98,10 @@ class SimRobot(Robot):
         timing: :class:`SimTiming`.
         clock: monotonic clock, seconds.
         realtime: start the tick thread (False: the caller calls :meth:`tick` itself, for tests).
-        max_speed: :func:`physics_fault`'s limit; a step past it ends the episode as a failure, ``episode_info``
-            then carries ``fault`` (the message).
+        max_speed: the linear speed limit of the env's ``physics_fault(max_speed)`` check, m/s (None: the env's
+            default, 10); a step past it ends the episode as a failure, ``episode_info`` then carries ``fault`` (the
+            message). A gapped MuJoCo task checks every step at its default itself (``info["fault"]``); an env
+            without ``physics_fault`` (not MuJoCo) is never judged.
 
     Attributes:
         ticks, holds, overwritten: steps taken in this episode, of which with the hold command, and actions
@@ -148,9 +119,11 @@ class SimRobot(Robot):
         *,
         clock: Clock = time.monotonic,
         realtime: bool = True,
-        max_speed: float = MAX_SPEED,
+        max_speed: float | None = None,
     ):
-        self.env, self.timing, self.clock, self.max_speed = env, timing or SimTiming(), clock, float(max_speed)
+        self.env, self.timing, self.clock = env, timing or SimTiming(), clock
+        self.max_speed = None if max_speed is None else float(max_speed)
+        self._check = getattr(getattr(env, "unwrapped", env), "physics_fault", None)
         self.env_spec = env.env_spec
         self.period = 1.0 / (float(self.env_spec.control_frequency) * self.timing.time_scale)
         self._rng = np.random.default_rng(self.timing.seed)
@@ -236,10 +209,10 @@ class SimRobot(Robot):
             self._last_applied = action
             obs, _, terminated, truncated, info = self.env.step(action)
             self.ticks += 1
-            fault = physics_fault(self.env, self.max_speed)
+            fault = info.get(FAULT_INFO) or self._physics_fault()
             if fault is not None:  # the robot faults: end the episode as a failure, never serve the diverged obs
                 log.warning("sim-as-real robot: %s; episode ended as a failure", fault)
-                self._info = {"is_success": False, "terminated": True, "truncated": False, "fault": fault}
+                self._info = {"is_success": False, "terminated": True, "truncated": False, FAULT_INFO: fault}
                 self._active = False
                 return True
             self._history.append((self.clock(), obs))
@@ -251,6 +224,12 @@ class SimRobot(Robot):
             }
             self._active = not done
             return True
+
+    def _physics_fault(self) -> str | None:
+        """The env's diverged-physics check (its ``physics_fault`` method), None when it has none."""
+        if self._check is None:
+            return None
+        return self._check() if self.max_speed is None else self._check(self.max_speed)
 
     def disconnect(self) -> None:
         """Stop the tick thread and close the env."""
@@ -287,4 +266,4 @@ class SimRobot(Robot):
                     self._active = False
 
 
-__all__ = ["MAX_SPEED", "TIMING_MS_FIELDS", "SimRobot", "SimTiming", "gap_timing_ms", "physics_fault"]
+__all__ = ["TIMING_MS_FIELDS", "SimRobot", "SimTiming", "gap_timing_ms"]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.obs_modes import check_obs_mode, obs_mode_env_kwargs
+from policylink.adapters.schema import FAULT_INFO
 from policylink.data.episode_meta import EpisodeMeta
 from policylink.data.recorder import EpisodeRecorder
 from policylink.runtime.rollout import (
@@ -69,7 +70,9 @@ class RecordConfig:
             ``[10, 30]``), ``force`` (N), ``force_probability`` (default 0.05 per step), ``force_duration_steps``.
         gap: a reality gap of a MuJoCo task (:mod:`policylink.sim.mujoco.gap`): a preset name (``worn_gantry``...)
             or a YAML file; each episode's drawn parameters go into its metadata (``EpisodeMeta.gap``). The
-            expert reads the true state and acts through the gap's dynamics. None: the nominal simulator.
+            expert reads the true state and acts through the gap's dynamics. An episode whose physics diverges
+            (the env's ``info["fault"]``) is left out of the store, counted in the summary and its seed printed
+            (:class:`DemoRecorderSubscriber`). None: the nominal simulator.
         randomize: with ``gap``, domain randomisation: each episode draws every gap parameter uniformly between
             its nominal value and ``nominal + randomize * (value - nominal)`` (0: the gap's values as they are).
         max_steps: step cap per episode, >= 1 (default None: the env's ``max_episode_steps``).
@@ -95,12 +98,15 @@ class RecordConfig:
 
 @dataclass(frozen=True)
 class RecordSummary:
-    """What a recording run produced: episodes, frames (steps), successes and frames per second."""
+    """What a recording run produced: episodes kept, frames (steps), successes, seconds, and the episodes left out
+    because their physics diverged (``faulted``: the env's step info carried ``"fault"``; see
+    :class:`DemoRecorderSubscriber`)."""
 
     episodes: int
     frames: int
     successes: int
     seconds: float
+    faulted: int = 0
 
     @property
     def success_rate(self) -> float:
@@ -109,9 +115,10 @@ class RecordSummary:
 
     def __str__(self) -> str:
         fps = self.frames / self.seconds if self.seconds > 0 else float("nan")
+        left_out = f", {self.faulted} left out (physics diverged)" if self.faulted else ""
         return (
             f"recorded {self.episodes} episodes, {self.frames} frames, success rate "
-            f"{self.success_rate:.2f} ({self.successes}/{self.episodes}), {fps:.0f} frames/s"
+            f"{self.success_rate:.2f} ({self.successes}/{self.episodes}), {fps:.0f} frames/s{left_out}"
         )
 
 
@@ -147,7 +154,8 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
     from policylink.data.buffer import EpisodeStore
 
     store = EpisodeStore(cfg.out, "a", zarr_format=cfg.zarr_format, lock_timeout=cfg.lock_timeout)
-    counts = {"episodes": 0, "frames": 0, "successes": 0}
+    counts = {"episodes": 0, "frames": 0, "successes": 0, "faulted": 0}
+    recording = None
     t0 = time.perf_counter()
     try:
         first = _first_seed(store, cfg.seed, cfg.episodes)
@@ -160,25 +168,85 @@ def record(cfg: RecordConfig, env: Any = None, expert: Any = None, progress: boo
         perturb = _dart_perturb(env, cfg.dart_noise, first) if cfg.dart_noise > 0 else None
         bar = tqdm(total=cfg.episodes, desc=f"record {cfg.env}", unit="ep", disable=not progress)
         with EpisodeRecorder(store, env_spec=env.env_spec) as rec, bar:
-            recording = RecorderSubscriber(rec, EpisodeMeta(source="expert", quality=quality))
+            recording = DemoRecorderSubscriber(rec, EpisodeMeta(source="expert", quality=quality))
 
             def count(result: EpisodeResult) -> None:
+                bar.update(1)
+                if result.index in recording.faulted:
+                    counts["faulted"] += 1
+                    return
                 _, success, n = recording.committed[result.index]
                 counts["episodes"] += 1
                 counts["frames"] += n
                 counts["successes"] += int(success)
-                bar.update(1)
                 bar.set_postfix(success=f"{counts['successes'] / counts['episodes']:.2f}", frames=counts["frames"])
 
             source = ScriptedSource([_expert_act(expert, env)], [expert.reset])
             seeds = range(first, first + cfg.episodes)
             record_episodes(env, source, recording, seeds, cfg.max_steps, perturb, count)
     except KeyboardInterrupt:
-        summary = RecordSummary(counts["episodes"], counts["frames"], counts["successes"], time.perf_counter() - t0)
+        summary = _summary(counts, t0)
         raise RecordInterrupted(summary, cfg.out) from None
     finally:
         store.close()
-    return RecordSummary(cfg.episodes, counts["frames"], counts["successes"], time.perf_counter() - t0)
+        if recording is not None and recording.faulted:
+            _report_faulted(recording.faulted, cfg.out)
+    return _summary(counts, t0)
+
+
+def _summary(counts: Mapping[str, int], t0: float) -> RecordSummary:
+    """The :class:`RecordSummary` of the counts so far (``t0``: ``time.perf_counter()`` at the start)."""
+    c = counts
+    return RecordSummary(c["episodes"], c["frames"], c["successes"], time.perf_counter() - t0, c["faulted"])
+
+
+def _report_faulted(faulted: Mapping[int, tuple[int, str]], out: str) -> None:
+    """Say on stderr which episodes were left out of ``out`` because their physics diverged (seed and reason)."""
+    seeds = [seed for seed, _ in (faulted[i] for i in sorted(faulted))]
+    first = faulted[min(faulted)][1]
+    print(
+        f"record: left {len(faulted)} episode(s) out of {out}: physics diverged (seeds {seeds}; first: {first})",
+        file=sys.stderr,
+    )
+
+
+class DemoRecorderSubscriber(RecorderSubscriber):
+    """A :class:`~policylink.runtime.rollout.RecorderSubscriber` for demonstrations: an episode that ends on
+    diverged physics (its step info carries ``"fault"``, as a gapped MuJoCo task's does:
+    :func:`policylink.sim.mujoco.gap_runtime.physics_fault`) is not kept as a demonstration: it is left out of
+    the store (nothing of it is written) and listed in ``faulted``. Under ``worn_gantry`` ~7% of the expert's lifts
+    diverge and fling the cube to 1e2-1e7 m; one such frame sets the min-max normaliser's range of the object
+    entries for the whole store.
+
+    Attributes:
+        faulted: ``{episode index: (reset seed, fault message)}`` of the episodes left out.
+        committed: as the base class: the episodes written.
+    """
+
+    def __init__(self, recorder: Any, meta: Any = None):
+        super().__init__(recorder, meta)
+        self.faulted: dict[int, tuple[int, str]] = {}
+        self._fault: dict[int, str] = {}
+
+    def on_reset(self, slot: int, index: int, seed: int, info: Mapping[str, Any]) -> None:
+        """As the base class; the slot's fault is cleared."""
+        self._fault.pop(slot, None)
+        super().on_reset(slot, index, seed, info)
+
+    def on_step(self, slot, obs, action, reward, done, info) -> None:
+        """As the base class; a step info's ``"fault"`` marks the episode."""
+        super().on_step(slot, obs, action, reward, done, info)
+        if info.get(FAULT_INFO):
+            self._fault[slot] = str(info[FAULT_INFO])
+
+    def on_episode_end(self, slot: int, result: EpisodeResult) -> None:
+        """Commit the episode, or discard it when it faulted (listed in ``faulted``)."""
+        fault = self._fault.pop(slot, None)
+        if fault is None:
+            super().on_episode_end(slot, result)
+            return
+        self.on_abort(slot)
+        self.faulted[result.index] = (result.seed, fault)
 
 
 class ScriptedSource(EpisodeSubscriber):

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import gymnasium as gym
 import numpy as np
 
-from policylink.adapters.schema import REALITY_GAP_INFO, TASK_KEY
+from policylink.adapters.schema import FAULT_INFO, REALITY_GAP_INFO, TASK_KEY
 from policylink.runtime.vector_env import (  # noqa: F401 - re-exported: the loop's vector-env side
     EPISODE_INDEX,
     EPISODE_SEED,
@@ -54,6 +54,8 @@ class EpisodeResult:
         frames: rendered frames (uint8 ``(H, W, 3)``), first = the episode's reset frame; only when requested.
         error: why the episode could not finish (``""`` when it did): its environment process crashed or stopped
             answering; such an episode counts as a failure in every table.
+        fault: why the env ended the episode on diverged physics (its step info's ``"fault"``, ``""`` for none):
+            a failure, which a report may also count apart (success excluding faulted episodes).
     """
 
     index: int
@@ -67,6 +69,7 @@ class EpisodeResult:
     stall_steps: int = 0
     frames: list[np.ndarray] | None = field(default=None, repr=False)
     error: str = ""
+    fault: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (without frames)."""
@@ -324,6 +327,8 @@ def rollout(
                     continue
                 step_info = {**slot_info(info, j, final=bool(done[j])), TERMINATED_INFO: bool(terminated[j])}
                 trace.add(float(reward[j]), bool(done[j]), bool(step_info.get("is_success", False)), batch, j)
+                if step_info.get(FAULT_INFO):
+                    trace.fault = str(step_info[FAULT_INFO])
                 row = {k: v[j] for k, v in batch.items()}
                 for s in subs:
                     s.on_step(j, row, action[j], float(reward[j]), bool(done[j]), step_info)
@@ -439,7 +444,7 @@ class _Trace:
     """Per-slot metrics of the running episode ``index`` (-1: padding, nothing is kept)."""
 
     def __init__(self, index: int, seed: int):
-        self.index, self.seed, self.task = index, seed, ""
+        self.index, self.seed, self.task, self.fault = index, seed, "", ""
         self.rewards: list[float] = []
         self.dones: list[bool] = []
         self.successes: list[bool] = []
@@ -454,7 +459,16 @@ class _Trace:
     def result(self, source: ActionSource, j: int) -> EpisodeResult:
         n, total, best, ok = episode_metrics(self.rewards, self.dones, self.successes)
         return EpisodeResult(
-            self.index, self.seed, self.task, n, total, best, ok, int(source.inferences[j]), int(source.stall_steps[j])
+            self.index,
+            self.seed,
+            self.task,
+            n,
+            total,
+            best,
+            ok,
+            int(source.inferences[j]),
+            int(source.stall_steps[j]),
+            fault=self.fault,
         )
 
 

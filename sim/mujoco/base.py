@@ -19,6 +19,7 @@ from policylink.adapters.env import EnvAdapter
 from policylink.adapters.obs_modes import OBS_MODES, obs_mode_parts
 from policylink.adapters.pointmaps import POINTMAP_PREFIX, POINTMAP_UNIT
 from policylink.adapters.schema import (
+    FAULT_INFO,
     IMAGE_PREFIX,
     REALITY_GAP_INFO,
     STATE_KEY,
@@ -30,7 +31,7 @@ from policylink.adapters.schema import (
 from policylink.adapters.validation import STEP_BEFORE_RESET, coerce_action
 from policylink.sim.mujoco.cameras import CameraPoseShift, apply_camera_pose_shift, mujoco_pointmap
 from policylink.sim.mujoco.gap import RealityGap, load_gap
-from policylink.sim.mujoco.gap_runtime import GapRuntime
+from policylink.sim.mujoco.gap_runtime import MAX_ANGULAR_SPEED, MAX_SPEED, GapRuntime, physics_fault
 from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 from policylink.sim.mujoco.randomization import RandomizationConfig, SceneRandomizer
 from policylink.sim.mujoco.rendering import FrameRenderer, configure_visual_quality
@@ -348,7 +349,9 @@ class MujocoTaskEnv(EnvAdapter):
         Returns:
             ``(obs, reward, terminated, truncated, info)``: reward 1.0 on success else 0.0, terminated on
             success, truncated at ``max_episode_steps``, ``info["is_success"]`` and, for tasks with a
-            :meth:`goal_distance`, ``info["progress"]``.
+            :meth:`goal_distance`, ``info["progress"]``. With a reality gap, a step whose physics diverged
+            (:meth:`physics_fault`) ends the episode as a failure: terminated, reward 0, ``is_success`` False and
+            ``info["fault"]`` saying why.
 
         Raises:
             RuntimeError: ``step`` before the first :meth:`reset` (``"step() before reset(): call reset() first"``).
@@ -382,7 +385,17 @@ class MujocoTaskEnv(EnvAdapter):
             obs = self._observation(state)
             if self._gap is not None:
                 obs = self._gap.observe(obs)
+                if (fault := physics_fault(self)) is not None:  # diverged: a failure, the episode ends here
+                    info = {**info, "is_success": False, FAULT_INFO: fault}
+                    return obs, 0.0, True, self.elapsed_steps >= self.max_episode_steps, info
         return obs, 1.0 if success else 0.0, success, self.elapsed_steps >= self.max_episode_steps, info
+
+    def physics_fault(self, max_speed: float = MAX_SPEED, max_angular_speed: float = MAX_ANGULAR_SPEED) -> str | None:
+        """Why this env's physics diverged, or None (:func:`~policylink.sim.mujoco.gap_runtime.physics_fault`: a
+        non-finite ``qpos``/``qvel``, a linear speed above ``max_speed`` m/s or an angular one above
+        ``max_angular_speed`` rad/s). A gapped env runs this check after every step itself; the sim-as-real robot
+        calls it on any task."""
+        return physics_fault(self, max_speed, max_angular_speed)
 
     def _clipped_action(self, action: Any) -> list[float]:
         """:func:`~policylink.adapters.validation.coerce_action` (same values, same errors) as ``A`` Python floats,

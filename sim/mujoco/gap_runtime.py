@@ -19,6 +19,64 @@ from policylink.sim.mujoco.cameras import CameraPoseShift, shift_camera_pose
 from policylink.sim.mujoco.gap import RealityGap
 from policylink.sim.mujoco.perturbations import PerturbationConfig, Perturber
 
+MAX_SPEED = 10.0
+"""Fastest plausible linear speed of a simulated tabletop robot and its objects, m/s (slide joints, a free joint's
+translation): the MuJoCo tasks' scripted episodes stay below 0.4, while a diverged contact solve flings an object
+at 4-7e6 (``worn_gantry``, 80 expert episodes, seeds 0-79: the 4 that diverged)."""
+
+MAX_ANGULAR_SPEED = 50.0
+"""Fastest plausible angular speed, rad/s (hinges, ball joints, a free joint's rotation): a 4 cm cube that slips
+out of the gripper tumbles at up to 23 rad/s in sound episodes (``worn_gantry`` seeds 12 and 61, both successful),
+while a blow-up spins it at 79-1401 before or as it is flung (seeds 5, 7, 30, 45)."""
+
+
+def _angular_dofs(model: Any, nv: int) -> np.ndarray:
+    """bool ``(nv,)``: which degrees of freedom of ``model`` are rotations (all False without a model)."""
+    types, adr, jnt = (getattr(model, k, None) for k in ("jnt_type", "jnt_dofadr", "dof_jntid"))
+    if types is None or adr is None or jnt is None or len(jnt) != nv:
+        return np.zeros(nv, bool)
+    t, first = np.asarray(types)[jnt], np.asarray(adr)[jnt]
+    free = int(mujoco.mjtJoint.mjJNT_FREE)
+    rotating = (t == int(mujoco.mjtJoint.mjJNT_HINGE)) | (t == int(mujoco.mjtJoint.mjJNT_BALL))
+    return rotating | ((t == free) & (np.arange(nv) - first >= 3))
+
+
+def physics_fault(env: Any, max_speed: float = MAX_SPEED, max_angular_speed: float = MAX_ANGULAR_SPEED) -> str | None:
+    """Why the simulation of ``env`` diverged, or None while it is sane.
+
+    Reads MuJoCo's state through ``env.unwrapped.data`` (``qpos``, ``qvel``) and ``env.unwrapped.model`` (which
+    degrees of freedom rotate); an env without ``data`` (not MuJoCo) is never judged, one without ``model`` has
+    every speed held to ``max_speed``. Diverged: a non-finite ``qpos``/``qvel`` entry, a linear speed above
+    ``max_speed`` or an angular one above ``max_angular_speed`` (a contact solve that blew up; MuJoCo itself only
+    warns once values reach 1e10, many steps later). Under ``worn_gantry`` (cube mass x1.5 with friction x0.6) ~5%
+    of the expert's episodes blow up so, flinging the cube to 1e2-1e7 m.
+
+    Args:
+        env: the task env (gymnasium-style, ``unwrapped`` optional) or anything with a MuJoCo ``data``.
+        max_speed: linear speed limit, m/s (:data:`MAX_SPEED`).
+        max_angular_speed: angular speed limit, rad/s (:data:`MAX_ANGULAR_SPEED`).
+    Returns:
+        A message naming the degree of freedom (``qvel`` index) and its value, or None.
+    """
+    base = getattr(env, "unwrapped", env)
+    data = getattr(base, "data", None)
+    qpos, qvel = getattr(data, "qpos", None), getattr(data, "qvel", None)
+    if qpos is None or qvel is None:
+        return None
+    qpos, qvel = np.asarray(qpos, np.float64), np.asarray(qvel, np.float64)
+    if not (np.isfinite(qpos).all() and np.isfinite(qvel).all()):
+        return "physics diverged: non-finite joint position or velocity"
+    if not qvel.size:
+        return None
+    speed = np.abs(qvel)
+    angular = _angular_dofs(getattr(base, "model", None), qvel.size)
+    over = speed - np.where(angular, float(max_angular_speed), float(max_speed))
+    if float(over.max()) > 0:
+        i = int(over.argmax())
+        kind, limit = ("angular", max_angular_speed) if angular[i] else ("linear", max_speed)
+        return f"physics diverged: joint velocity {i} is {qvel[i]:.1f}, above the plausible {kind} {limit}"
+    return None
+
 
 class GapRuntime:
     """Per-env state of a reality gap.
@@ -147,4 +205,4 @@ class GapRuntime:
         return out
 
 
-__all__ = ["GapRuntime"]
+__all__ = ["MAX_ANGULAR_SPEED", "MAX_SPEED", "GapRuntime", "physics_fault"]
