@@ -97,6 +97,9 @@ class _FakeScene:
                 qpos=np.zeros(23), ctrl=np.zeros(4), mocap_pos=np.zeros((2, 3)), mocap_quat=np.zeros((2, 4))
             ),
             render=lambda height, width, camera_id: np.full((height, width, 3), self.t, np.uint8),
+            model=SimpleNamespace(
+                vis=SimpleNamespace(quality=SimpleNamespace(shadowsize=4096, offsamples=4), global_=SimpleNamespace())
+            ),
         )
         self.task = SimpleNamespace(max_reward=4, get_qpos=lambda physics: physics.data.qpos[:14].copy())
         self.t, self.pose = 0, None
@@ -129,6 +132,13 @@ def test_adapter_observes_succeeds_at_max_reward_and_seeds_reproduce():
     np.testing.assert_allclose(obs[STATE_KEY][14:17], expected_pose, rtol=1e-6)
     np.testing.assert_allclose(obs[ENV_STATE_KEY][:3], expected_pose, rtol=1e-6)
     assert obs[IMAGE_PREFIX + "top"].shape == (12, 16, 3) and obs[TASK_KEY] == aloha_env.INSTRUCTIONS["transfer_cube"]
+    vis = scene.physics.model.vis  # no shadows nor multisampling, the offscreen buffer sized to the frame
+    assert (vis.quality.shadowsize, vis.quality.offsamples, vis.global_.offwidth, vis.global_.offheight) == (
+        0,
+        0,
+        16,
+        12,
+    )
     assert info == {"is_success": False, "reward_stage": 0.0} and env.env_spec.control_frequency == 50.0
     a = np.full(14, 0.5, np.float32)
     a[0] = 9.0  # clipped to the waist's limit
