@@ -238,17 +238,17 @@ def sim_robot(
     from policylink.real.robots import RobotConfig, build_robot, safety_config
 
     what = f"embodiment policylink/sim_robot task {task!r}"
-    cfg = RobotConfig(
-        sim=task,
-        sim_kwargs=dict(env_kwargs),
-        observation_latency_ms=observation_latency_ms,
-        actuation_latency_ms=actuation_latency_ms,
-        jitter_ms=jitter_ms,
-        seed=seed,
-        time_scale=time_scale,
-        watchdog_ms=watchdog_ms,
-    )
     try:
+        cfg = RobotConfig(
+            sim=task,
+            sim_kwargs=dict(env_kwargs),
+            observation_latency_ms=observation_latency_ms,
+            actuation_latency_ms=actuation_latency_ms,
+            jitter_ms=jitter_ms,
+            seed=seed,
+            time_scale=time_scale,
+            watchdog_ms=watchdog_ms,
+        )
         driver = build_robot(cfg)
     except (KeyError, ValueError, TypeError) as e:
         raise _config_error(what, e) from None

@@ -30,6 +30,27 @@ from policylink.plugins.inspect_robots.spaces import action_box, camera_name, ob
 from policylink.runtime.executors import ExecutorConfig, make_executor
 
 
+class BindError(CompatibilityError, SystemExit):
+    """A policy that does not fit the embodiment it is bound to (:meth:`PolicylinkPolicy.bind`), as one line.
+
+    inspect-robots' ``run`` prints the message of a ``ConfigError`` raised while it builds a component but lets a
+    ``CompatibilityError`` raised by ``eval`` end the process with its traceback; as a ``SystemExit`` too (code:
+    the message), this one ends ``inspect-robots run`` on its one line (exit 1) after the CLI's cleanup, while a
+    program still catches it as a ``CompatibilityError`` (or any ``Exception``)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = message
+
+
+def _env_flag(embodiment: str) -> str:
+    """``-P env=push`` for embodiment ``policylink/push`` (a registered env's), else ``-P env=NAME``."""
+    from policylink.adapters.registry import available_envs
+
+    name = embodiment.removeprefix("policylink/")
+    return f"-P env={name}" if embodiment.startswith("policylink/") and name in available_envs() else "-P env=NAME"
+
+
 @dataclass(frozen=True)
 class PolicylinkPolicyConfig(PolicyConfig):
     """inspect-robots' ``PolicyConfig`` (recorded in the eval log as ``policy_config``) plus how policylink executes
@@ -59,14 +80,23 @@ class PolicylinkPolicy(PolicyBase):
         name: ``PolicyInfo.name`` (in the eval log).
         executor: how chunks are executed (:class:`~policylink.runtime.executors.ExecutorConfig`).
         reference: the reference the policy came from (``PolicyInfo.checkpoint``).
+        env: the policylink env it was checked against when loaded (``-P env=NAME``; "" for none).
 
     Raises:
         SpecError: the policy's control mode has no inspect-robots equivalent.
         ExecutorConfigError: ``executor`` asks for more than the policy's chunk provides.
     """
 
-    def __init__(self, policy: PolicyAdapter, name: str, executor: ExecutorConfig | None = None, reference: str = ""):
+    def __init__(
+        self,
+        policy: PolicyAdapter,
+        name: str,
+        executor: ExecutorConfig | None = None,
+        reference: str = "",
+        env: str = "",
+    ):
         self.policy = policy
+        self.env = env
         self.spec = policy.spec
         self.executor = make_executor(policy, executor or ExecutorConfig())
         self.info = PolicyInfo(
@@ -93,7 +123,8 @@ class PolicylinkPolicy(PolicyBase):
         field the policy reads, against the embodiment's declarations.
 
         Raises:
-            CompatibilityError: listing each mismatch (field, expected by the policy, declared by the embodiment).
+            BindError: a CompatibilityError on one line naming each mismatch (field, expected by the policy,
+                declared by the embodiment) and, for a policy loaded without ``-P env=NAME``, that parameter.
         """
         cams = {c.name: c for c in embodiment_info.observation_space.cameras}
         state = embodiment_info.observation_space.state
@@ -112,8 +143,9 @@ class PolicylinkPolicy(PolicyBase):
                 problems.append(f"state[{key!r}]: expected shape {feat.shape} (policy), received "
                                 f"{tuple(fields[key].shape)} (embodiment)")  # fmt: skip
         if problems:
-            lines = "\n".join(f"  - {p}" for p in problems)
-            raise CompatibilityError(f"policy {self.info.name!r} on embodiment {embodiment_info.name!r}:\n{lines}")
+            hint = "" if self.env else f" (not checked at load: {_env_flag(embodiment_info.name)} was not given)"
+            where = f"policy {self.info.name!r} on embodiment {embodiment_info.name!r}"
+            raise BindError(f"{where}: {'; '.join(problems)}{hint}")
 
     def reset(self, scene: Scene) -> None:
         """Start an episode: clear the executor's queue and the policy's history (as the rollout loop does between
@@ -226,7 +258,7 @@ def policylink_policy(
                 close()  # a served policy's connection
             raise ConfigError(f"policy {policy!r}: {size}")
     try:
-        return PolicylinkPolicy(loaded, f"policylink:{policy}", config, reference=policy)
+        return PolicylinkPolicy(loaded, f"policylink:{policy}", config, reference=policy, env=env)
     except (SpecError, ValueError) as e:
         raise ConfigError(f"policy {policy!r}: {e}") from None
 
@@ -249,4 +281,4 @@ def _env_spec(env: str, obs_mode: str | None, image_size: int | None) -> Any:
     return spec
 
 
-__all__ = ["PolicylinkPolicy", "PolicylinkPolicyConfig", "action_size_problem", "policylink_policy"]
+__all__ = ["BindError", "PolicylinkPolicy", "PolicylinkPolicyConfig", "action_size_problem", "policylink_policy"]

@@ -211,6 +211,13 @@ def test_sim_robot_is_a_self_paced_conformant_embodiment_and_runs_a_trial(tmp_pa
         assert sample.trial_metadata[0]["policylink"]["n_steps"] == sample.epochs[0]["episode_length"] > 0
 
 
+def test_sim_robot_bad_timing_is_a_config_error_naming_the_parameter():
+    with pytest.raises(ConfigError) as e:  # checked by RobotConfig (-E jitter_ms=-5), before any env is built
+        resolve("embodiment", "policylink/sim_robot", task="reach", jitter_ms=-5)
+    assert str(e.value) == "embodiment policylink/sim_robot task 'reach': jitter_ms: expected a value in [0, inf), " \
+        "received -5"  # fmt: skip
+
+
 def test_a_served_robot_is_an_embodiment(tmp_path, reach_p):
     """``policylink robot --sim reach`` (here in-process, 4x real time) as embodiment ``policylink/robot``."""
     from policylink.plugins.inspect_robots.policy import PolicylinkPolicy
@@ -443,11 +450,19 @@ def test_an_action_size_that_does_not_fit_is_one_error_naming_both_sizes(flow_ch
     policy = resolve("policy", "policylink", policy=ref, device="cpu")
     with pytest.raises(CompatibilityError) as e:  # otherwise when the evaluation binds it, before any step
         ir_eval("policylink/push", policy, "policylink/push", log_dir=str(tmp_path))
-    assert str(e.value) == (
-        f"policy 'policylink:{ref}' on embodiment 'policylink/push':\n"
-        f"  - action size: {both.format(repr('policylink/push').join(('embodiment ', '')))}"
+    bound = (
+        f"policy 'policylink:{ref}' on embodiment 'policylink/push': action size: "
+        f"{both.format(repr('policylink/push').join(('embodiment ', '')))} (not checked at load: -P env=push was not "
+        "given)"
     )
+    assert str(e.value) == bound
     env = {**os.environ, "INSPECT_ROBOTS_CONFIG": str(tmp_path / "none.ini")}
+    done = subprocess.run(  # inspect-robots run ends on that one line (its CompatibilityErrors keep a traceback)
+        [INSPECT_ROBOTS, "run", "--task", "policylink/push", "--no-prompt", "--log-dir", str(tmp_path), "--policy",
+         "policylink", "-P", f"policy={ref}", "-P", "device=cpu", "--embodiment", "policylink/push"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (1, bound + "\n")
     done = subprocess.run(
         [INSPECT_ROBOTS, "run", "--task", "policylink/push", "--no-prompt", "--log-dir", str(tmp_path), "--policy",
          "policylink", "-P", f"policy={ref}", "-P", "device=cpu", "-P", "env=push", "--embodiment", "policylink/push"],
