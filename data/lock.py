@@ -1,9 +1,11 @@
-"""Single-writer lock of an episode store: ``<store>.lock`` held with ``filelock`` (released by the OS when the
-holder dies) plus ``<store>.lock.owner``, a JSON note of who holds it, so a refused writer can name the holder;
-and the clean-up of what a killed writer leaves beside a store (:func:`remove_stale_temporaries`)."""
+"""Single-writer lock of an episode store: ``<store>.lock`` held with ``flock`` (released by the OS when the holder
+dies; the file is removed by a clean release) plus ``<store>.lock.owner``, a JSON note of who holds it, so a refused
+writer can name the holder; and the clean-up of what a killed writer leaves beside a store
+(:func:`remove_stale_temporaries`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,22 +14,37 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: filelock's lock instead
+    fcntl = None  # type: ignore[assignment]
 
 
 class WriteLock:
-    """Exclusive, inter-process write lock of the store at ``path``.
+    """Exclusive, inter-process write lock of the store at ``path``: ``flock`` on ``<path>.lock`` (released by the
+    OS when the holder dies, however it dies), removed again by a clean :meth:`release`.
+
+    Removing a lock file is safe only with the protocol used here: the holder unlinks the file *before* it
+    unlocks, and an acquirer keeps its lock only when the path still names the file it locked (``samestat``);
+    one that locked a file the previous holder has just unlinked (it opened it before the unlink) closes it and
+    locks the new one. So there is never more than one holder, with or without the file between writers. Where
+    ``fcntl`` is missing (Windows) ``filelock`` holds the lock and the file stays.
 
     Args:
         path: the store's directory; the lock is ``<path>.lock`` and the holder's note ``<path>.lock.owner``.
     """
 
-    def __init__(self, path: str | os.PathLike):
-        import filelock
+    POLL_S = 0.05
+    """Seconds between two tries while another process holds the lock."""
 
+    def __init__(self, path: str | os.PathLike):
         path = Path(path)
         self.lock_path = path.with_name(path.name + ".lock")
         self.owner_path = path.with_name(path.name + ".lock.owner")
-        self._lock = filelock.FileLock(str(self.lock_path))
+        self._fd: int | None = None  # the locked file's descriptor (fcntl)
+        self._fallback: Any = None  # a held filelock.FileLock (no fcntl)
 
     def acquire(self, timeout: float) -> None:
         """Take the lock, waiting up to ``timeout`` s (0 = fail at once; -1 = forever), and record the holder.
@@ -35,18 +52,32 @@ class WriteLock:
         Raises:
             TimeoutError: another process holds the lock (message: :meth:`holder`).
         """
-        import filelock
-
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._lock.acquire(timeout=timeout)
-        except filelock.Timeout:
-            raise TimeoutError(self.holder()) from None
+        if fcntl is None:
+            self._acquire_filelock(timeout)
+        else:
+            deadline = None if timeout < 0 else time.monotonic() + timeout
+            while (fd := _try_lock(self.lock_path)) is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(self.holder())
+                time.sleep(self.POLL_S if left is None else min(self.POLL_S, left))
+            self._fd = fd
         note = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         note["command"] = " ".join(sys.argv)[:200]
         tmp = self.owner_path.with_name(self.owner_path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(note))
         os.replace(tmp, self.owner_path)
+
+    def _acquire_filelock(self, timeout: float) -> None:
+        import filelock
+
+        lock = filelock.FileLock(str(self.lock_path))
+        try:
+            lock.acquire(timeout=timeout)
+        except filelock.Timeout:
+            raise TimeoutError(self.holder()) from None
+        self._fallback = lock
 
     def holder(self) -> str:
         """``"pid 123 on host (command 'policylink record ...', since 2025-01-01 12:00:00)"`` or
@@ -61,9 +92,44 @@ class WriteLock:
             return "an unknown process"
 
     def release(self) -> None:
-        """Remove the holder's note and release the lock."""
+        """Remove the holder's note and the lock file (while still holding it: see the class docstring), then
+        unlock. Idempotent."""
+        if self._fd is None and self._fallback is None:
+            return
         self.owner_path.unlink(missing_ok=True)
-        self._lock.release()
+        if self._fallback is not None:
+            self._fallback.release()
+            self._fallback = None
+            return
+        fd, self._fd = self._fd, None
+        try:
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.fstat(fd), os.stat(self.lock_path)):
+                    self.lock_path.unlink()
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _try_lock(path: Path) -> int | None:
+    """A descriptor of ``path`` holding its exclusive ``flock``, or None while another process holds it. A file
+    unlinked by its previous holder between our ``open`` and our ``flock`` is let go and the new one tried."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # closing drops the lock on the unlinked file
 
 
 def pid_alive(pid: int) -> bool:
@@ -84,8 +150,8 @@ def remove_stale_temporaries(path: str | os.PathLike, tags: tuple[str, ...], res
 
     A writer names its temporaries ``.<name>.<tag>-<pid>`` (plus ``.lock`` / ``.lock.owner`` files of its own
     write lock) next to ``<name>``; those whose ``pid`` no longer runs on this host are removed, those of live
-    processes are kept. The store's own ``<name>.lock.owner`` note is removed when its pid is dead (the
-    ``<name>.lock`` file itself stays: filelock keeps it between holders).
+    processes are kept. The store's own ``<name>.lock.owner`` note is removed when its pid is dead (a killed
+    writer's ``<name>.lock`` file stays: the next writer locks it, and removes it when it releases).
 
     Args:
         path: the store's path (need not exist).
