@@ -44,6 +44,7 @@ class WriteLock:
         self.lock_path = path.with_name(path.name + ".lock")
         self.owner_path = path.with_name(path.name + ".lock.owner")
         self._fd: int | None = None  # the locked file's descriptor (fcntl)
+        self._pid = 0  # the process that locked it (a forked child inherits the descriptor, not the lock's duty)
         self._fallback: Any = None  # a held filelock.FileLock (no fcntl)
 
     def acquire(self, timeout: float) -> None:
@@ -62,7 +63,7 @@ class WriteLock:
                 if left is not None and left <= 0:
                     raise TimeoutError(self.holder())
                 time.sleep(self.POLL_S if left is None else min(self.POLL_S, left))
-            self._fd = fd
+            self._fd, self._pid = fd, os.getpid()
         note = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         note["command"] = " ".join(sys.argv)[:200]
         tmp = self.owner_path.with_name(self.owner_path.name + f".{os.getpid()}.tmp")
@@ -93,7 +94,12 @@ class WriteLock:
 
     def release(self) -> None:
         """Remove the holder's note and the lock file (while still holding it: see the class docstring), then
-        unlock. Idempotent."""
+        unlock. Idempotent. In a forked child of the holder it only closes the child's copy of the descriptor
+        (``flock`` is shared with the parent, which still holds the lock)."""
+        if self._fd is not None and self._pid != os.getpid():
+            fd, self._fd = self._fd, None
+            os.close(fd)
+            return
         if self._fd is None and self._fallback is None:
             return
         self.owner_path.unlink(missing_ok=True)

@@ -89,3 +89,19 @@ def test_an_acquirer_that_locked_the_removed_file_takes_the_new_one(tmp_path, mo
         WriteLock(path).acquire(0)  # a third is refused: B holds the file the path names
     b.release()
     assert not b.lock_path.exists()
+
+
+def test_a_forked_child_releasing_its_copy_leaves_the_parent_holding_the_lock(tmp_path):
+    path = tmp_path / "s.zarr"
+    lock = WriteLock(path)
+    lock.acquire(0)
+    pid = os.fork()
+    if pid == 0:  # the child: what a worker forked by a recording process does when it tears its copy down
+        lock.release()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert lock.lock_path.exists() and lock.owner_path.exists()
+    with pytest.raises(TimeoutError, match=rf"^pid {os.getpid()} on "):
+        WriteLock(path).acquire(0)
+    lock.release()
+    assert not lock.lock_path.exists()
