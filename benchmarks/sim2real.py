@@ -9,7 +9,9 @@ e.g. ``"latency"``, are kept) and a bar plot with 95% Wilson intervals.
               nominal_on_gap=outputs/s2r/eval/nominal_on_worn_gantry randomized_on_gap=outputs/s2r/eval/rand_on_worn \\
         --camera rgb_nominal=... rgb_shift=... pointmap_nominal=... pointmap_shift=...
 
-Any further ``name=FOLDER`` pairs given to ``--gap`` are kept under ``"gap"."cells"`` (e.g. the other presets).
+Any further ``name=FOLDER`` pairs given to ``--gap`` are kept under ``"gap"."cells"`` (e.g. the other presets). A
+cell evaluated since the env faults on diverged physics also counts its faulted episodes (``n_faulted``) and its
+success over the other episodes (``success_excluding_faulted``, ``ci95_excluding_faulted``).
 
 ``--improve before=X after=Y robot=STORE`` writes the ``"improve"`` key (deploy -> record -> improve): ``X`` and
 ``Y`` are eval folders or episode stores recorded by ``policylink run --robot ... --record`` (success counted over
@@ -47,7 +49,25 @@ def read_cell(folder: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: expected one policy x env cell, received {len(rows)}")
     k, n = int(rows[0]["n_success"]), int(rows[0]["n_episodes"])
     low, high = wilson_interval(k, n)
-    return {"success": k / n, "n_success": k, "n_episodes": n, "ci95": [low, high], "folder": str(folder)}
+    cell = {"success": k / n, "n_success": k, "n_episodes": n, "ci95": [low, high], "folder": str(folder)}
+    return {**cell, **fault_counts(folder)}
+
+
+def fault_counts(folder: str | Path) -> dict[str, Any]:
+    """Episodes the env ended on diverged physics (``fault`` in the shards' episodes, evaluations since the check
+    of ``sim/mujoco/gap_runtime.py``): ``{"n_faulted", "success_excluding_faulted", "ci95_excluding_faulted"}``,
+    or ``{}`` when the shards predate the field (faults not known)."""
+    eps = [e for f in sorted(Path(folder).glob("cells/*/shards/*.json")) for e in json.loads(f.read_text())["episodes"]]
+    if not eps or any("fault" not in e for e in eps):
+        return {}
+    kept = [e for e in eps if not e["fault"]]
+    k = sum(bool(e["success"]) for e in kept)
+    low, high = wilson_interval(k, len(kept)) if kept else (0.0, 0.0)
+    return {
+        "n_faulted": len(eps) - len(kept),
+        "success_excluding_faulted": k / len(kept) if kept else None,
+        "ci95_excluding_faulted": [low, high],
+    }
 
 
 def read_store_cell(path: str | Path) -> dict[str, Any]:
