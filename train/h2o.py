@@ -41,7 +41,7 @@ from policylink.train.objectives import ObjectiveConfig, objective_loss, registe
 from policylink.train.trainer import OptimConfig, Optimization, fit, tty_progress
 
 STATE_KEY = "observation.state"
-SOURCE_KEY = "deploy.source"  # per-step who acted (real.deploy.DEPLOY_KEYS); 1 = human
+SOURCE_KEY = "deploy.source"  # per-step who acted (real.deploy_recorder.DEPLOY_KEYS); 1 = human
 HUMAN = 1
 H2O_COMMAND = "finetune h2o"
 DISCRIMINATOR_OBJECTIVE = "h2o_discriminators"

@@ -18,7 +18,8 @@ import pytest
 
 from policylink.adapters.schema import ActionSpec, ControlMode, EnvSpec, FeatureSpec
 from policylink.data.buffer import EpisodeStore
-from policylink.real.deploy import DEPLOY_KEYS, DeployRecorder, DeployStats, open_deploy_recorder
+from policylink.real.deploy import DeployRecorder, DeployStats, open_deploy_recorder
+from policylink.real.deploy_recorder import DEPLOY_KEYS
 from policylink.real.pacing import Pacer
 from policylink.real.robot import Robot
 from policylink.real.teleop import KeyboardTeleop
