@@ -108,14 +108,25 @@ class Channel:
         alive: Callable[[], bool] | None = None,
     ):
         security.check_endpoint(endpoint, "connect")
-        self._alive = alive
-        self.endpoint, self.timeout_s, self._replies = endpoint, float(timeout_s), replies
-        self._by_protocol = replies_by_protocol
-        self.protocol = PROTOCOL_VERSION
+        self._init_common(endpoint, replies, timeout_s, replies_by_protocol, alive)
         self._keys = security.load_client_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
         self._conn = _Connection()
         weakref.finalize(self, self._conn.close)  # a channel dropped unclosed still closes in the right order
         self._rcvtimeo = -1
+
+    def _init_common(
+        self,
+        endpoint: str,
+        replies: Mapping[str, Mapping[str, Any]],
+        timeout_s: float,
+        replies_by_protocol: Mapping[int, Mapping[str, Mapping[str, Any]]] | None,
+        alive: Callable[[], bool] | None,
+    ) -> None:
+        """The state every channel has, whatever carries its messages (a subclass's ``__init__`` calls this)."""
+        self._alive = alive
+        self.endpoint, self.timeout_s, self._replies = endpoint, float(timeout_s), replies
+        self._by_protocol = replies_by_protocol
+        self.protocol = PROTOCOL_VERSION
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -143,36 +154,14 @@ class Channel:
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         with self._lock:
             frames = encode_message(rid := next(self._ids), verb, body, protocol, check_keys=check_keys)
-            sock = self._socket()
-            send_message(sock, frames)
+            self._send(frames, verb)
             deadline = time.monotonic() + timeout
-            remaining_ms = int(timeout * 1e3)  # the first wait: the whole timeout (keeps RCVTIMEO unchanged)
+            first = True
             while True:
-                wait_ms = remaining_ms if self._alive is None else min(remaining_ms, int(ALIVE_POLL_S * 1e3))
-                try:
-                    if not wait_ms:
-                        raise zmq.Again
-                    if wait_ms != self._rcvtimeo:
-                        sock.rcvtimeo = self._rcvtimeo = wait_ms
-                    frames = recv_message(sock)
-                except zmq.Again:
-                    remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
-                    lives = self._alive is None or self._alive()
-                    if self._alive is not None and lives and remaining_ms:
-                        continue
-                    self._drop_socket()
-                    if not lives:
-                        raise ConnectionError(
-                            f"policylink server {self.endpoint}: its process ended while {verb!r} waited for the reply"
-                        ) from None
-                    raise TimeoutError(
-                        f"policylink server {self.endpoint}: no reply to {verb!r} within {timeout:g} s (server down "
-                        "or overloaded, or it refused this client's CURVE key); the next call reconnects on a fresh "
-                        "socket"
-                    ) from None
+                frames = self._receive(verb, timeout, deadline, first)
+                first = False
                 reply = parse_message(frames, self._replies, allow_error=True, by_protocol=self._by_protocol)
                 if reply.id != rid:  # a late reply to an earlier, timed-out request
-                    remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
                     continue
                 if reply.type == "error":
                     b = reply.body
@@ -183,6 +172,48 @@ class Channel:
                         ErrorCode.INVALID_FRAME, f"reply type: expected {verb!r}, received {reply.type!r}", "type", rid
                     )
                 return reply.body
+
+    def _send(self, frames: list, verb: str) -> None:
+        """Send one request's frames (the transport's part of :meth:`request`; ZeroMQ here)."""
+        send_message(self._socket(), frames)
+
+    def _receive(self, verb: str, timeout: float, deadline: float, first: bool) -> list:
+        """The frames of the next message on the connection, waiting until ``deadline`` (``time.monotonic``;
+        ``first``: the request's first wait, the whole ``timeout``, which keeps ``RCVTIMEO`` unchanged).
+
+        Raises:
+            TimeoutError: nothing by the deadline (the socket is dropped).
+            ConnectionError: with an ``alive`` check, the server's process ended.
+        """
+        sock = self._conn.sock
+        remaining_ms = int(timeout * 1e3) if first else int(max(0.0, deadline - time.monotonic()) * 1e3)
+        while True:
+            wait_ms = remaining_ms if self._alive is None else min(remaining_ms, int(ALIVE_POLL_S * 1e3))
+            try:
+                if not wait_ms:
+                    raise zmq.Again
+                if wait_ms != self._rcvtimeo:
+                    sock.rcvtimeo = self._rcvtimeo = wait_ms
+                frames = recv_message(sock)
+            except zmq.Again:
+                remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1e3)
+                lives = self._alive is None or self._alive()
+                if self._alive is not None and lives and remaining_ms:
+                    continue
+                self._drop_socket()
+                if not lives:
+                    raise ConnectionError(
+                        f"policylink server {self.endpoint}: its process ended while {verb!r} waited for the reply"
+                    ) from None
+                raise self._timed_out(verb, timeout) from None
+            return frames
+
+    def _timed_out(self, verb: str, timeout: float) -> TimeoutError:
+        return TimeoutError(
+            f"policylink server {self.endpoint}: no reply to {verb!r} within {timeout:g} s (server down "
+            "or overloaded, or it refused this client's CURVE key); the next call reconnects on a fresh "
+            "socket"
+        )
 
     def hello(self, kind: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Run the ``hello`` handshake, agree on :attr:`protocol` and check the server ``kind``.

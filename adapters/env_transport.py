@@ -13,8 +13,9 @@ import numpy as np
 
 from policylink.adapters import security
 from policylink.adapters.env import EnvAdapter
+from policylink.adapters.local_wire import open_channel
 from policylink.adapters.protocol import ENV_REPLIES, ENV_REQUESTS, ErrorCode, ProtocolError
-from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES, Channel, Server
+from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES, Server
 from policylink.adapters.schema import ActionError, EnvSpec
 from policylink.adapters.validation import STEP_BEFORE_RESET, coerce_action
 
@@ -32,7 +33,8 @@ class LiveEnv(Protocol):
 
 class EnvServer(Server):
     """Serve an :class:`EnvAdapter` (verbs ``hello``, ``ping``, ``reset``, ``step``, ``get_observation``,
-    ``send_action``, ``render``); env calls are serialised on the worker thread.
+    ``send_action``, ``render``); env calls are serialised on the worker thread (one serving thread for a
+    ``unix://`` bind).
 
     ``get_observation`` returns ``env.get_observation()`` for a :class:`LiveEnv`, else the latest observation
     of ``reset``/``step``; ``send_action`` needs a :class:`LiveEnv` (else ``unsupported``). Actions go through
@@ -120,7 +122,8 @@ class RemoteEnv(EnvAdapter):
     the limits are clipped, and ``step`` before ``reset`` raises ``RuntimeError``.
 
     Args:
-        endpoint: e.g. ``"tcp://127.0.0.1:5556"``.
+        endpoint: e.g. ``"tcp://127.0.0.1:5556"``, or ``"unix://PATH"`` for a server this machine runs
+            (:mod:`policylink.adapters.local_wire`; no CURVE).
         timeout_s: per-request timeout, seconds.
         curve_keys: for a CURVE server: a key folder (its ``client.key_secret`` and ``server.key``) or
             ``security.load_client_keys(folder, "<client name>")``.
@@ -129,6 +132,7 @@ class RemoteEnv(EnvAdapter):
 
     Raises:
         TimeoutError, VersionMismatchError: at construction, as for :class:`RemotePolicy`.
+        ValueError: ``curve_keys`` with a ``unix://`` endpoint.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"]}
@@ -142,7 +146,7 @@ class RemoteEnv(EnvAdapter):
         alive: Callable[[], bool] | None = None,
     ):
         self.endpoint = endpoint
-        self._channel = Channel(endpoint, ENV_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys, alive=alive)
+        self._channel = open_channel(endpoint, ENV_REPLIES, timeout_s=timeout_s, curve_keys=curve_keys, alive=alive)
         self.server_info = self._channel.hello("env")
         self.env_spec = EnvSpec.from_dict(self.server_info["spec"])
         self._init_spaces()

@@ -21,6 +21,7 @@ import zmq
 from policylink.adapters import security
 from policylink.adapters.channel import COPY_THRESHOLD, Channel, recv_message, send_message
 from policylink.adapters.codec import CodecError
+from policylink.adapters.local_wire import LOCAL_SCHEME, LocalListener, check_local_endpoint
 from policylink.adapters.protocol import (
     PROTOCOL_VERSION,
     SUPPORTED_PROTOCOLS,
@@ -52,10 +53,10 @@ log = logging.getLogger(__name__)
 
 class BindError(OSError):
     """A server could not listen on its endpoint (port in use, address not on this machine); one-line message
-    ``"bind tcp://127.0.0.1:5555: address already in use"``; ``errno`` is ZeroMQ's."""
+    ``"bind tcp://127.0.0.1:5555: address already in use"``; ``errno`` is ZeroMQ's (the system's for ``unix://``)."""
 
-    def __init__(self, endpoint: str, error: zmq.ZMQError):
-        reason = zmq.strerror(error.errno)  # error.strerror also repeats the address
+    def __init__(self, endpoint: str, error: zmq.ZMQError | OSError):
+        reason = zmq.strerror(error.errno) if error.errno else str(error)  # error.strerror also repeats the address
         super().__init__(f"bind {endpoint}: {reason[:1].lower()}{reason[1:]}")
         self.errno, self.endpoint = error.errno, endpoint
 
@@ -119,12 +120,17 @@ class Server:
     ``hello``/``ping`` then wait at most for that call. The first calls of every verb, and every call after a slow
     one, go to the worker.
 
+    A ``unix://PATH`` bind serves the same verbs, checks and errors over a Unix socket file without ZeroMQ
+    (:mod:`policylink.adapters.local_wire`, for a server its client started on the same machine): every call then
+    runs on one serving thread, one client connection at a time, and ``hello``/``ping`` wait for a running call.
+
     Replies use the request's protocol (envelope ``v``); a reply body holding ``"timing"`` (see
     :data:`~policylink.adapters.protocol.TIMING_FIELDS`) gets ``queue_s`` and ``receive_to_reply_s`` filled in
     here, and loses ``timing`` for a protocol-1 request.
 
     Args:
-        bind: ZeroMQ endpoint, default loopback; a port of ``0`` or ``*`` picks a free one (see ``endpoint``).
+        bind: ZeroMQ endpoint, default loopback; a port of ``0`` or ``*`` picks a free one (see ``endpoint``); or
+            ``unix://PATH`` (no CURVE: the socket file's folder guards it).
         curve_keys: a key folder (``policylink keys generate``) or :class:`~policylink.adapters.security.ServerKeys`;
             required for a non-loopback ``bind`` unless ``insecure``.
         insecure: allow a non-loopback ``bind`` without CURVE (logs a warning).
@@ -135,6 +141,7 @@ class Server:
 
     Raises:
         EndpointError: ``bind`` is malformed (no ``tcp://``, port outside 1..65535...); a ``ValueError``.
+        ValueError: a ``unix://`` bind without a path, or with ``curve_keys``.
         InsecureBindError: non-loopback ``bind`` without keys or ``insecure``.
         BindError: (from :meth:`start`) the endpoint cannot be bound (port in use); an ``OSError``.
     """
@@ -160,7 +167,14 @@ class Server:
         if bind.startswith("tcp://") and bind.endswith(":0"):
             bind = bind[:-1] + "*"
         keys = security.load_server_keys(curve_keys) if isinstance(curve_keys, (str, Path)) else curve_keys
-        security.check_bind(bind, keys, insecure)
+        if bind.startswith(LOCAL_SCHEME):  # a socket file: reachable only through its folder's permissions
+            check_local_endpoint(bind)
+            if keys is not None:
+                raise ValueError(
+                    f"curve_keys: expected None for a {LOCAL_SCHEME} bind (CURVE is for tcp), received keys"
+                )
+        else:
+            security.check_bind(bind, keys, insecure)
         self.bind, self.name, self.max_message_bytes = bind, name or f"policylink-{self.kind}", max_message_bytes
         self.inline_below_s = float(inline_below_s)
         self.stats = ServerStats()
@@ -172,6 +186,7 @@ class Server:
         self._router: zmq.Socket | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._local: LocalListener | None = None
         self._jobs: deque = deque()  # (identity, Message, receive time) handed to the worker; None = stop
         self._pipe = f"inproc://policylink-pipe-{next(_server_ids)}"
 
@@ -195,8 +210,10 @@ class Server:
         Raises:
             BindError: the endpoint cannot be bound, e.g. ``"bind tcp://127.0.0.1:5555: address already in use"``.
         """
-        if self._threads:
+        if self._threads or self._local is not None:
             return self
+        if self.bind.startswith(LOCAL_SCHEME):
+            return self._start_local()
         self._stop.clear()
         self._jobs.clear()  # a stop() may have left calls (and the worker's stop mark) behind
         self._ctx = zmq.Context()
@@ -227,6 +244,19 @@ class Server:
         log.info("%s serving on %s", self.name, self.endpoint)
         return self
 
+    def _start_local(self) -> Server:
+        """Serve a ``unix://PATH`` bind: every call on one serving thread (:class:`LocalListener`)."""
+        local = LocalListener(
+            check_local_endpoint(self.bind), self.answer, self.max_message_bytes, f"{self.name}-serve"
+        )
+        try:
+            local.start()
+        except OSError as e:
+            raise BindError(self.bind, e) from None
+        self._local, self.endpoint = local, self.bind
+        log.info("%s serving on %s", self.name, self.endpoint)
+        return self
+
     def serve_forever(self, duration_s: float | None = None) -> None:
         """Start (if needed) and block until :meth:`stop`, Ctrl-C, or ``duration_s`` seconds."""
         self.start()
@@ -243,6 +273,9 @@ class Server:
         """Stop the threads and release the socket (pending requests get no reply; a running call is abandoned
         after 10 s)."""
         self._stop.set()
+        if self._local is not None:
+            self._local.stop()
+            self._local = None
         for t in self._threads:
             t.join(timeout=10.0)
         self._threads = []
@@ -339,9 +372,26 @@ class Server:
         """Check one request; answer hello/ping/errors at once, return ``(identity, Message, t0)`` for others."""
         t0 = time.perf_counter()
         identity, payload = frames[0], frames[1:]
+        triaged = self._triage(payload, sum(map(len, payload)), t0)  # received frames: len is the byte count
+        if type(triaged) is Message:
+            return identity, triaged, t0
+        send_message(router, [identity, *triaged])
+        return None
+
+    def answer(self, payload: list, size: int) -> list:
+        """The reply frames to one request (``size``: its byte count), everything in the calling thread: the checks
+        and ``hello``/``ping`` of the serving loop, then :meth:`handle` (what a ``unix://`` server runs)."""
+        t0 = time.perf_counter()
+        triaged = self._triage(payload, size, t0)
+        if type(triaged) is Message:
+            return self._call(None, triaged, t0)[1:]
+        return triaged
+
+    def _triage(self, payload: list, size: int, t0: float) -> Message | list:
+        """A checked request to run (its :class:`Message`), or the reply frames of one answered here: ``hello``,
+        ``ping``, or an error (too large, not the protocol); those are counted in :attr:`stats`."""
         verb, protocol = "(invalid)", 1
         try:
-            size = sum(map(len, payload))  # received frames (zmq.Frame): len is the byte count
             if size > self.max_message_bytes:
                 raise ProtocolError(
                     ErrorCode.TOO_LARGE,
@@ -357,7 +407,7 @@ class Server:
             elif verb == "ping":
                 out, error = encode_message(msg.id, verb, {"time": time.time()}, protocol), None
             else:
-                return identity, msg, t0
+                return msg
         except ProtocolError as e:
             out, error = error_frames(e, protocol), e.code.value
         except Exception as e:  # never let one request kill the server
@@ -365,8 +415,7 @@ class Server:
             err = ProtocolError(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
             out, error = error_frames(err, protocol), "internal"
         self.stats.record(verb, time.perf_counter() - t0, error)
-        send_message(router, [identity, *out])
-        return None
+        return out
 
     def _hello(self, msg: Message) -> dict[str, Any]:
         """The ``hello`` reply in the client's protocol (its body's ``protocol``)."""

@@ -24,6 +24,7 @@ from policylink.adapters import security
 from policylink.adapters.capabilities import ChunkPrefix, capabilities_of
 from policylink.adapters.codec import check_keys
 from policylink.adapters.env_transport import EnvServer, LiveEnv, RemoteEnv
+from policylink.adapters.local_wire import open_channel
 from policylink.adapters.policy import PolicyAdapter
 from policylink.adapters.protocol import (
     POLICY_REPLIES,
@@ -33,7 +34,7 @@ from policylink.adapters.protocol import (
     ErrorCode,
     ProtocolError,
 )
-from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES, Channel, Server
+from policylink.adapters.rpc import DEFAULT_MAX_MESSAGE_BYTES, Server
 from policylink.adapters.schema import (
     TASK_KEY,
     ActionError,
@@ -293,7 +294,7 @@ class RemotePolicy:
         curve_keys: str | Path | security.ClientKeys | None = None,
         validate: bool = False,
     ) -> RemotePolicy:
-        channel = Channel(
+        channel = open_channel(
             endpoint,
             POLICY_REPLIES,
             timeout_s=timeout_s,

@@ -2,7 +2,8 @@
 :class:`~policylink.adapters.env_transport.RemoteEnv`, stop it at close or exit.
 
 The process runs :mod:`policylink.sim.isolated.server` in its own process group (``start_new_session``), bound to
-an ``ipc://`` socket in a private temporary folder; its stdout/stderr go to a log file there. It is stopped by
+a ``unix://`` socket (:mod:`policylink.adapters.local_wire`: the wire without ZeroMQ's I/O threads) in a private
+temporary folder; its stdout/stderr go to a log file there. It is stopped by
 :meth:`EnvProcess.stop` (SIGTERM to the group, SIGKILL after a grace period), which :class:`IsolatedEnv.close`
 and an ``atexit`` hook call; the server also exits by itself when its parent process is gone. A dead or stuck
 process is an :class:`EnvProcessError` carrying the tail of its log, never a hang.
@@ -61,7 +62,7 @@ class EnvProcess:
         self.factory = factory
         self._dir = Path(tempfile.mkdtemp(prefix="policylink-env-"))
         self.log_path = self._dir / "server.log"
-        bind = f"ipc://{self._dir / 'env.sock'}"
+        bind = f"unix://{self._dir / 'env.sock'}"  # mkdtemp's folder is the owner's only (mode 0700)
         argv = [python, "-u", "-m", SERVER_MODULE, "--factory", factory, "--kwargs", json.dumps(dict(kwargs))]
         argv += ["--bind", bind, "--parent-pid", str(os.getpid())]
         child_env = {**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl"}

@@ -40,9 +40,11 @@ def load_factory(ref: str) -> Any:
 def serve(factory: str, kwargs: dict[str, Any], bind: str, parent_pid: int | None = None) -> None:
     """Build ``factory(**kwargs)`` and serve it at ``bind`` until SIGTERM, Ctrl-C or the parent's exit.
 
-    A state-only env runs inline on the serving loop after its first calls (``inline_below_s = inf``); an env that
-    renders (``obs_mode`` other than ``"state"``, or a ``render_mode`` for videos) is called on the server's worker
-    thread only (``inline_below_s = 0``): its GL context belongs to the thread that made it. A factory refusing
+    A ``unix://`` bind (what :class:`~policylink.sim.isolated.process.EnvProcess` gives) runs every call on the one
+    serving thread that reads the socket (no thread hand-off; an env that renders keeps its GL context there). Over
+    ZeroMQ a state-only env runs inline on the serving loop after its first calls (``inline_below_s = inf``); an env
+    that renders (``obs_mode`` other than ``"state"``, or a ``render_mode`` for videos) is called on the server's
+    worker thread only (``inline_below_s = 0``): its GL context belongs to the thread that made it. A factory refusing
     ``kwargs`` (ValueError, LookupError, TypeError) prints one ``BAD_INPUT`` line with its message and
     exits with status 2.
     """

@@ -1,4 +1,5 @@
-"""EnvServer / RemoteEnv: a gymnasium env across a process boundary, exact observations, live robots, errors."""
+"""EnvServer / RemoteEnv: a gymnasium env across a process boundary, exact observations, live robots, errors; over
+ZeroMQ and over a ``unix://`` socket."""
 
 import gymnasium as gym
 import numpy as np
@@ -68,9 +69,11 @@ class LivePointEnv(PointEnv):
         self.pos = self.pos + 2 * action
 
 
-@pytest.fixture
-def served():
-    srv = EnvServer(PointEnv(), "tcp://127.0.0.1:0").start()
+@pytest.fixture(params=["tcp", "unix"])
+def served(request, tmp_path):
+    """The env server over ZeroMQ (tcp) and over a Unix socket file (adapters.local_wire), and its client."""
+    bind = "tcp://127.0.0.1:0" if request.param == "tcp" else f"unix://{tmp_path}/env.sock"
+    srv = EnvServer(PointEnv(), bind).start()
     env = RemoteEnv(srv.endpoint, timeout_s=5)
     yield srv, env
     env.close()
