@@ -45,21 +45,44 @@ def coerce_action(spec: ActionSpec, action: Any) -> np.ndarray:
         ActionError: ``action`` is None or not numeric, has another shape, or holds NaN/inf (the message names
             the dimension, the expected and the received value).
     """
-    expected = f"an array-like of {spec.dim} floats {tuple(spec.names)}"
     if action is None:
-        raise ActionError([f"action: expected {expected}, received None"])
+        raise ActionError([f"action: expected {_expected(spec)}, received None"])
     try:
         a = np.asarray(action, dtype=np.float32)
     except (TypeError, ValueError) as e:
-        raise ActionError([f"action: expected {expected}, received {type(action).__name__} ({e})"]) from None
-    if a.shape != (spec.dim,):
+        raise ActionError([f"action: expected {_expected(spec)}, received {type(action).__name__} ({e})"]) from None
+    low, high = _limits(spec)
+    if a.shape != low.shape:
         raise ActionError([f"action: expected shape ({spec.dim},) {tuple(spec.names)}, received shape {a.shape}"])
-    bad = np.flatnonzero(~np.isfinite(a))
-    if bad.size:
+    if not np.isfinite(a).all():
         raise ActionError(
-            [f"action[{i}] ({spec.names[i]}): expected a finite value, received {float(a[i])}" for i in bad]
+            [
+                f"action[{i}] ({spec.names[i]}): expected a finite value, received {float(a[i])}"
+                for i in np.flatnonzero(~np.isfinite(a))
+            ]
         )
-    return np.clip(a, spec.low_array, spec.high_array)
+    return np.minimum(np.maximum(a, low), high)  # np.clip's values, without its Python-level dispatch
+
+
+def _expected(spec: ActionSpec) -> str:
+    return f"an array-like of {spec.dim} floats {tuple(spec.names)}"
+
+
+_LIMITS: dict[int, tuple[ActionSpec, np.ndarray, np.ndarray]] = {}  # id(spec) -> (spec, low, high)
+
+
+def _limits(spec: ActionSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The spec's float32 ``(A,)`` limits, made once per spec (:func:`coerce_action` runs on every env step, two or
+    three times a step through the env transport; the entry holds the spec, so its id is not reused while cached;
+    at most 256 entries)."""
+    entry = _LIMITS.get(id(spec))
+    if entry is None or entry[0] is not spec:
+        if len(_LIMITS) >= 256:
+            _LIMITS.clear()
+        low, high = spec.low_array, spec.high_array
+        low.flags.writeable = high.flags.writeable = False
+        entry = _LIMITS[id(spec)] = (spec, low, high)
+    return entry[1], entry[2]
 
 
 def validate_observation(
