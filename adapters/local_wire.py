@@ -97,22 +97,30 @@ def open_channel(
 
 def send_frames(sock: socket.socket, frames: list) -> None:
     """Write ``frames`` (buffers: ``bytes``, C-contiguous arrays, ``memoryview``) as one message, in one
-    ``sendmsg`` call when the socket takes it whole (no copy of the frames here).
+    ``sendmsg`` call when the socket takes it whole (the frames themselves are handed to the kernel, not copied).
 
     Raises:
         OSError: the socket failed (``BrokenPipeError`` / ``ConnectionResetError``: the peer is gone;
             ``TimeoutError``: the socket's send timeout passed with the message unsent).
+        ValueError: a frame is a non-contiguous array (the codec never makes one).
     """
-    views = [memoryview(f).cast("B") if not isinstance(f, bytes) else f for f in frames]
-    prefix = struct.pack(f"<{len(views) + 1}I", len(views), *map(len, views))
-    buffers = [prefix, *views]
-    sent = sock.sendmsg(buffers)
-    total = len(prefix) + sum(map(len, views))
+    lengths = [len(f) if type(f) is bytes else memoryview(f).nbytes for f in frames]
+    prefix = _lengths_struct(len(frames) + 1).pack(len(frames), *lengths)
+    sent = sock.sendmsg([prefix, *frames])
+    total = len(prefix) + sum(lengths)
     if sent == total:
         return
-    data = memoryview(b"".join(buffers))[sent:]  # partial write (a message larger than the socket buffer)
+    data = memoryview(b"".join([prefix, *(memoryview(f).cast("B") for f in frames)]))[sent:]  # a partial write
     while data:
         data = data[sock.send(data) :]
+
+
+_STRUCTS = [struct.Struct(f"<{n}I") for n in range(65)]
+
+
+def _lengths_struct(n: int) -> struct.Struct:
+    """``struct.Struct`` of ``n`` little-endian u32 (made once for up to 64)."""
+    return _STRUCTS[n] if n < len(_STRUCTS) else struct.Struct(f"<{n}I")
 
 
 class MessageReader:
@@ -128,6 +136,7 @@ class MessageReader:
     def __init__(self, max_bytes: int):
         self.max_bytes = int(max_bytes)
         self._buf = bytearray(_CHUNK)
+        self._view = memoryview(self._buf)  # the buffer never changes size
         self._start = self._end = 0
 
     def read(self, sock: socket.socket, wait: Callable[[], bool]) -> tuple[list, int]:
@@ -144,13 +153,15 @@ class MessageReader:
             ConnectionError: the peer closed the connection, or sent a malformed prefix (the stream cannot be
                 resynchronised: the caller drops the connection).
         """
-        self._fill(sock, _COUNT.size, wait)
+        if self._end - self._start < _COUNT.size:
+            self._fill(sock, _COUNT.size, wait)
         (n,) = _COUNT.unpack_from(self._buf, self._start)
         if not 1 <= n <= MAX_FRAMES:
             raise ConnectionError(f"message prefix: expected 1..{MAX_FRAMES} frames, received {n}")
         head = _COUNT.size * (n + 1)
-        self._fill(sock, head, wait)
-        lengths = struct.unpack_from(f"<{n}I", self._buf, self._start + _COUNT.size)
+        if self._end - self._start < head:
+            self._fill(sock, head, wait)
+        lengths = _lengths_struct(n).unpack_from(self._buf, self._start + _COUNT.size)
         self._start += head
         size = sum(lengths)
         if size > self.max_bytes:
@@ -158,6 +169,8 @@ class MessageReader:
             self._skip(sock, size - (lengths[0] if first is not None else 0), wait)
             return ([memoryview(first)] if first is not None else []), size
         data = memoryview(self._take(sock, size, wait))
+        if n == 1:
+            return [data], size
         frames, offset = [], 0
         for length in lengths:
             frames.append(data[offset : offset + length])
@@ -193,12 +206,12 @@ class MessageReader:
                 kept = self._end - self._start
                 self._buf[:kept] = self._buf[self._start : self._end]
                 self._start, self._end = 0, kept
-            self._end += self._recv(sock, memoryview(self._buf)[self._end :], wait)
+            self._end += self._recv(sock, self._view[self._end :], wait)
 
     def _take(self, sock: socket.socket, size: int, wait: Callable[[], bool]) -> bytearray:
         """The next ``size`` bytes as a new ``bytearray`` (buffered ones copied, the rest received into it)."""
         have = min(size, self._end - self._start)
-        out = bytearray(self._buf[self._start : self._start + have]) if have == size else bytearray(size)
+        out = self._buf[self._start : self._start + have] if have == size else bytearray(size)  # a new bytearray
         if have < size:
             out[:have] = self._buf[self._start : self._start + have]
             view = memoryview(out)
@@ -257,6 +270,7 @@ class LocalChannel(Channel):
         self._path = check_local_endpoint(endpoint)
         self._init_common(endpoint, replies, timeout_s, replies_by_protocol, alive)
         self._sock: socket.socket | None = None
+        self._deadline = 0.0  # of the request waiting for its reply (time.monotonic)
         self._reader = MessageReader(max_message_bytes)
         self._max_bytes = int(max_message_bytes)
 
@@ -287,19 +301,12 @@ class LocalChannel(Channel):
         if wait_s != self._wait_s:
             _set_receive_timeout(sock, max(wait_s, 1e-3))
             self._wait_s = wait_s
-        state = {"gone": False}
-
-        def wait() -> bool:
-            if self._alive is not None and not self._alive():
-                state["gone"] = True
-                return False
-            return time.monotonic() < deadline
-
+        self._deadline = deadline
         try:
-            frames, size = self._reader.read(sock, wait)
+            frames, size = self._reader.read(sock, self._keep_waiting)
         except TimeoutError:
             self._drop_socket()
-            if state["gone"]:
+            if self._alive is not None and not self._alive():
                 raise self._ended(verb) from None
             raise self._timed_out(verb, timeout) from None
         except ConnectionError as e:
@@ -310,6 +317,10 @@ class LocalChannel(Channel):
                 ErrorCode.TOO_LARGE, f"reply: expected at most {self._max_bytes} bytes, received {size}", None
             )
         return frames
+
+    def _keep_waiting(self) -> bool:
+        """After a receive timeout: whether to wait on (the server's process lives and the deadline is ahead)."""
+        return (self._alive is None or self._alive()) and time.monotonic() < self._deadline
 
     def _timed_out(self, verb: str, timeout: float) -> TimeoutError:
         return TimeoutError(
@@ -358,6 +369,7 @@ class LocalListener:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
+        self._until = 0.0  # a message being read must be complete by then (time.monotonic)
 
     def start(self) -> None:
         """Bind and listen, then start the serving thread.
@@ -419,12 +431,9 @@ class LocalListener:
         """Answer the request ``conn`` has (and any further one already buffered); False when the connection ended
         (closed by the client, broken framing, a stalled message, or :meth:`stop`)."""
         while True:
-
-            def wait(until: float = time.monotonic() + PARTIAL_MESSAGE_S) -> bool:
-                return not self._stop.is_set() and time.monotonic() < until
-
+            self._until = time.monotonic() + PARTIAL_MESSAGE_S
             try:
-                frames, size = reader.read(conn, wait)
+                frames, size = reader.read(conn, self._keep_reading)
             except (TimeoutError, ConnectionError, OSError):
                 return False
             reply = self._answer(frames, size)
@@ -434,3 +443,7 @@ class LocalListener:
                 return False
             if not reader.buffered:
                 return True
+
+    def _keep_reading(self) -> bool:
+        """After a receive timeout inside a message: whether to wait on (not stopping, not stalled too long)."""
+        return not self._stop.is_set() and time.monotonic() < self._until
