@@ -8,6 +8,8 @@ v1.0), sent by a raw websocket client to ``xpolicylab`` (our ``XPolicyLabServer`
 maps, is received as bytes, as the echo's is: the same client work for both) and to ``ws_echo`` (a websockets
 server that sends every message back), and by our ``XPolicyLabRemotePolicy`` client (``xpl_client``: encoding the
 observation and decoding the 50 action maps into ``(1, 50, 14)`` included).
+``policylink_unix``: our server and client over a ``unix://`` socket file (adapters.local_wire: the same protocol,
+no ZeroMQ I/O threads), what a policy server on the same machine can use.
 Stacks are interleaved in blocks (shuffled per round) so load from other processes hits them alike.
 
     .venv/bin/python benchmarks/transport_latency.py [--rounds 20] [--block 50] [--out FILE.md] [--json FILE.json]
@@ -27,13 +29,17 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-STACKS = ("bare_zmq", "policylink", "openpi_ws", "grpc_pickle")
+STACKS = ("bare_zmq", "policylink", "openpi_ws", "grpc_pickle", "policylink_unix")
+OURS = ("policylink", "policylink_unix")
+"""Our stacks: the ZeroMQ wire over tcp, and the same protocol over a ``unix://`` socket file (adapters.local_wire,
+for a policy server on the same machine)."""
 CASES = ("a_state_prompt", "b_two_images", "c_batch8_images")
 XPL_STACKS = ("ws_echo", "xpolicylab", "xpl_client")
 XPL_CASES = ("d_xpl_state_prompt_two_images",)
@@ -88,13 +94,15 @@ class NoopPolicy:
 # ------------------------------------------------------------------------------------------------- servers
 def serve(stack: str, port: int) -> None:
     """Run ``stack``'s server on 127.0.0.1:``port`` (and ``port + 1`` for policylink's image spec)."""
-    if stack == "policylink":
+    if stack in OURS:
         from policylink.adapters.transport import PolicyServer
 
-        servers = [
-            PolicyServer(NoopPolicy(_spec("a")), f"tcp://127.0.0.1:{port}").start(),
-            PolicyServer(NoopPolicy(_spec("b")), f"tcp://127.0.0.1:{port + 1}").start(),
-        ]
+        if stack == "policylink_unix":
+            os.makedirs(_unix_dir(port), mode=0o700, exist_ok=True)
+            for name in ("a", "b"):
+                Path(_unix_endpoint(port, name)[len("unix://") :]).unlink(missing_ok=True)
+        endpoints = [_endpoint(stack, port, "a"), _endpoint(stack, port, "b")]
+        servers = [PolicyServer(NoopPolicy(_spec(c)), e).start() for c, e in zip("ab", endpoints)]
         print("READY", flush=True)
         servers[0].serve_forever()
     elif stack == "bare_zmq":
@@ -173,13 +181,10 @@ def serve(stack: str, port: int) -> None:
 # ------------------------------------------------------------------------------------------------- clients
 def make_client(stack: str, port: int):
     """``call(case, obs) -> (B, 50, 14) actions`` for ``stack``."""
-    if stack == "policylink":
+    if stack in OURS:
         from policylink.adapters.transport import RemotePolicy
 
-        remotes = {
-            "a": RemotePolicy(f"tcp://127.0.0.1:{port}", timeout_s=30),
-            "b": RemotePolicy(f"tcp://127.0.0.1:{port + 1}", timeout_s=30),
-        }
+        remotes = {c: RemotePolicy(_endpoint(stack, port, c), timeout_s=30) for c in "ab"}
 
         def call(case, obs):
             remote = remotes["a" if case.startswith("a") else "b"]
@@ -266,6 +271,21 @@ def _xpolicylab_client(stack: str, port: int):
     return call
 
 
+def _unix_dir(port: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"policylink-bench-{port}")
+
+
+def _unix_endpoint(port: int, name: str) -> str:
+    return f"unix://{_unix_dir(port)}/{name}.sock"
+
+
+def _endpoint(stack: str, port: int, case: str) -> str:
+    """Our server's endpoint for the state spec (``case`` "a") or the image spec ("b")."""
+    if stack == "policylink_unix":
+        return _unix_endpoint(port, case)
+    return f"tcp://127.0.0.1:{port + (case == 'b')}"
+
+
 def _free_port_pair() -> int:
     while True:
         with socket.socket() as s:
@@ -343,10 +363,10 @@ def python_cpu_us(case: str, n: int = 2000) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
-def round_ratios(lat: dict, case: str, other: str, block: int) -> np.ndarray:
-    """Per round, policylink's p50 over ``other``'s p50 in ``case`` (their blocks of ``block`` round trips ran
+def round_ratios(lat: dict, case: str, other: str, block: int, ours: str = "policylink") -> np.ndarray:
+    """Per round, ``ours``' p50 over ``other``'s p50 in ``case`` (their blocks of ``block`` round trips ran
     back to back in that round, so a ratio pairs measurements taken under the same load)."""
-    ours, theirs = (lat[(s, case)].reshape(-1, block) for s in ("policylink", other))
+    ours, theirs = (lat[(s, case)].reshape(-1, block) for s in (ours, other))
     return np.median(ours, axis=1) / np.median(theirs, axis=1)
 
 
@@ -362,14 +382,19 @@ def summary(
             s: {f"p{q}_ms": round(float(np.percentile(lat[(s, case)], q)) * 1e3, 4) for q in (50, 90, 99)}
             for s in stacks
         }
-        if "policylink" in stacks:
-            ours = cells[case]["policylink"]["p50_ms"]
-            cells[case]["ours_over"] = {s: round(ours / cells[case][s]["p50_ms"], 3) for s in stacks}
-            cells[case]["ours_over_per_round"] = {
-                s: {f"p{q}": round(float(np.percentile(round_ratios(lat, case, s, block), q)), 3) for q in (25, 50, 75)}
+        for mine in (o for o in OURS if o in stacks):
+            key = "ours" if mine == "policylink" else "ours_unix"
+            ours = cells[case][mine]["p50_ms"]
+            cells[case][f"{key}_over"] = {s: round(ours / cells[case][s]["p50_ms"], 3) for s in stacks}
+            cells[case][f"{key}_over_per_round"] = {
+                s: {
+                    f"p{q}": round(float(np.percentile(round_ratios(lat, case, s, block, mine), q)), 3)
+                    for q in (25, 50, 75)
+                }
                 for s in stacks
-                if s != "policylink"
+                if s != mine
             }
+        if "policylink" in stacks:
             cells[case]["ours_python_cpu_us"] = round(cpu_us[case], 1)
     return {
         "command": command,
@@ -385,8 +410,10 @@ def summary(
 
 def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, float], load: tuple, block: int) -> str:
     """Markdown table of p50/p99 (ms), ratios vs bare ZeroMQ, openpi websocket and gRPC + pickle (pooled p50s, then
-    the median [p25-p75] of the per-round ratios), and the CPU time of policylink's Python work per round trip."""
+    the median [p25-p75] of the per-round ratios), the CPU time of policylink's Python work per round trip, and the
+    same ratios for ``policylink_unix`` when it ran."""
     ms = {k: (np.percentile(v, 50) * 1e3, np.percentile(v, 99) * 1e3) for k, v in lat.items()}
+    unix = "policylink_unix" in stacks and "bare_zmq" in stacks and "openpi_ws" in stacks
     lines = [
         f"Command: `{command}`",
         "",
@@ -396,8 +423,9 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
         "",
         "| case | "
         + " | ".join(f"{s} p50 / p99 ms" for s in stacks)
-        + " | ours/bare | ours/ws | ours/grpc | per round: ours/bare | ours/ws | ours: Python CPU per round trip |",
-        "|---" * (len(stacks) + 7) + "|",
+        + " | ours/bare | ours/ws | ours/grpc | per round: ours/bare | ours/ws | ours: Python CPU per round trip |"
+        + (" unix: ours/bare | ours/ws | per round: ours/bare | ours/ws |" if unix else ""),
+        "|---" * (len(stacks) + 7 + 4 * unix) + "|",
     ]
     for case in CASES:
         cells = [f"{ms[(s, case)][0]:.3f} / {ms[(s, case)][1]:.3f}" for s in stacks]
@@ -412,7 +440,17 @@ def report(lat: dict, stacks: tuple[str, ...], command: str, cpu_us: dict[str, f
             else "-"
             for s in ("bare_zmq", "openpi_ws")
         ]
-        lines.append(f"| {case} | " + " | ".join([*cells, *ratios, *per_round, f"{cpu_us[case]:.0f} us"]) + " |")
+        extra = []
+        if unix:
+            mine = ms[("policylink_unix", case)][0]
+            extra = [f"{mine / ms[(s, case)][0]:.2f}" for s in ("bare_zmq", "openpi_ws")] + [
+                "{1:.2f} [{0:.2f}-{2:.2f}]".format(
+                    *np.percentile(round_ratios(lat, case, s, block, "policylink_unix"), (25, 50, 75))
+                )
+                for s in ("bare_zmq", "openpi_ws")
+            ]
+        row = [*cells, *ratios, *per_round, f"{cpu_us[case]:.0f} us", *extra]
+        lines.append(f"| {case} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
