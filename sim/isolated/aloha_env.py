@@ -23,6 +23,7 @@ from policylink.adapters.env import EnvAdapter
 from policylink.adapters.obs_modes import check_obs_mode
 from policylink.adapters.schema import (
     ENV_STATE_KEY,
+    FAULT_INFO,
     IMAGE_PREFIX,
     STATE_KEY,
     TASK_KEY,
@@ -136,6 +137,9 @@ class AlohaAdapter(EnvAdapter):
         set_pose: ``pose -> None`` stores the pose the next ``env.reset()`` / ``ee_env.reset()`` uses.
         obs_mode, image_size, env_state, expert_actions, max_episode_steps, render_mode: see
             :class:`~policylink.sim.isolated.aloha.AlohaConfig`.
+        physics_error: the exception ``env.step`` raises on unstable physics (dm_control's ``PhysicsError``):
+            such a step ends the episode as a failure (terminated, reward 0, ``info["fault"]`` saying why, the
+            previous observation), as a gapped MuJoCo task's diverged step does.
 
     Raises:
         ValueError: unknown ``task``/``obs_mode``, ``image_size < 1``, ``max_episode_steps`` outside
@@ -157,6 +161,7 @@ class AlohaAdapter(EnvAdapter):
         expert_actions: bool = False,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
+        physics_error: type[BaseException] = ArithmeticError,
     ):
         features = observation_features(task, obs_mode, image_size, bool(env_state))
         steps = EPISODE_STEPS if max_episode_steps is None else int(max_episode_steps)
@@ -182,6 +187,8 @@ class AlohaAdapter(EnvAdapter):
         self._init_spaces()
         self._plan = np.zeros((0, 14), np.float32)
         self._t, self._needs_reset, self._render_ready = 0, True, False
+        self._last_obs: dict[str, Any] = {}
+        self._physics_error = physics_error
 
     @property
     def physics(self) -> Any:
@@ -200,7 +207,7 @@ class AlohaAdapter(EnvAdapter):
             self._plan = scripted_rollout(self.ee_env, self.task_name, pose)
         self.env.reset()
         self._t, self._needs_reset = 0, False
-        return self._observation(), self._info(0)
+        return self._remember(self._observation()), self._info(0)
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict]:
         """Step with an array-like ``(14,)`` (:data:`ACTION_SPEC`, clipped to its limits); returns gymnasium's
@@ -213,7 +220,13 @@ class AlohaAdapter(EnvAdapter):
         if self._needs_reset:
             raise RuntimeError(STEP_BEFORE_RESET)
         a = coerce_action(ACTION_SPEC, action)
-        ts = self.env.step(a.astype(np.float64))
+        try:
+            ts = self.env.step(a.astype(np.float64))
+        except self._physics_error as e:  # the policy drove the physics unstable: a failed episode, not a crash
+            self._t += 1
+            self._needs_reset = True
+            info = {**self._info(0.0), FAULT_INFO: f"physics diverged at step {self._t}: {e}"}
+            return self._last_obs, 0.0, True, False, info
         self._t += 1
         reward = float(ts.reward or 0.0)
         success = reward >= float(self.env.task.max_reward)
@@ -221,7 +234,7 @@ class AlohaAdapter(EnvAdapter):
         self._needs_reset = success or truncated
         info = self._info(reward)
         info["is_success"] = success
-        return self._observation(), reward, success, truncated, info
+        return self._remember(self._observation()), reward, success, truncated, info
 
     def render(self) -> np.ndarray:
         """uint8 ``(H, W, 3)``: the ``top`` camera's frame of the current state."""
@@ -239,6 +252,10 @@ class AlohaAdapter(EnvAdapter):
     def object_pose(self) -> np.ndarray:
         """float64 ``(7,)`` or ``(14,)``: the objects' current poses (qpos after the 16 arm joints)."""
         return np.array(self.physics.data.qpos[16:], np.float64)
+
+    def _remember(self, obs: dict[str, Any]) -> dict[str, Any]:
+        self._last_obs = obs  # what a step whose physics diverged returns
+        return obs
 
     def _observation(self) -> dict[str, Any]:
         obs: dict[str, Any] = {}
@@ -363,4 +380,13 @@ def make_aloha_env(task: str, expert_actions: bool = True, **kwargs: Any) -> Alo
         sim.BOX_POSE[0] = np.array(pose)  # read by gym-aloha's joint task at reset
         _EE_POSE[0] = np.array(pose)
 
-    return AlohaAdapter(env, ee_env, task, sample_pose, set_pose, expert_actions=expert_actions, **kwargs)
+    return AlohaAdapter(
+        env,
+        ee_env,
+        task,
+        sample_pose,
+        set_pose,
+        expert_actions=expert_actions,
+        physics_error=control.PhysicsError,
+        **kwargs,
+    )

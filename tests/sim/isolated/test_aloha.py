@@ -87,6 +87,10 @@ def test_observation_features_per_mode():
         aloha_env.image_shape(0)
 
 
+class _Unstable(RuntimeError):
+    """dm_control's ``PhysicsError`` stand-in."""
+
+
 class _FakeScene:
     """A dm_control ``control.Environment`` stand-in: 16 arm joints then a free joint; the reward is the number of
     steps taken (so the 4th step succeeds); ``render`` paints the step count."""
@@ -102,7 +106,7 @@ class _FakeScene:
             ),
         )
         self.task = SimpleNamespace(max_reward=4, get_qpos=lambda physics: physics.data.qpos[:14].copy())
-        self.t, self.pose = 0, None
+        self.t, self.pose, self.fail_at = 0, None, -1
 
     def reset(self):
         self.t = 0
@@ -110,6 +114,8 @@ class _FakeScene:
         self.physics.data.qpos[16:] = self.pose
 
     def step(self, action):
+        if self.t == self.fail_at:
+            raise _Unstable("mjWARN_BADQACC")
         self.t += 1
         self.physics.data.qpos[:14] = action
         return SimpleNamespace(reward=float(self.t))
@@ -122,7 +128,7 @@ def _fake_adapter(**kw):
         scene.pose = p
 
     sample = lambda seed: np.r_[np.random.RandomState(seed).uniform(size=3), 1, 0, 0, 0]  # noqa: E731
-    return aloha_env.AlohaAdapter(scene, None, "transfer_cube", sample, set_pose, **kw), scene
+    return aloha_env.AlohaAdapter(scene, None, "transfer_cube", sample, set_pose, physics_error=_Unstable, **kw), scene
 
 
 def test_adapter_observes_succeeds_at_max_reward_and_seeds_reproduce():
@@ -166,6 +172,21 @@ def test_adapter_truncates_and_refuses_bad_options():
         _fake_adapter(expert_actions=True)
     with pytest.raises(ValueError, match="obs_mode: expected one of"):
         _fake_adapter(obs_mode="images")
+
+
+def test_unstable_physics_ends_the_episode_as_a_fault_not_a_crash():
+    env, scene = _fake_adapter()
+    first, _ = env.reset(seed=0)
+    scene.fail_at = 1
+    obs, _, _, _, _ = env.step(np.zeros(14))
+    obs2, reward, terminated, truncated, info = env.step(np.ones(14))
+    assert terminated and not truncated and reward == 0.0 and not info["is_success"]
+    assert info["fault"].startswith("physics diverged at step 2: mjWARN_BADQACC")
+    np.testing.assert_array_equal(obs2[STATE_KEY], obs[STATE_KEY])  # the last good observation
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(np.zeros(14))
+    scene.fail_at = -1
+    np.testing.assert_array_equal(env.reset(seed=0)[0][STATE_KEY], first[STATE_KEY])
 
 
 def test_expert_reads_the_plan_from_the_info_and_adds_arm_noise_only():
