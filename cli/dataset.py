@@ -42,33 +42,56 @@ SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
 
 @dataclass
 class InfoConfig:
-    """``policylink dataset info PATH``: summary of an episode store (zarr format 2 or 3)."""
+    """``policylink dataset info PATH``: summary of an episode store (zarr format 2 or 3).
+
+    Attributes:
+        path: the episode store (.zarr folder); also the first positional argument.
+    """
 
     path: str = ""
 
 
 @dataclass
 class StatsConfig:
-    """``policylink dataset stats PATH``: per-feature statistics (images in [0, 1], channel-first)."""
+    """``policylink dataset stats PATH``: per-feature statistics (images in [0, 1], channel-first).
+
+    Attributes:
+        path: the episode store (.zarr folder); also the first positional argument.
+        out: JSON file to write the statistics to (LeRobot's stats.json layout); None: print only.
+        keys: features to describe (None: every feature but done).
+    """
 
     path: str = ""
-    out: str | None = None  # JSON file to write (LeRobot stats.json layout)
-    keys: list[str] | None = None  # features to describe (default: all but done)
+    out: str | None = None
+    keys: list[str] | None = None
 
 
 @dataclass
 class ExportConfig:
-    """``policylink dataset export-lerobot PATH --out DIR``: LeRobot v3.0 folder."""
+    """``policylink dataset export-lerobot PATH --out DIR``: LeRobot v3.0 folder.
+
+    Attributes:
+        path: the episode store (.zarr folder); also the first positional argument.
+        out: the LeRobot dataset folder to write.
+        video: cameras as mp4 video features instead of PNG image features.
+        fps: frames per second of the dataset, Hz (None: the store's recorded control frequency).
+    """
 
     path: str = ""
     out: str = ""
-    video: bool = False  # cameras as mp4 video features instead of PNG image features
-    fps: float | None = None  # Hz; default: the store's recorded fps
+    video: bool = False
+    fps: float | None = None
 
 
 @dataclass
 class ImportConfig:
-    """``policylink dataset import-lerobot DIR --out PATH``: LeRobot v3.0 folder to an episode store."""
+    """``policylink dataset import-lerobot DIR --out PATH``: LeRobot v3.0 folder to an episode store.
+
+    Attributes:
+        path: the LeRobot v3.0 dataset folder; also the first positional argument.
+        out: the episode store (.zarr folder) to write.
+        zarr_format: 3 (default) or 2.
+    """
 
     path: str = ""
     out: str = ""

@@ -45,7 +45,7 @@ class DemoConfig:
         workers: evaluation worker processes.
         videos: rollout videos saved per cell.
         out: output folder (data, runs, evaluation, report).
-        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        device: torch device: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
     """
 
     envs: list[str] = field(default_factory=lambda: ["push", "reach"])

@@ -33,6 +33,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"{USAGE}\n\n{__doc__}")
         return 0
     action, rest = args[0], args[1:]
+    if action in ACTIONS and any(a in ("-h", "--help") for a in rest):  # policylink envs install --help
+        print(f"{USAGE}\n\n{__doc__}")
+        return 0
     if action == "list":
         return _list(available_env_families())
     if action == "kwargs":

@@ -22,14 +22,15 @@ def format_help(cls: type, prog: str, instance: Any = None) -> str:
     """The ``--help`` text of dataclass config ``cls``: its description, then every option with its type, its
     default and the help of its field (the ``Attributes:`` section of the class docstrings); a choice field
     (``policy``) lists its ``type`` choices and the fields of the type ``instance`` holds (default: a default
-    instance, so the default type)."""
+    instance, so the default type). A top-level command's description is its line of ``policylink --help``
+    (:data:`~policylink.cli.commands.COMMANDS`), a subcommand's the first paragraph of ``cls``'s docstring."""
     import textwrap
 
     doc = _clean(inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
     words = prog.split()
-    if len(words) == 2 and words[1] in COMMANDS and len(doc) <= len(prog) + 8:  # the docstring only names the command
+    if len(words) == 2 and words[1] in COMMANDS:  # a command: the line 'policylink --help' shows for it
         doc = COMMANDS[words[1]][1]
-    lines = [f"usage: {prog} [--config FILE.yaml] [--OPTION VALUE ...]", "", doc, "", "options:"]
+    lines = [f"usage: {prog} [--config FILE.yaml] [--OPTION VALUE ...]", "", *textwrap.wrap(doc, 116), "", "options:"]
     lines += ["  --config FILE.yaml", "      a YAML file of these options; the flags after it override its values"]
     instance = instance if instance is not None else _default_instance(cls)
     hidden = set(getattr(cls, "hidden_options", ()))  # options a command sets itself (and refuses)

@@ -20,7 +20,7 @@ USAGE = "usage: policylink keys generate --out DIR [--clients client,robot2] [--
 
 @dataclass
 class KeysConfig:
-    """Options of ``policylink keys generate``.
+    """``policylink keys generate``: CURVE key pairs for a server and its clients (ZeroMQ CurveZMQ).
 
     Attributes:
         out: folder to write the keys into (created with mode 0700; secret files are written 0600).

@@ -18,13 +18,21 @@ from policylink.data.lock import WriteLock, remove_stale_temporaries
 @dataclass
 class MergeConfig:
     """``policylink dataset merge --inputs A,B --out C``: concatenate stores with identical features into a new
-    store (written next to ``out`` and renamed into place only when complete; inputs are never modified)."""
+    store (written next to ``out`` and renamed into place only when complete; inputs are never modified).
 
-    inputs: list[str] = field(default_factory=list)  # stores to concatenate, in order; none may be --out
-    out: str = ""  # the merged store; must not exist unless --overwrite true
+    Attributes:
+        inputs: episode stores to concatenate, in order; none may be ``out``.
+        out: the merged store; must not exist unless ``overwrite``.
+        zarr_format: 3 (default) or 2.
+        only_success: keep only the episodes whose success flag is True.
+        overwrite: replace an existing episode store at ``out``.
+    """
+
+    inputs: list[str] = field(default_factory=list)
+    out: str = ""
     zarr_format: int = 3
-    only_success: bool = False  # keep only episodes whose success flag is True
-    overwrite: bool = False  # replace an existing episode store at --out
+    only_success: bool = False
+    overwrite: bool = False
 
 
 def merge(cfg: MergeConfig) -> int:

@@ -58,10 +58,10 @@ class EvalConfig:
     """``policylink eval``.
 
     Attributes:
-        policies: registry names, checkpoint folders or server addresses (``tcp://host:port``); ``{env}`` in a
-            reference is replaced by each env's name (one checkpoint per env, e.g. ``ckpt/{env}/flow``).
-            ``label=ref`` names a policy; otherwise a checkpoint ``<run>/checkpoints/last`` is labelled
-            ``<run>`` (``<run>/checkpoints/<step>``: ``<run>_<step>``), other references by themselves.
+        policies: checkpoint folders, server addresses (``tcp://host:port``, ``xpl://host:port``) or registry
+            names; ``{env}`` in a reference is replaced by each env's name (one checkpoint per env, e.g.
+            ``ckpt/{env}/flow``). ``label=ref`` names a policy; otherwise a checkpoint ``<run>/checkpoints/last`` is
+            labelled ``<run>`` (``<run>/checkpoints/<step>``: ``<run>_<step>``), other references by themselves.
         envs: environment registry names.
         episodes: episodes per (policy, env) cell.
         seed: episode ``i`` resets with ``seed + i`` in every cell (default 100000: away from the seeds ``record``
@@ -74,8 +74,7 @@ class EvalConfig:
         shard_episodes: episodes per shard (the unit of work of a worker, of resuming and of Ray tasks).
         videos: the first ``videos`` episodes of each cell are saved as mp4 (captioned with seed, step and
             outcome), plus the first failed episode of the shards holding them when none of them failed.
-        device: torch device for checkpoints: ``"auto"`` (CUDA when available, as ``train``, ``run`` and ``serve``),
-            ``"cpu"``, ``"cuda[:N]"``.
+        device: torch device for checkpoints: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
         cfg_scale: classifier-free guidance weight ``w`` for every checkpoint (0 = unconditional, 1 = conditional,
             > 1 guided); None = each checkpoint's own ``policy.cfg_scale``. Only checkpoints trained with advantage
             conditioning accept ``w != 1``.

@@ -21,13 +21,14 @@ class RunConfig:
     """``policylink run``: one policy on one environment.
 
     Attributes:
-        policy: a registry name, a checkpoint folder, or a server address (``tcp://host:port``).
+        policy: a checkpoint folder, a server address (``tcp://host:port`` of ``policylink serve``, ``xpl://host:port``
+            of an XPolicyLab model server) or a registry name.
         env: an environment registry name (``push``, ``reacher``...).
         episodes: number of episodes.
         seed: episode ``i`` resets with seed ``seed + i`` (default 100000: away from the seeds ``record`` uses,
             ``0..N-1``; a warning names any overlap with the seeds a checkpoint's demonstrations were recorded with).
         num_envs: parallel envs in the vector env.
-        device: torch device for checkpoints (``auto``, ``cpu``, ``cuda:0``).
+        device: torch device for checkpoints: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
         cfg_scale: classifier-free guidance weight ``w`` of a checkpoint trained with advantage conditioning (0 =
             unconditional, 1 = conditional, > 1 guided); None = the checkpoint's own ``policy.cfg_scale``.
         record: optional zarr store path; the episodes are appended to it (``quality: perturbed`` when
@@ -41,7 +42,7 @@ class RunConfig:
         robot: a robot server address (``tcp://host:port``, ``policylink robot``): run on it in real time
             instead of ``env`` (:mod:`policylink.real.deploy`); or ``sim:TASK``, the sim-as-real robot of ``TASK``
             in this process behind its safety layer (``env_kwargs`` go to the task: ``{gap: worn_gantry}``).
-        hz: control rate on the robot (None = its control frequency).
+        hz: control frequency on the robot, Hz (None = the robot's own).
         lockstep: ``sim:TASK`` robots only: the simulated world's clock advances only while the loop waits for
             its next period (inference takes no simulated time; :mod:`policylink.real.lockstep`): deterministic
             and independent of the machine's load. False = real time.

@@ -39,9 +39,11 @@ class PolicyConfig(draccus.ChoiceRegistry):
 
     Attributes:
         observation_keys: observation features the policy reads (state vectors and/or camera images).
-        n_obs_steps: observation horizon ``T`` (Diffusion Policy: 2).
-        chunk_size: prediction horizon ``H`` (16).
-        n_action_steps: action horizon executed before replanning (8).
+        n_obs_steps: observation horizon ``T``: the latest ``T`` observations each prediction reads, steps
+            (Diffusion Policy: 2).
+        chunk_size: prediction horizon ``H``: actions per predicted chunk, steps (Diffusion Policy: 16).
+        n_action_steps: action horizon: actions executed from each chunk before replanning, steps, in ``[1,
+            chunk_size]`` (Diffusion Policy: 8).
         encoder: observation-encoder settings.
         conditioning: the extra conditioning slot (advantage labels, language vectors) with a learned null
             token; ``ConditioningSpec()`` (no labels, no vectors, the default) adds no parameter, so checkpoints

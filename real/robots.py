@@ -36,8 +36,10 @@ class RobotConfig:
         seed: sim-as-real: seed of the tick jitter.
         time_scale: sim-as-real wall-clock speed (0.5 = ticks at half the task's control frequency).
         watchdog_ms: hold (or stop) when no action arrives this long after the session's first; 0 = off.
-        on_timeout: ``hold`` or ``stop``.
-        max_step: per-period step bound for every action dimension (None = the limits only).
+        on_timeout: what the watchdog does when it trips: ``hold`` (send the hold command) or ``stop``
+            (``Robot.stop()``).
+        max_step: largest change of any action dimension from one control period to the next, in the action's
+            units (None = the limits only).
         bind: ZMQ address to serve on (loopback by default; elsewhere needs ``curve_keys`` or ``insecure``).
         curve_keys: folder of CURVE keys, as ``policylink serve``.
         insecure: serve on a non-loopback address without encryption, as ``policylink serve``.

@@ -43,7 +43,7 @@ class ServeConfig:
             with ``policy``).
         policy: registry name built with ``policylink.adapters.registry.make_policy`` (exclusive with
             ``checkpoint``).
-        device: torch device for ``checkpoint`` (``"auto"``, ``"cpu"``, ``"cuda"``).
+        device: torch device for ``checkpoint``: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
         cfg_scale: classifier-free guidance weight ``w`` of a checkpoint trained with advantage conditioning (0 =
             unconditional, 1 = conditional, > 1 guided); None = the checkpoint's own ``policy.cfg_scale``.
         bind: ZeroMQ endpoint ``tcp://HOST:PORT`` (PORT in 1..65535, or 0 for a free one) or ``ipc://PATH``;
@@ -57,9 +57,13 @@ class ServeConfig:
             port (None = off).
         xpolicylab_host: its host (loopback by default; other hosts need ``insecure``: the protocol has no
             authentication).
-        xpolicylab_cameras, xpolicylab_state, xpolicylab_action: the Observation Format v1.0 key map
-            (``cam_head:front,cam_wrist:wrist``; ``arm_joint_state:6,ee_joint_state:1``); None = derived from the
-            policy's spec (:meth:`policylink.adapters.xpolicylab_keymap.KeyMap.for_spec`).
+        xpolicylab_cameras: XPolicyLab (Observation Format v1.0) camera slot -> our camera, e.g.
+            ``cam_head:front,cam_wrist:wrist``; None = derived from the policy's spec
+            (:meth:`policylink.adapters.xpolicylab_keymap.KeyMap.for_spec`).
+        xpolicylab_state: the v1.0 state keys with their lengths that, concatenated in order, are our
+            ``observation.state``, e.g. ``arm_joint_state:6,ee_joint_state:1``; None = derived from the spec.
+        xpolicylab_action: the v1.0 action keys with their lengths that, concatenated in order, are our action
+            vector, e.g. ``arm_joint_state:6,ee_joint_state:1``; None = derived from the spec.
         stats: print per-verb count / errors / p50 / p99 latency every ``stats_interval_s`` and on exit.
         stats_interval_s: seconds between statistics prints.
         curve_keys: CURVE key folder from ``policylink keys generate`` (server key + authorized clients).

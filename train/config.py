@@ -76,13 +76,18 @@ class TrainConfig:
             ``save_every`` steps) and ``tb/`` when TensorBoard is installed.
         steps: optimizer steps.
         batch_size: global batch (split evenly over DDP ranks).
-        lr, weight_decay, betas: AdamW settings.
+        lr: AdamW learning rate after warm-up (the peak of the schedule).
+        weight_decay: AdamW weight decay.
+        betas: AdamW (beta1, beta2).
         warmup_steps: linear warm-up, then cosine decay to 0 at ``steps``.
         grad_clip: max global gradient norm (0 = no clipping).
-        log_every, val_every, save_every: periods in steps (0 = off; a checkpoint is always written at the end).
+        log_every: steps between metric rows (metrics.csv, the progress bar; 0 = off).
+        val_every: steps between validation losses (0 = off).
+        save_every: steps between kept checkpoints ``checkpoints/step_NNNNNN`` (0 = off; ``checkpoints/last`` is
+            always written at the end).
         val_windows: validation windows per validation (evenly spaced over the val split).
         seed: seed of every random draw (init, batches, noise, augmentation).
-        device: ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"``.
+        device: torch device: ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda[:N]"``.
         resume: continue from ``output_dir/checkpoints/last`` when it exists.
         progress: show a tqdm bar (rank 0).
         torch_threads: intra-op CPU threads (0 = torch's default).

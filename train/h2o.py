@@ -72,7 +72,8 @@ register_objective(DISCRIMINATOR_OBJECTIVE, DiscriminatorObjectiveConfig, Discri
 
 @dataclass
 class H2OCommand:
-    """``policylink finetune h2o``.
+    """``policylink finetune h2o``: an H2O critic on simulated and robot episode stores (dynamics discriminators
+    weight the simulated transitions), then advantage labels of the union for ``finetune advantage train``.
 
     Attributes:
         sim: simulated episode stores (nominal-sim demos or rollouts).
@@ -83,8 +84,12 @@ class H2OCommand:
         batch_size: transitions per step (the discriminators: half real, half simulated).
         discriminator: :class:`DiscriminatorConfig` fields except the dimensions (``hidden_dim``, ``noise_std``,
             ``weight_min``, ``weight_max``, ``lr``).
-        hidden_dim, n_layers, gamma, expectile: the critic's (:class:`CriticConfig`).
-        positive_fraction, failure_window: the labels' (:class:`LabelConfig`).
+        hidden_dim: width of each critic head's hidden layers (:class:`CriticConfig`).
+        n_layers: hidden layers per critic head.
+        gamma: per-step discount of the critic.
+        expectile: IQL expectile tau of the critic, in (0, 1).
+        positive_fraction: top fraction of steps per task labelled positive (:class:`LabelConfig`; RECAP: 0.3).
+        failure_window: the last this-many steps of a failed episode are labelled negative.
         human_positive: force every operator-takeover step positive.
         labels: label-set name written in ``train.zarr``.
         seed: seeds the networks and the batches.

@@ -33,9 +33,14 @@ class ValueConfig:
         kind: ``"bins"``, a distributional head (cross-entropy on a two-hot target over ``num_bins`` evenly spaced
             bins on ``[v_min, v_max]``, value = the expected bin centre; RECAP's value model is distributional) or
             ``"mse"`` (a scalar regression).
-        num_bins, v_min, v_max: the bins (RECAP returns lie in ``[-1, 0]``).
-        hidden, layers: MLP width and hidden layers (the input latent standardised).
-        steps, batch_size, lr: AdamW training per fold.
+        num_bins: number of value bins (``kind="bins"``).
+        v_min: centre of the lowest bin (RECAP's normalised returns lie in ``[-1, 0]``).
+        v_max: centre of the highest bin.
+        hidden: width of the value MLP's hidden layers (its input latent standardised).
+        layers: hidden layers of the value MLP.
+        steps: AdamW steps per fold.
+        batch_size: latents per AdamW step.
+        lr: AdamW learning rate.
         folds: episode folds for cross-fitting (1 = fit and predict on all episodes).
     """
 

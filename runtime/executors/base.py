@@ -57,9 +57,9 @@ class ExecutorConfig:
     """Configuration of chunk execution (one frozen dataclass for every executor kind).
 
     Attributes:
-        kind: an :class:`ExecutorKind` value (``"receding_horizon"``, ``"temporal_ensemble"``, ``"async"``,
-            ``"corrective"``).
-        n_action_steps: actions executed from each chunk before re-planning (receding horizon), or the
+        kind: how chunks are executed, an :class:`ExecutorKind` value (``"receding_horizon"``,
+            ``"temporal_ensemble"``, ``"async"``, ``"corrective"``).
+        n_action_steps: action horizon: actions executed from each chunk before replanning (receding horizon), or the
             inference period ``s`` in steps (async); ``None`` takes the policy's ``spec.n_action_steps``. For
             temporal ensembling the query period in steps, ``None`` = 1 (every step, as ACT).
         ensemble_m: temporal-ensembling decay ``m`` in ``w_i = exp(-m * i)``, ``i = 0`` the oldest prediction

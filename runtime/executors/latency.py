@@ -25,7 +25,8 @@ class LatencyConfig:
     Attributes:
         mode: ``none`` (zero delay), ``fixed`` (always ``steps``) or ``uniform`` (an integer in ``[low, high]``).
         steps: the fixed delay (``mode="fixed"``), steps.
-        low, high: inclusive bounds of the uniformly sampled delay (``mode="uniform"``), steps.
+        low: lower bound (inclusive) of the uniformly sampled delay (``mode="uniform"``), steps.
+        high: upper bound (inclusive) of the uniformly sampled delay (``mode="uniform"``), steps.
         seed: seed of the delay sampler (so evaluations are reproducible).
 
     Raises:
