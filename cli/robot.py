@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from policylink.adapters import security
 from policylink.adapters.rpc import BindError
-from policylink.cli.app import parse_config
-from policylink.real.robots import RobotConfig, build_robot, safety_config
+from policylink.cli.app import ConfigError, parse_config
+from policylink.real.robots import RobotConfig, build_robot, check_robot_reference, safety_config
 
 
 def main(argv: Sequence[str]) -> int:
@@ -27,6 +27,10 @@ def main(argv: Sequence[str]) -> int:
     from policylink.real.server import RobotServer
 
     cfg = parse_config(RobotConfig, list(argv), prog="policylink robot")
+    try:
+        check_robot_reference(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     try:
         keys = security.load_server_keys(cfg.curve_keys) if cfg.curve_keys else None
         security.check_bind(cfg.bind, keys, cfg.insecure)

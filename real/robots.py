@@ -85,6 +85,21 @@ class RobotConfig:
                 require_within(self, **{name: "(0, inf)"})
 
 
+def check_robot_reference(cfg: RobotConfig) -> None:
+    """Check that ``cfg`` names one robot: a ``sim`` task or a ``driver`` of the form ``lerobot:<type>`` /
+    ``module:factory`` (what :func:`build_robot` needs before it imports or builds anything).
+
+    Raises:
+        ValueError: neither or both of ``sim``/``driver``; a ``driver`` without ``:`` (each names the flags)."""
+    if (cfg.sim is None) == (cfg.driver is None):
+        raise ValueError(
+            f"--sim / --driver: expected exactly one (--sim TASK, or --driver lerobot:<type> or module:factory), "
+            f"received sim={cfg.sim!r} driver={cfg.driver!r}"
+        )
+    if cfg.driver is not None and not cfg.driver.partition(":")[2]:
+        raise ValueError(f"--driver: expected 'lerobot:<type>' or 'module:factory', received {cfg.driver!r}")
+
+
 def build_robot(cfg: RobotConfig, clock: Any = None) -> Robot:
     """The driver or sim-as-real robot of ``cfg`` (not yet behind its safety layer). ``clock``: the sim-as-real
     robot's clock, and then it does not tick by itself (the caller ticks it: :class:`~policylink.real.lockstep.
@@ -94,8 +109,7 @@ def build_robot(cfg: RobotConfig, clock: Any = None) -> Robot:
         ValueError: neither or both of ``sim``/``driver``; a malformed ``driver`` reference.
         UnknownNameError: an unknown task.
     """
-    if (cfg.sim is None) == (cfg.driver is None):
-        raise ValueError(f"--sim and --driver: expected exactly one, received sim={cfg.sim!r} driver={cfg.driver!r}")
+    check_robot_reference(cfg)
     if cfg.sim is not None:
         from policylink.real.sim_robot import TIMING_MS_FIELDS, SimRobot, SimTiming, gap_timing_ms
         from policylink.runtime.rollout import RegistryEnvFn
@@ -108,8 +122,6 @@ def build_robot(cfg: RobotConfig, clock: Any = None) -> Robot:
             return SimRobot(env, timing, clock=clock, realtime=False)
         return SimRobot(env, timing)
     kind, _, name = cfg.driver.partition(":")
-    if not name:
-        raise ValueError(f"--driver: expected 'lerobot:<type>' or 'module:factory', received {cfg.driver!r}")
     if kind == "lerobot":
         from policylink.real.lerobot import LeRobotBridgeConfig, make_lerobot_robot
 
@@ -132,4 +144,4 @@ def safety_config(cfg: RobotConfig, robot: Robot) -> SafetyConfig:
     )
 
 
-__all__ = ["RobotConfig", "build_robot", "safety_config"]
+__all__ = ["RobotConfig", "build_robot", "check_robot_reference", "safety_config"]

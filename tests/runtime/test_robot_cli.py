@@ -32,6 +32,12 @@ def test_safety_config_from_the_options():
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
+        (
+            [],
+            "--sim / --driver: expected exactly one (--sim TASK, or --driver lerobot:<type> or module:factory), "
+            "received sim=None driver=None",
+        ),  # fmt: skip
+        (["--driver", "arm"], "--driver: expected 'lerobot:<type>' or 'module:factory', received 'arm'"),
         (["--jitter-ms", "-5"], "jitter_ms: expected a value in [0, inf), received -5.0"),
         (["--observation-latency-ms", "nan"], "observation_latency_ms: expected a value in [0, inf), received nan"),
         (["--actuation_latency_ms", "inf"], "actuation_latency_ms: expected a value in [0, inf), received inf"),
@@ -48,5 +54,6 @@ def test_a_bad_option_is_one_line_naming_the_flag_in_its_own_unit(flags, message
     from policylink.cli.app import DEBUG_ENV, run_main
 
     monkeypatch.delenv(DEBUG_ENV, raising=False)
-    assert run_main("robot", robot_cli.main, ["--sim", "reach", *flags]) == 2
+    argv = flags if not flags or flags[0] == "--driver" else ["--sim", "reach", *flags]
+    assert run_main("robot", robot_cli.main, argv) == 2
     assert capsys.readouterr().err == f"policylink robot: error: {message}\n"
