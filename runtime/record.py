@@ -403,7 +403,30 @@ def _validate(cfg: RecordConfig) -> None:
         raise ValueError(f"randomize: expected a gap to randomise (--gap NAME), received randomize={cfg.randomize}")
     if cfg.seed is not None and cfg.seed < 0:
         raise ValueError(f"seed: expected an int >= 0 (or omit it to continue the store), received {cfg.seed}")
-    _perturbed(cfg)  # its errors name the field
+    _check_perturbation(cfg)
+
+
+def _check_perturbation(cfg: RecordConfig) -> None:
+    """Check ``cfg.perturbation`` as ``make_env`` checks the env kwarg it becomes: against the env's kwargs config
+    when it has one, then by :class:`PerturbationConfig` itself.
+
+    Raises:
+        EnvKwargsError: one line naming the env, the field path (``perturbation.force``), expected and received.
+    """
+    from policylink.adapters.registry import EnvKwargsError, UnknownNameError, check_env_kwargs
+
+    if cfg.perturbation is None:
+        return
+    try:
+        check_env_kwargs(cfg.env, {"perturbation": cfg.perturbation})
+    except UnknownNameError as e:
+        if str(e).startswith(f"{cfg.env!r} env kwarg"):
+            raise
+    try:
+        _perturbed(cfg)
+    except ValueError as e:
+        message = str(e).replace("PerturbationConfig.", "perturbation.", 1)
+        raise EnvKwargsError(f"{cfg.env!r} env kwarg {message}") from None
 
 
 def _perturbed(cfg: RecordConfig) -> bool:

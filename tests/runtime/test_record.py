@@ -175,9 +175,14 @@ def test_cli_records_expert_with_seeds_and_summary(tmp_path, point_env, capsys):
         (
             "--perturbation",
             "{push: 0.03}",
-            "perturbation: unknown key(s) ['push']: expected keys among ('action_noise_std', 'action_delay_steps', "
-            "'displacement', 'displacement_steps', 'force', 'force_probability', 'force_duration_steps'), "
-            "received {'push': 0.03}",
+            "'point_test' env kwarg perturbation: unknown key(s) ['push']: expected keys among ('action_noise_std', "
+            "'action_delay_steps', 'displacement', 'displacement_steps', 'force', 'force_probability', "
+            "'force_duration_steps'), received {'push': 0.03}",
+        ),
+        (
+            "--perturbation",
+            "{force: -1}",
+            "'point_test' env kwarg perturbation.force: expected a magnitude >= 0 N, received -1",
         ),
     ],
 )
@@ -187,6 +192,26 @@ def test_cli_rejects_bad_values(tmp_path, point_env, flag, value, message):
         record_main(["--env", "point_test", "--out", str(out), flag, value])
     assert str(e.value) == message
     assert not out.exists()  # nothing created
+
+
+def test_a_bad_perturbation_of_a_mujoco_task_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    from policylink.cli.app import DEBUG_ENV, run_main
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    out = tmp_path / "x.zarr"
+    for value, message in [
+        ("{force: -1}", "perturbation.force: expected a magnitude >= 0 N, received -1"),
+        (
+            "{forc: 1}",
+            "perturbation: expected one of ['action_noise_std', 'action_delay_steps', 'displacement', "
+            "'displacement_steps', 'force', 'force_probability', 'force_duration_steps'], received 'forc'; "
+            "did you mean 'force'?",
+        ),  # fmt: skip
+    ]:
+        argv = ["--env", "push", "--out", str(out), "--perturbation", value]
+        assert run_main("record", record_main, argv) == 2
+        assert capsys.readouterr().err == f"policylink record: error: 'push' env kwarg {message}\n"
+    assert not out.exists()
 
 
 def test_cli_names_the_closest_env_before_any_work(tmp_path, point_env):
