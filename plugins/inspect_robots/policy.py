@@ -234,6 +234,7 @@ def policylink_policy(
         raise ConfigError(
             "policy: expected a policylink policy reference (-P policy=CHECKPOINT_DIR or -P policy=tcp://HOST:PORT)"
         )
+    _check_numbers(seed, threads, n_action_steps, image_size, ensemble_m, cfg_scale)
     from policylink.adapters.protocol import ProtocolError
     from policylink.policies import load_policy
     from policylink.runtime.checks import limit_threads
@@ -261,6 +262,34 @@ def policylink_policy(
         return PolicylinkPolicy(loaded, f"policylink:{policy}", config, reference=policy, env=env)
     except (SpecError, ValueError) as e:
         raise ConfigError(f"policy {policy!r}: {e}") from None
+
+
+def _check_numbers(
+    seed: Any, threads: Any, n_action_steps: Any, image_size: Any, ensemble_m: Any, cfg_scale: Any
+) -> None:
+    """Check the numeric ``-P`` parameters as inspect-robots passes them (``-P seed=x`` arrives as the string
+    ``'x'``), before anything is loaded.
+
+    Raises:
+        ConfigError: the first one of the wrong type or range (``-P seed: expected an integer in [0, inf),
+            received 'x'``).
+    """
+    import numbers
+    from types import SimpleNamespace
+
+    from policylink.adapters.config_checks import require_integers_within
+
+    given = SimpleNamespace(seed=seed, threads=threads, n_action_steps=n_action_steps, image_size=image_size)
+    intervals = {"seed": "[0, inf)", "threads": "[0, inf)", "n_action_steps": "[1, inf)", "image_size": "[1, inf)"}
+    try:
+        require_integers_within(
+            given, prefix="-P ", **{k: v for k, v in intervals.items() if getattr(given, k) is not None}
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for name, value in (("ensemble_m", ensemble_m), ("cfg_scale", cfg_scale)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise ConfigError(f"-P {name}: expected a number, received {value!r}")
 
 
 def _env_spec(env: str, obs_mode: str | None, image_size: int | None) -> Any:

@@ -211,6 +211,21 @@ def test_sim_robot_is_a_self_paced_conformant_embodiment_and_runs_a_trial(tmp_pa
         assert sample.trial_metadata[0]["policylink"]["n_steps"] == sample.epochs[0]["episode_length"] > 0
 
 
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"seed": "x"}, "-P seed: expected an integer in [0, inf), received 'x'"),  # -P values arrive as text
+        ({"n_action_steps": "abc"}, "-P n_action_steps: expected an integer in [1, inf), received 'abc'"),
+        ({"threads": -1}, "-P threads: expected an integer in [0, inf), received -1"),
+        ({"ensemble_m": "x"}, "-P ensemble_m: expected a number, received 'x'"),
+    ],
+)
+def test_a_bad_numeric_policy_parameter_is_named_before_any_load(params, message):
+    with pytest.raises(ConfigError) as e:
+        resolve("policy", "policylink", policy="never/loaded", **params)
+    assert str(e.value) == message
+
+
 def test_sim_robot_bad_timing_is_a_config_error_naming_the_parameter():
     with pytest.raises(ConfigError) as e:  # checked by RobotConfig (-E jitter_ms=-5), before any env is built
         resolve("embodiment", "policylink/sim_robot", task="reach", jitter_ms=-5)
