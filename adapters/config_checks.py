@@ -6,7 +6,7 @@ the same way. Imports nothing of ours and no torch (a ``--help`` or a config par
 from __future__ import annotations
 
 from collections.abc import Iterable
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any
 
 
@@ -56,7 +56,8 @@ def require_within(config: Any, prefix: str = "", **intervals: str) -> None:
     for name, interval in intervals.items():
         value = getattr(config, name)
         if not _inside(value, name, interval):
-            raise ValueError(f"{prefix}{name}: expected a value in {interval}, received {value}")
+            shown = repr(value) if isinstance(value, str) else value
+            raise ValueError(f"{prefix}{name}: expected a value in {interval}, received {shown}")
 
 
 def require_integers_within(config: Any, prefix: str = "", **intervals: str) -> None:
@@ -75,7 +76,8 @@ def require_integers_within(config: Any, prefix: str = "", **intervals: str) -> 
 
 
 def _inside(value: Any, name: str, interval: str) -> bool:
-    """Whether number ``value`` lies in ``interval`` (``"(0, 1]"``; ``inf`` allowed); False for NaN.
+    """Whether number ``value`` lies in ``interval`` (``"(0, 1]"``; ``inf`` allowed); False for NaN and for a value
+    that is no number (``'x'`` from a text-only source such as ``inspect-robots -E k=v``).
 
     Raises:
         ValueError: ``interval`` is malformed (names field ``name``).
@@ -84,6 +86,8 @@ def _inside(value: Any, name: str, interval: str) -> bool:
     if len(text) < 5 or text[0] not in "([" or text[-1] not in ")]" or text.count(",") != 1:
         raise ValueError(f"{name}: interval {interval!r} is not like '(0, 1]'")
     lo, hi = (float(v) for v in text[1:-1].split(","))
+    if not isinstance(value, Real):
+        return False
     above = value >= lo if text[0] == "[" else value > lo
     below = value <= hi if text[-1] == "]" else value < hi
     return bool(above and below)

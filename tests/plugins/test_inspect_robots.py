@@ -231,6 +231,9 @@ def test_sim_robot_bad_timing_is_a_config_error_naming_the_parameter():
         resolve("embodiment", "policylink/sim_robot", task="reach", jitter_ms=-5)
     assert str(e.value) == "embodiment policylink/sim_robot task 'reach': jitter_ms: expected a value in [0, inf), " \
         "received -5"  # fmt: skip
+    with pytest.raises(ConfigError) as e:  # -E values arrive as text: named, not a TypeError from a comparison
+        resolve("embodiment", "policylink/sim_robot", task="reach", jitter_ms="x")
+    assert str(e.value).endswith("jitter_ms: expected a value in [0, inf), received 'x'")
 
 
 def test_a_served_robot_is_an_embodiment(tmp_path, reach_p):
