@@ -7,7 +7,7 @@ Why: ZeroMQ hands every message to an I/O thread on each side, so one round trip
 its I/O thread -> the server's I/O thread -> the serving thread, and back). On the 2-core, shared benchmark machine
 each wake-up waits for a core and runs the caller's Python with cold caches; here the caller's thread writes and
 reads the socket itself and the server's serving thread does the same, so a round trip wakes two threads (measured,
-empty requests under load 7: 122 us for ZeroMQ ``ipc`` against 23 us for a Unix socket, p50 of 6 blocks).
+empty requests under load 7: 122 us for ZeroMQ ``ipc`` against 23 us for a Unix socket, median of 6 blocks).
 
 Framing (one message, both directions): ``u32 n`` (frame count, 1..:data:`MAX_FRAMES`), ``n x u32`` frame byte
 lengths, then the frames' bytes back to back; little-endian. The frames are the codec's (a msgpack header and one
@@ -15,7 +15,7 @@ frame per array, :mod:`policylink.adapters.codec`). Received frames are writable
 so decoded arrays are writable and never alias a later message.
 
 No CURVE: the socket is a file in a folder only its owner can enter (the isolated env's private temporary folder);
-a ``unix://`` server refuses CURVE keys (see :func:`check_local_endpoint`).
+a ``unix://`` server or client refuses CURVE keys (:class:`~policylink.adapters.rpc.Server`, :func:`open_channel`).
 """
 
 from __future__ import annotations
@@ -271,6 +271,7 @@ class LocalChannel(Channel):
         self._init_common(endpoint, replies, timeout_s, replies_by_protocol, alive)
         self._sock: socket.socket | None = None
         self._deadline = 0.0  # of the request waiting for its reply (time.monotonic)
+        self._wait_s = -1.0  # the socket's receive timeout (SO_RCVTIMEO), seconds; -1: not set yet
         self._reader = MessageReader(max_message_bytes)
         self._max_bytes = int(max_message_bytes)
 
