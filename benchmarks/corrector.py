@@ -7,7 +7,9 @@ episode, triggers per episode, per-step alarm rate and the monitor's cost per co
     MUJOCO_GL=egl .venv/bin/python benchmarks/corrector.py --policy CKPT --episodes 50 --out outputs/corrector/bench
 
 ``--breakdown`` (with ``--monitor``): instead, the CPU time of each part of one monitor step and of one policy call
-on ``--num_envs`` rows of synthetic frames (thread CPU time, so that a loaded machine inflates it little).
+on ``--num_envs`` rows of synthetic frames (thread CPU time, so that a loaded machine inflates it little), in each
+trunk mode of ``--trunk exact,fast`` interleaved. ``--trunk fast`` (one mode) runs the cells with the cheaper image
+trunk (``policies.common.conv_paths.set_trunk_mode``; like ``POLICYLINK_TRUNK=fast``).
 
 Steps ((1) and (2) only when a corrective cell runs without ``--monitor``): (1) roll the policy open-loop with
 16-action chunks on training seeds (unperturbed) and record the rollouts; (2) ``policylink finetune monitor`` on
@@ -30,6 +32,7 @@ from policylink.data.recorder import EpisodeRecorder
 from policylink.evaluate.report import plot_monitor_trace, wilson_interval
 from policylink.policies import load_policy
 from policylink.policies.checkpoint import checkpoint_env_kwargs
+from policylink.policies.common.conv_paths import set_trunk_mode
 from policylink.policies.corrector.calibration import DetectorConfig
 from policylink.policies.corrector.config import CorrectiveConfig
 from policylink.runtime.executors import CorrectiveLog, ExecutorConfig, LatencyConfig, make_executor
@@ -128,15 +131,17 @@ def _cpu_ms(fn, calls: int = 5) -> float:
     return (time.thread_time() - t0) / calls * 1e3
 
 
-def monitor_breakdown(policy, monitor_dir: str, rows: int, reps: int = 12) -> dict:
+def monitor_breakdown(policy, monitor_dir: str, rows: int, reps: int = 12, modes: tuple[str, ...] = ("exact",)) -> dict:
     """CPU ms (medians over ``reps`` interleaved repetitions) of the parts of a corrective monitor step on ``rows``
-    rows of new synthetic frames: ``policy.update_observation`` + ``policy.embed`` (the encoder pass of every row's
-    new frame), the image trunk per frame at batch 1, 2 and ``rows``, each trunk layer at batch ``rows``, the
-    monitor's MLP + score and detector; and of ``predict_action_chunk`` for 1-3 rows with cached latents (a policy
-    call without its frames).
-    Also the paired ratios ``inference_mode / no_grad`` and ``channels_last / default`` of the trunk."""
-    import copy
-
+    rows of new synthetic frames, in each trunk mode of ``modes`` (``policies.common.conv_paths.set_trunk_mode``,
+    interleaved): ``policy.update_observation`` + ``policy.embed`` (the encoder pass of every row's new frame), the
+    image trunk per frame at batch 1, 2 and ``rows``, each trunk layer at batch ``rows``, the monitor's MLP + score
+    and detector; ``predict_action_chunk`` for 1-3 rows with cached latents (a policy call without its frames) and
+    for all ``rows`` rows with their new frames (what replanning every step pays).
+    Derived per mode (``ratios``): ``e_row`` (embed ms per row), the monitor step (embed + scores + detector) over
+    a call that plans ``n`` rows and encodes their frames (``U(n) + n e_row``), the same per row (monitor step /
+    ``rows`` over call / ``n``), and over the all-rows call."""
+    from policylink.policies.common import conv_paths
     from policylink.policies.common.frame_features import pixel_affine
     from policylink.policies.corrector.monitor import load_monitor
     from policylink.runtime.executors import CorrectiveExecutor
@@ -165,8 +170,6 @@ def monitor_breakdown(policy, monitor_dir: str, rows: int, reps: int = 12) -> di
     with torch.no_grad():
         for m in enc.trunk:
             layer_in.append(m(layer_in[-1]))
-    last = copy.deepcopy(enc).to(memory_format=torch.channels_last)
-    x_last = x.contiguous(memory_format=torch.channels_last)
     step = [0]
 
     def embed() -> None:
@@ -174,9 +177,13 @@ def monitor_breakdown(policy, monitor_dir: str, rows: int, reps: int = 12) -> di
         policy.update_observation(obs[step[0] % 4])
         policy.embed()
 
-    def plan(n: int):
+    def plan(n: int, fresh: bool = False):
         def call() -> None:
-            policy._latent_ok[:] = True  # latents cached: the call's U-Net alone
+            if fresh:  # new frames for every row: the call encodes them
+                step[0] += 1
+                policy.update_observation(obs[step[0] % 4])
+            else:
+                policy._latent_ok[:] = True  # latents cached: the call's U-Net alone
             policy.predict_action_chunk(env_ids=list(range(n)))
 
         return call
@@ -185,29 +192,49 @@ def monitor_breakdown(policy, monitor_dir: str, rows: int, reps: int = 12) -> di
         "embed_all_rows": (embed, 1),
         **{f"frame_batch{b}": ((lambda b=b: enc.forward_pixels(frames[b], scale, shift)), b) for b in frames},
         "trunk": (lambda: enc.trunk(x), 1),
-        "trunk_channels_last": (lambda: last.trunk(x_last), 1),
         "pool_out": (lambda: enc.out(enc.pool(layer_in[-1])), 1),
         **{f"layer{i}_{type(m).__name__}": ((lambda m=m, h=layer_in[i]: m(h)), 1) for i, m in enumerate(enc.trunk)},
         "monitor_scores": (lambda: ex._scores(z), 1),
         "detector": (lambda: ex.detector.update(np.zeros(rows), ex.queue.offset.copy(), ex._t >= ex.k), 1),
         **{f"policy_call_{n}_rows": (plan(n), 1) for n in (1, 2, 3) if n <= rows},
+        "policy_call_all_rows_with_frames": (plan(rows, fresh=True), 1),
     }
-    for fn, _ in jobs.values():  # warm-up: conv path choices, caches
-        fn()
-    res: dict[str, list[float]] = {k: [] for k in (*jobs, "trunk_inference_mode")}
+
+    def run(mode: str, fn) -> float:
+        conv_paths.set_trunk_mode(mode)
+        try:
+            return fn()
+        finally:
+            conv_paths.set_trunk_mode("exact")
+
+    with torch.no_grad():
+        for mode in modes:  # warm-up: conv path choices (per mode), caches
+            for fn, _ in jobs.values():
+                run(mode, fn)
+    res: dict[str, dict[str, list[float]]] = {m: {k: [] for k in jobs} for m in modes}
     for _ in range(reps):
         with torch.no_grad():
             for name, (fn, per) in jobs.items():
-                res[name].append(_cpu_ms(fn, 1 if name.startswith("policy_call") else 5) / per)
-        with torch.inference_mode():
-            res["trunk_inference_mode"].append(_cpu_ms(lambda: enc.trunk(x)))
-    out = {k: float(np.median(v)) for k, v in res.items()}
-    for name, alt in (
-        ("inference_mode_over_no_grad", "trunk_inference_mode"),
-        ("channels_last_over_default", "trunk_channels_last"),
-    ):
-        out[name] = float(np.median(np.array(res[alt]) / np.array(res["trunk"])))
-    return {"rows": rows, "reps": reps, "cpu_ms": out, "load": os.getloadavg()[0]}
+                calls = 1 if name.startswith("policy_call") else 5
+                for mode in modes:
+                    res[mode][name].append(run(mode, lambda fn=fn, c=calls: _cpu_ms(fn, c)) / per)
+    out = {m: {k: float(np.median(v)) for k, v in r.items()} for m, r in res.items()}
+    return {"rows": rows, "reps": reps, "cpu_ms": out, "ratios": {m: _ratios(o, rows) for m, o in out.items()},
+            "load": os.getloadavg()[0]}  # fmt: skip
+
+
+def _ratios(ms: dict[str, float], rows: int) -> dict[str, float]:
+    """The monitor step's cost against policy calls, from one mode's medians (see :func:`monitor_breakdown`)."""
+    e_row = ms["embed_all_rows"] / rows
+    step = ms["embed_all_rows"] + ms["monitor_scores"] + ms["detector"]
+    out = {"e_row_ms": e_row, "monitor_step_ms": step}
+    for n in (1, 2, 3):
+        if f"policy_call_{n}_rows" in ms:
+            call = ms[f"policy_call_{n}_rows"] + n * e_row
+            out[f"step_over_call_{n}_rows"] = step / call
+            out[f"per_row_over_call_{n}_rows"] = (step / rows) / (call / n)
+    out["step_over_call_all_rows"] = step / ms["policy_call_all_rows_with_frames"]
+    return out
 
 
 def main() -> None:
@@ -224,15 +251,17 @@ def main() -> None:
     p.add_argument("--cells", default="every1,open8,open16,corrective,corrective:guidance_scale=0")
     p.add_argument("--perturbations", default="none,displace+force")
     p.add_argument("--breakdown", action="store_true", help="CPU time of a monitor step's parts (needs --monitor)")
+    p.add_argument("--trunk", default="exact", help="trunk mode(s), comma-separated: exact, fast (breakdown: each)")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.breakdown:
         if not args.monitor:
             raise SystemExit("--breakdown: expected --monitor DIR, received none")
-        print(
-            json.dumps(monitor_breakdown(load_policy(args.policy, device="cpu"), args.monitor, args.num_envs), indent=1)
-        )
+        modes = tuple(args.trunk.split(","))
+        policy = load_policy(args.policy, device="cpu")
+        print(json.dumps(monitor_breakdown(policy, args.monitor, args.num_envs, modes=modes), indent=1))
         return
+    set_trunk_mode(args.trunk)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     policy = load_policy(args.policy, device="cpu")

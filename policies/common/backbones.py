@@ -10,6 +10,8 @@ import torch
 import torchvision
 from torch import nn
 
+from policylink.policies.common.conv_paths import fast_inference
+
 
 class SpatialSoftmax(nn.Module):
     """Spatial soft-argmax keypoints (Levine et al. 2016; Finn et al. 2016), as used by Diffusion Policy.
@@ -24,8 +26,14 @@ class SpatialSoftmax(nn.Module):
         self.num_keypoints = num_keypoints
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        n, _, h, w = features.shape
-        maps = self.keypoints(features).flatten(2)  # (N, K, h*w)
+        n, c, h, w = features.shape
+        if fast_inference():  # trunk mode "fast": the 1x1 conv as one batched GEMM (other summation order)
+            weight = self.keypoints.weight.view(self.num_keypoints, c)
+            maps = torch.matmul(weight, features.reshape(n, c, h * w))
+            if self.keypoints.bias is not None:
+                maps = maps.add_(self.keypoints.bias.view(1, -1, 1))
+        else:
+            maps = self.keypoints(features).flatten(2)  # (N, K, h*w)
         attn = torch.softmax(maps, dim=-1)
         ys, xs = torch.meshgrid(
             torch.linspace(-1.0, 1.0, h, device=features.device),
@@ -34,6 +42,26 @@ class SpatialSoftmax(nn.Module):
         )
         grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # (h*w, 2)
         return (attn @ grid).reshape(n, 2 * self.num_keypoints)
+
+
+def mish_closed_form(x: torch.Tensor) -> torch.Tensor:
+    """Mish (Misra 2019, arXiv 1908.08681), ``x tanh(softplus(x))``, through ``tanh(log s) = 1 - 2 / (s^2 + 1)``
+    with ``s = 1 + e^x``: ``x - 2x / ((1 + e^x)^2 + 1)``, one ``exp``, three in-place passes and one ``addcdiv``
+    instead of PyTorch's ``exp`` -> ``log1p`` -> ``tanh`` kernel (1.35 ms against 0.47 ms on a 10x32x29x29 tensor,
+    one Xeon thread). Large ``x``: ``e^x`` overflows to ``inf`` and the result is ``x`` (as Mish's, to float32);
+    very negative ``x``: 0. Float tensor of any shape -> same shape and dtype; differs from
+    ``torch.nn.functional.mish`` by float rounding (absolute error ~1 ulp of ``x``; ``+inf`` gives NaN)."""
+    s = torch.exp(x)
+    s.add_(1.0).mul_(s).add_(1.0)
+    return torch.addcdiv(x, x, s, value=-2.0)
+
+
+class TrunkMish(nn.Mish):
+    """``nn.Mish`` (no parameters; same state dict) that evaluates :func:`mish_closed_form` when
+    :func:`~policylink.policies.common.conv_paths.fast_inference` holds (trunk mode ``"fast"``, autograd off)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mish_closed_form(x) if fast_inference() else super().forward(x)
 
 
 def resnet18_groupnorm() -> nn.Module:
@@ -47,17 +75,18 @@ def resnet18_groupnorm() -> nn.Module:
 
 
 def small_conv() -> nn.Module:
-    """A 3-layer conv trunk for fast CPU training: ``(N, 3, H, W)`` -> ``(N, 64, ~H/4, ~W/4)``."""
+    """A 3-layer conv trunk for fast CPU training: ``(N, 3, H, W)`` -> ``(N, 64, ~H/4, ~W/4)`` (Mish as
+    :class:`TrunkMish`)."""
     return nn.Sequential(
         nn.Conv2d(3, 32, 5, stride=2, padding=2),
         nn.GroupNorm(8, 32),
-        nn.Mish(),
+        TrunkMish(),
         nn.Conv2d(32, 64, 3, stride=2, padding=1),
         nn.GroupNorm(8, 64),
-        nn.Mish(),
+        TrunkMish(),
         nn.Conv2d(64, 64, 3, stride=1, padding=1),
         nn.GroupNorm(8, 64),
-        nn.Mish(),
+        TrunkMish(),
     )
 
 
@@ -96,4 +125,4 @@ class RandomCrop(nn.Module):
         return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
 
 
-__all__ = ["RandomCrop", "SpatialSoftmax", "resnet18_groupnorm", "small_conv"]
+__all__ = ["RandomCrop", "SpatialSoftmax", "TrunkMish", "mish_closed_form", "resnet18_groupnorm", "small_conv"]

@@ -21,7 +21,17 @@ compares every path with ``conv1d`` within float tolerance). For bit-reproducibl
 path with ``POLICYLINK_CONV_PATH=torch`` (or :func:`set_forced_path`). Convolutions under
 :data:`MIN_MEASURED_MACS` multiply-adds always run ``"torch"`` (timing them costs more than any path saves;
 this also keeps tiny test models deterministic across processes). ``torch.compile`` is not a candidate: it
-compiles for seconds per shape on one CPU thread, far beyond the load-time budget of a few hundred ms.
+compiles for seconds per shape on one CPU thread, far beyond the load-time budget of a few hundred ms (the small
+image trunk with a dynamic batch: 31-584 s on a loaded 2-core Xeon, ``benchmarks/results/corrector.md`` round 9).
+
+**Trunk mode** (issue 35): ``"exact"`` (the default) runs only the float32 paths above. ``"fast"`` (``$POLICYLINK_TRUNK
+=fast`` or :func:`set_trunk_mode`) trades float rounding for speed in image trunks at inference (autograd off):
+a float32 2-D convolution runs ``"onednn_bf16"`` (bfloat16 inputs and weights, float32 accumulation inside oneDNN,
+float32 out; relative differences ~1e-3) on a CPU with native bfloat16 arithmetic (AVX512-BF16 or AMX), always,
+not by timing (a timed choice between float32 and bfloat16 would make the latents depend on the machine's load;
+elsewhere bfloat16 is emulated and slow, so the float32 paths are measured as in mode ``"exact"``), and
+:mod:`~policylink.policies.common.backbones` switches Mish and the keypoint readout to cheaper formulations.
+Training (autograd on) is unaffected. The 1-D convolutions (the U-Net's) are never reduced.
 """
 
 from __future__ import annotations
@@ -34,13 +44,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-PATHS = ("torch", "onednn", "im2col", "taps")  # order = preference on ties
+PATHS = ("torch", "onednn", "im2col", "taps", "onednn_bf16")  # order = preference on ties
 DEFAULT_PATH = "torch"
+REDUCED_PATH = "onednn_bf16"  # trunk mode "fast", 2-D, where available: taken without timing
 MIN_MEASURED_MACS = 1 << 22  # ~4M multiply-adds (~0.2-0.5 ms on one CPU thread); smaller convs run "torch"
 TIMED_CALLS = 2  # timed calls per close candidate (1 for clearly slower ones); the best is kept
 RETIME_WITHIN = 0.3  # paths within 30 % of the best after one call each are timed again
 TIE_MARGIN = 0.03  # a later path must be this much faster than the best so far to replace it
 ENV_VAR = "POLICYLINK_CONV_PATH"
+TRUNK_MODES = ("exact", "fast")
+TRUNK_ENV_VAR = "POLICYLINK_TRUNK"
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,7 @@ class ConvKey:
     dtype: str  # e.g. "torch.float32"
 
     width: int = 0  # W of a 2-D convolution (square kernel, stride and padding); 0 for 1-D
+    reduced: bool = False  # trunk mode "fast" when keyed: reduced-precision paths are candidates
 
     @property
     def macs(self) -> int:
@@ -73,8 +87,9 @@ def conv_key(layer: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> ConvKey:
     k, stride, pad = layer.kernel_size[0], layer.stride[0], layer.padding[0]
     width = x.shape[3] if x.dim() == 4 else 0
     return ConvKey(
-        x.shape[1], layer.out_channels, k, stride, pad, x.shape[0], x.shape[2], str(x.device), str(x.dtype), width
-    )
+        x.shape[1], layer.out_channels, k, stride, pad, x.shape[0], x.shape[2], str(x.device), str(x.dtype), width,
+        _trunk_mode == "fast" and width > 0,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- the paths
@@ -153,6 +168,30 @@ def _run_onednn(layer: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return out.squeeze(2)
 
 
+def _run_onednn_bf16(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """2-D only: oneDNN's convolution on bfloat16 copies of ``x`` and of the (cached, reordered) weights and
+    bias; the result is cast back to ``x.dtype``. ``(N, C_in, H, W)`` -> ``(N, C_out, H', W')``."""
+    pad, stride, dil = list(layer.padding), list(layer.stride), list(layer.dilation)
+    weight, bias = _onednn_bf16_weight(layer, x)
+    out = torch.ops.mkldnn._convolution_pointwise(
+        x.to(torch.bfloat16), weight, bias, pad, stride, dil, layer.groups, "none", [], ""
+    )
+    return out.to(x.dtype)
+
+
+def _onednn_bf16_weight(layer: nn.Conv2d, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight in bfloat16, reordered into oneDNN's blocked layout for inputs shaped like ``x``, and the bias
+    in bfloat16 (``None`` without one)."""
+    reorder = torch._C._nn.mkldnn_reorder_conv2d_weight
+    pad, stride, dil, size = list(layer.padding), list(layer.stride), list(layer.dilation), list(x.shape)
+
+    def build(w: torch.Tensor):
+        bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
+        return reorder(w.to(torch.bfloat16).to_mkldnn(), pad, stride, dil, layer.groups, size), bias
+
+    return _cached(layer, "onednn_bf16", tuple(size), build)
+
+
 def _taps_weight(layer: nn.Conv1d) -> torch.Tensor:
     """``(k, C_out, C_in)``: one matrix per kernel tap, read transposed by the GEMMs (a cheap copy: only the
     small kernel axis moves)."""
@@ -179,6 +218,7 @@ RUNNERS: dict[str, Callable[[nn.Conv1d, torch.Tensor], torch.Tensor]] = {
     "onednn": _run_onednn,
     "im2col": _run_im2col,
     "taps": _run_taps,
+    "onednn_bf16": _run_onednn_bf16,
 }
 
 
@@ -204,15 +244,22 @@ def prepare_path(name: str, layer: nn.Conv1d, x: torch.Tensor) -> None:
         _taps_weight(layer)
     elif name == "onednn":
         _onednn_weight(layer, x)
+    elif name == "onednn_bf16":
+        _onednn_bf16_weight(layer, x)
 
 
 def available_paths(key: ConvKey) -> tuple[str, ...]:
     """The paths that can run ``key``: ``"taps"`` only at stride 1 with padding, ``"onednn"`` only on CPU for
-    float32/bfloat16 when this torch build has oneDNN; ``"torch"`` and ``"im2col"`` everywhere."""
+    float32/bfloat16 when this torch build has oneDNN, ``"onednn_bf16"`` only for a float32 2-D key made in trunk
+    mode ``"fast"`` (``key.reduced``) on such a CPU with native bfloat16 arithmetic; ``"torch"`` and ``"im2col"``
+    everywhere."""
     paths = ["torch"]
-    if key.device == "cpu" and key.dtype in ("torch.float32", "torch.bfloat16") and _has_onednn():
+    onednn = key.device == "cpu" and key.dtype in ("torch.float32", "torch.bfloat16") and _has_onednn()
+    if onednn:
         paths.append("onednn")
     if key.width:  # 2-D: PyTorch's conv or oneDNN with reordered weights
+        if onednn and key.reduced and key.dtype == "torch.float32" and _native_bf16():
+            paths.append("onednn_bf16")
         return tuple(paths)
     paths.append("im2col")
     if key.stride == 1 and key.padding:
@@ -224,8 +271,39 @@ def _has_onednn() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
 
 
+def _native_bf16() -> bool:
+    """This CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX tiles)."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, name, lambda: False)() for name in checks)
+
+
 # -------------------------------------------------------------------------------------------- the choice
 _forced: str | None = None
+_trunk_mode = "exact"
+
+
+def set_trunk_mode(mode: str) -> None:
+    """Set the process-wide trunk mode, ``"exact"`` (default) or ``"fast"`` (see the module docstring).
+    Initialised from ``$POLICYLINK_TRUNK``. Convolution choices are kept per mode (:class:`ConvKey`).
+
+    Raises:
+        ValueError: ``mode`` not in :data:`TRUNK_MODES`.
+    """
+    global _trunk_mode
+    if mode not in TRUNK_MODES:
+        raise ValueError(f"{TRUNK_ENV_VAR}: expected one of {TRUNK_MODES}, received {mode!r}")
+    _trunk_mode = mode
+
+
+def trunk_mode() -> str:
+    """The process-wide trunk mode, ``"exact"`` or ``"fast"``."""
+    return _trunk_mode
+
+
+def fast_inference() -> bool:
+    """True when the cheaper, not bit-identical formulations apply: trunk mode ``"fast"`` and autograd off."""
+    return _trunk_mode == "fast" and not torch.is_grad_enabled()
 
 
 def set_forced_path(name: str | None) -> None:
@@ -259,10 +337,13 @@ class PathSelector:
         self.measured_seconds = 0.0
 
     def choose(self, layer: nn.Conv1d, x: torch.Tensor) -> str:
-        """The path for running ``layer`` on ``x`` (measured on the first call with this key)."""
+        """The path for running ``layer`` on ``x`` (measured on the first call with this key; ``"onednn_bf16"``
+        unmeasured wherever it is available: trunk mode ``"fast"``)."""
         key = conv_key(layer, x)
         if _forced is not None:
             return _forced if _forced in available_paths(key) else DEFAULT_PATH
+        if key.reduced and REDUCED_PATH in available_paths(key):
+            return REDUCED_PATH
         path = self.choices.get(key)
         if path is None:
             path = self.choices[key] = self._measure(key, layer, x)
@@ -273,6 +354,8 @@ class PathSelector:
         or :data:`DEFAULT_PATH`."""
         if _forced is not None:
             return _forced if _forced in available_paths(key) else DEFAULT_PATH
+        if key.reduced and REDUCED_PATH in available_paths(key):
+            return REDUCED_PATH
         return self.choices.get(key, DEFAULT_PATH)
 
     def clear(self) -> None:
@@ -331,8 +414,8 @@ class MeasuredConv2d(nn.Conv2d):
     """``nn.Conv2d`` that, when autograd is off, runs the faster of PyTorch's conv and oneDNN with weights
     reordered once, measured per :class:`ConvKey` (PyTorch's CPU conv re-lays out the weights on every call:
     ResNet-18 on one 84x84 frame took 54 ms that way against 18 ms with reordered weights on one loaded EPYC
-    core). Square kernel, stride and padding, ``groups=1``, ``dilation=1`` only; others run PyTorch's conv.
-    Input ``(N, C_in, H, W)`` -> ``(N, C_out, H', W')``."""
+    core); in trunk mode ``"fast"`` also ``"onednn_bf16"``. Square kernel, stride and padding, ``groups=1``,
+    ``dilation=1`` only; others run PyTorch's conv. Input ``(N, C_in, H, W)`` -> ``(N, C_out, H', W')``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
@@ -361,3 +444,4 @@ def use_measured_convs(module: nn.Module) -> nn.Module:
 
 SELECTOR = PathSelector()  # the process-wide choices used by GemmConv1d and MeasuredConv2d
 set_forced_path(os.environ.get(ENV_VAR) or None)
+set_trunk_mode(os.environ.get(TRUNK_ENV_VAR) or "exact")
