@@ -290,3 +290,29 @@ def test_monitor_and_plans_share_one_encoder_pass_per_step_and_score_fresh_laten
     assert (ex.policy_calls, ex.policy_rows, ex.monitor_steps) == (3, 6, 10)  # both rows per call, 10 steps
     assert policy._frames.encoded_frames == 2 * 10  # noqa: SLF001 - each row's frame once per step
     assert len(ex.trace[0]) == 10 - K
+
+
+def test_rows_planned_apart_are_encoded_once_per_step():
+    """Rows out of step (row 1 restarts at step 3, so the two rows plan at different steps): a call that plans one
+    row reuses that row's latent from the step's monitor pass, so every row's frame still goes through the trunk
+    exactly once per step."""
+    from policylink.policies.corrector.monitor import LatentMonitor, MonitorConfig
+
+    policy, image = _image_flow_policy(seed=2)
+    monitor = LatentMonitor(policy.latent_dim, 2, MonitorConfig(horizon=K, hidden_dim=16))
+    det = DetectorConfig(ewma=1.0, persistence_m=1, window=1, cooldown=0)
+    cfg = ExecutorConfig(kind="corrective", n_action_steps=4, corrective=CorrectiveConfig(detector=det))
+    thr = ConformalThresholds(np.full(H, 1e9), 0.05, np.full(H, 100), 1.0)  # never fires
+    ex = CorrectiveExecutor(policy, cfg, monitor=monitor, thresholds=thr)
+    rng = np.random.default_rng(1)
+    rows_planned = []
+    for t in range(12):
+        if t == 3:
+            ex.reset([1])
+        obs = {STATE: rng.random((2, 3), dtype=np.float32), image: rng.integers(0, 256, (2, 24, 24, 3), np.uint8)}
+        before = ex.policy_rows
+        ex.act(obs)
+        rows_planned.append(ex.policy_rows - before)
+    assert ex.inferences.tolist() == [3, 3]  # row 0 plans at 0, 4, 8; row 1 at 0, 3, 7 (11 is its next)
+    assert rows_planned.count(1) >= 4  # calls that plan one row alone
+    assert policy._frames.encoded_frames == 2 * 12  # noqa: SLF001 - each row's frame once per step
