@@ -91,8 +91,8 @@ CORRECTIVE_KEYS = {
 
 
 CORRECTIVE_VARIANTS = {
-    "alpha25": "monitor thresholds at alpha 0.25",
-    "h4": "4 actions per chunk after an alarm",
+    "h4": "short_horizon 4",  # 4 actions per chunk (not 2) in the start phase and after an alarm
+    "start48": "short_start 48",  # the first 48 steps (not 12) at 2 actions per chunk
 }
 """Improvement attempt (``corr_<task>/bench_<variant>/`` folder suffix) -> what it changed from the corrective cell;
 its row in the JSON is ``flow, corrective (16-step chunks, <what>)``."""
