@@ -9,10 +9,16 @@ each wake-up waits for a core and runs the caller's Python with cold caches; her
 reads the socket itself and the server's serving thread does the same, so a round trip wakes two threads (measured,
 empty requests under load 7: 122 us for ZeroMQ ``ipc`` against 23 us for a Unix socket, median of 6 blocks).
 
-Framing (one message, both directions): ``u32 n`` (frame count, 1..:data:`MAX_FRAMES`), ``n x u32`` frame byte
-lengths, then the frames' bytes back to back; little-endian. The frames are the codec's (a msgpack header and one
-frame per array, :mod:`policylink.adapters.codec`). Received frames are writable views of one buffer per message,
-so decoded arrays are writable and never alias a later message.
+The stream is the standard library's :mod:`multiprocessing.connection` (length-prefixed messages: ``send_bytes``,
+``recv_bytes``); readiness waits are :func:`select.poll`'s. One policylink message (:func:`send_message`) is a head,
+``u32 n`` (frame count, 1..:data:`MAX_FRAMES`), ``n x u32`` frame byte lengths (little-endian) and the frames
+under :data:`INLINE_BELOW` bytes back to back, in one ``send_bytes`` message; then the longer frames' bytes, as
+they are (``os.write``), received straight into a ``bytearray`` each (``os.readv``): no copy of an image on either
+side. The frames are the codec's (a msgpack header and one frame per array, :mod:`policylink.adapters.codec`). The
+head carries the message's size, so one over the limit is refused before its long frames are read (they are read
+and dropped in pieces, never kept; the envelope, in the head, names the request in the ``too_large`` reply).
+Decoded arrays are writable and never alias a later message (the codec copies those of the read-only head; a long
+frame's buffer is its array's own).
 
 No CURVE: the socket is a file in a folder only its owner can enter (the isolated env's private temporary folder);
 a ``unix://`` server or client refuses CURVE keys (:class:`~policylink.adapters.rpc.Server`, :func:`open_channel`).
@@ -27,6 +33,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
 from typing import Any
 
 from policylink.adapters.channel import ALIVE_POLL_S, Channel
@@ -35,22 +42,27 @@ from policylink.adapters.protocol import ErrorCode, ProtocolError
 __all__ = [
     "LOCAL_SCHEME",
     "MAX_FRAMES",
+    "PARTIAL_MESSAGE_S",
     "LocalChannel",
     "LocalListener",
-    "MessageReader",
     "check_local_endpoint",
     "open_channel",
+    "receive_message",
+    "send_message",
 ]
 
 LOCAL_SCHEME = "unix://"
 MAX_FRAMES = 4096
 """Most frames one message may have (a header and one frame per array)."""
-_COUNT = struct.Struct("<I")
-_CHUNK = 64 * 2**10  # bytes read per receive call while a message is incomplete
+_U32 = struct.Struct("<I")
+_STRUCTS = [struct.Struct(f"<{n}I") for n in range(65)]  # u32 runs made once for short messages
 _ACCEPT_POLL_S = 0.1  # how often the serving thread looks at its stop flag while idle
+INLINE_BELOW = 64 * 2**10
+"""Frames shorter than this (bytes) travel in their message's head, copied once; longer ones follow it as they are."""
 PARTIAL_MESSAGE_S = 10.0
-"""A client that has sent part of a message and nothing more for this long (seconds) is disconnected."""
+"""A peer that has sent part of a message and nothing more for this long (seconds) is disconnected."""
 _EOF = "the peer closed the connection"
+_READ = select.POLLIN
 
 
 def check_local_endpoint(endpoint: str) -> str:
@@ -95,148 +107,84 @@ def open_channel(
     return LocalChannel(endpoint, replies, timeout_s=timeout_s, replies_by_protocol=replies_by_protocol, alive=alive)
 
 
-def send_frames(sock: socket.socket, frames: list) -> None:
-    """Write ``frames`` (buffers: ``bytes``, C-contiguous arrays, ``memoryview``) as one message, in one
-    ``sendmsg`` call when the socket takes it whole (the frames themselves are handed to the kernel, not copied).
-
-    Raises:
-        OSError: the socket failed (``BrokenPipeError`` / ``ConnectionResetError``: the peer is gone;
-            ``TimeoutError``: the socket's send timeout passed with the message unsent).
-        ValueError: a frame is a non-contiguous array (the codec never makes one).
-    """
-    lengths = [len(f) if type(f) is bytes else memoryview(f).nbytes for f in frames]
-    prefix = _lengths_struct(len(frames) + 1).pack(len(frames), *lengths)
-    sent = sock.sendmsg([prefix, *frames])
-    total = len(prefix) + sum(lengths)
-    if sent == total:
-        return
-    data = memoryview(b"".join([prefix, *(memoryview(f).cast("B") for f in frames)]))[sent:]  # a partial write
-    while data:
-        data = data[sock.send(data) :]
-
-
-_STRUCTS = [struct.Struct(f"<{n}I") for n in range(65)]
-
-
-def _lengths_struct(n: int) -> struct.Struct:
-    """``struct.Struct`` of ``n`` little-endian u32 (made once for up to 64)."""
+def _u32s(n: int) -> struct.Struct:
     return _STRUCTS[n] if n < len(_STRUCTS) else struct.Struct(f"<{n}I")
 
 
-class MessageReader:
-    """Reads framed messages from one stream socket (see the module docstring for the framing).
+def send_message(conn: Connection, frames: list) -> None:
+    """Write ``frames`` (buffers: ``bytes``, C-contiguous arrays, ``memoryview``) as one policylink message: its
+    head (the frame count, the frames' byte lengths, and every frame under :data:`INLINE_BELOW` bytes, copied once)
+    as a ``send_bytes`` message, then the longer frames' bytes as they are (not copied).
 
-    Each message's frames are ``memoryview`` slices of a ``bytearray`` of its own (writable; decoded arrays view
-    it without a copy). Bytes past the end of a message stay buffered for the next read.
-
-    Args:
-        max_bytes: messages whose frames add up to more bytes are not kept (see :meth:`read`).
+    Raises:
+        OSError: the connection failed (``BrokenPipeError``: the peer closed it).
+        ValueError: a frame is a non-contiguous array (the codec never makes one).
     """
+    lengths = [len(f) if type(f) is bytes else memoryview(f).nbytes for f in frames]
+    head = [_u32s(len(frames) + 1).pack(len(frames), *lengths)]
+    head += [f for f, n in zip(frames, lengths) if n < INLINE_BELOW]
+    conn.send_bytes(b"".join(head))
+    for f, n in zip(frames, lengths):
+        if n >= INLINE_BELOW:
+            view = memoryview(f).cast("B")
+            while view:
+                view = view[os.write(conn.fileno(), view) :]
 
-    def __init__(self, max_bytes: int):
-        self.max_bytes = int(max_bytes)
-        self._buf = bytearray(_CHUNK)
-        self._view = memoryview(self._buf)  # the buffer never changes size
-        self._start = self._end = 0
 
-    def read(self, sock: socket.socket, wait: Callable[[], bool]) -> tuple[list, int]:
-        """The next message: ``(frames, size)``, ``size`` the sum of its frame lengths. A message over
-        ``max_bytes`` is consumed and dropped; its first frame (the envelope) is returned alone when it is under
-        1 MiB (so the reply can carry the request's id), else no frame.
+def receive_message(conn: Connection, max_bytes: int) -> tuple[list, int]:
+    """The next message of :func:`send_message`: ``(frames, size)``, ``size`` the sum of its frame lengths; a
+    short frame is a read-only ``memoryview`` of the head, a long one a writable one of its own ``bytearray``
+    (received into it). A message over ``max_bytes`` is refused from its head: its frames are not kept (the long
+    ones are read and dropped in 64 KiB pieces, so the stream stays in step) and its first frame (the envelope)
+    comes back alone when it was in the head, else no frame.
 
-        Args:
-            sock: a blocking socket; a receive that times out (``SO_RCVTIMEO``) calls ``wait``.
-            wait: called when nothing arrived in time; returns True to keep waiting, False to give up.
-
-        Raises:
-            TimeoutError: ``wait`` returned False.
-            ConnectionError: the peer closed the connection, or sent a malformed prefix (the stream cannot be
-                resynchronised: the caller drops the connection).
-        """
-        if self._end - self._start < _COUNT.size:
-            self._fill(sock, _COUNT.size, wait)
-        (n,) = _COUNT.unpack_from(self._buf, self._start)
-        if not 1 <= n <= MAX_FRAMES:
-            raise ConnectionError(f"message prefix: expected 1..{MAX_FRAMES} frames, received {n}")
-        head = _COUNT.size * (n + 1)
-        if self._end - self._start < head:
-            self._fill(sock, head, wait)
-        lengths = _lengths_struct(n).unpack_from(self._buf, self._start + _COUNT.size)
-        self._start += head
-        size = sum(lengths)
-        if size > self.max_bytes:
-            first = self._take(sock, lengths[0], wait) if lengths[0] <= 2**20 else None
-            self._skip(sock, size - (lengths[0] if first is not None else 0), wait)
-            return ([memoryview(first)] if first is not None else []), size
-        data = memoryview(self._take(sock, size, wait))
-        if n == 1:
-            return [data], size
-        frames, offset = [], 0
-        for length in lengths:
-            frames.append(data[offset : offset + length])
+    Raises:
+        EOFError: the peer closed the connection between messages.
+        OSError: the connection failed or ended inside a message, or the head alone is longer than ``max_bytes``
+            (``"bad message length"``: left unread, so the stream is out of step: the caller closes it).
+        ConnectionError: a malformed head (frame count outside 1..:data:`MAX_FRAMES`, lengths that do not add
+            up); out of step.
+    """
+    head = conn.recv_bytes(max_bytes + 4 * (MAX_FRAMES + 1))
+    (n,) = _U32.unpack_from(head) if len(head) >= 4 else (0,)
+    if not 1 <= n <= MAX_FRAMES or len(head) < 4 * (n + 1):
+        raise ConnectionError(f"message prefix: expected 1..{MAX_FRAMES} frames, received {n}")
+    lengths = _u32s(n).unpack_from(head, 4)
+    offset, view, size = 4 * (n + 1), memoryview(head), sum(lengths)
+    inline = offset + sum(x for x in lengths if x < INLINE_BELOW)
+    if inline != len(head):
+        raise ConnectionError(f"message head: expected {inline} bytes, received {len(head)}")
+    frames, kept = [], size <= max_bytes
+    for length in lengths:
+        if length < INLINE_BELOW:
+            frames.append(view[offset : offset + length])
             offset += length
-        return frames, size
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received past the last message read (the start of the next one)."""
-        return self._end - self._start
-
-    def _recv(self, sock: socket.socket, view: memoryview, wait: Callable[[], bool]) -> int:
-        """Receive into ``view`` (at least one byte), calling ``wait`` on each timeout."""
-        while True:
-            try:
-                got = sock.recv_into(view)
-            except (BlockingIOError, TimeoutError):
-                if not wait():
-                    raise TimeoutError("no message in time") from None
-                continue
-            except InterruptedError:
-                continue
-            if not got:
-                raise ConnectionError(_EOF)
-            return got
-
-    def _fill(self, sock: socket.socket, need: int, wait: Callable[[], bool]) -> None:
-        """Make at least ``need`` (small) bytes available from ``_start``."""
-        while self._end - self._start < need:
-            if self._start and self._end == self._start:
-                self._start = self._end = 0
-            elif len(self._buf) - self._start < need:  # move the partial prefix to the front
-                kept = self._end - self._start
-                self._buf[:kept] = self._buf[self._start : self._end]
-                self._start, self._end = 0, kept
-            self._end += self._recv(sock, self._view[self._end :], wait)
-
-    def _take(self, sock: socket.socket, size: int, wait: Callable[[], bool]) -> bytearray:
-        """The next ``size`` bytes as a new ``bytearray`` (buffered ones copied, the rest received into it)."""
-        have = min(size, self._end - self._start)
-        out = self._buf[self._start : self._start + have] if have == size else bytearray(size)  # a new bytearray
-        if have < size:
-            out[:have] = self._buf[self._start : self._start + have]
-            view = memoryview(out)
-            while have < size:
-                have += self._recv(sock, view[have:], wait)
-            self._start = self._end = 0
+        elif kept:
+            frames.append(_read_into(conn, memoryview(bytearray(length))))
         else:
-            self._start += have
-        return out
-
-    def _skip(self, sock: socket.socket, size: int, wait: Callable[[], bool]) -> None:
-        """Consume and drop the next ``size`` bytes."""
-        have = min(size, self._end - self._start)
-        self._start += have
-        size -= have
-        scratch = memoryview(bytearray(_CHUNK))
-        while size:
-            size -= self._recv(sock, scratch[: min(size, _CHUNK)], wait)
+            scratch = memoryview(bytearray(INLINE_BELOW))
+            while length:
+                length -= len(_read_into(conn, scratch[: min(length, INLINE_BELOW)]))
+    return (frames if kept else frames[:1] if lengths[0] < INLINE_BELOW else []), size
 
 
-def _set_receive_timeout(sock: socket.socket, seconds: float) -> None:
-    """``SO_RCVTIMEO``: a blocking receive returns ``EAGAIN`` after ``seconds`` (one system call per receive, unlike
-    Python's socket timeouts, which poll first)."""
-    sec = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((seconds - sec) * 1e6)))
+def _read_into(conn: Connection, view: memoryview) -> memoryview:
+    """Fill ``view`` from ``conn``'s stream; returns it. Raises OSError when the stream ends first."""
+    got = 0
+    while got < len(view):
+        n = os.readv(conn.fileno(), [view[got:]])
+        if not n:
+            raise OSError("got end of file during message")
+        got += n
+    return view
+
+
+def _connection(sock: socket.socket) -> Connection:
+    """``sock`` as a :class:`~multiprocessing.connection.Connection` whose reads inside a message give up after
+    :data:`PARTIAL_MESSAGE_S` (``SO_RCVTIMEO``; every read starts when the selector says bytes are there)."""
+    sec = int(PARTIAL_MESSAGE_S)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((PARTIAL_MESSAGE_S - sec) * 1e6)))
+    return Connection(sock.detach())
 
 
 class LocalChannel(Channel):
@@ -251,7 +199,8 @@ class LocalChannel(Channel):
     Args:
         endpoint: ``unix://PATH``.
         replies, timeout_s, replies_by_protocol, alive: as :class:`~policylink.adapters.channel.Channel`.
-        max_message_bytes: replies larger than this are dropped (``ProtocolError`` ``too_large``).
+        max_message_bytes: a longer reply is refused from its head and not kept (``ProtocolError``
+            ``too_large``).
 
     Raises:
         ValueError: ``endpoint`` is not ``unix://PATH``.
@@ -269,59 +218,55 @@ class LocalChannel(Channel):
     ):
         self._path = check_local_endpoint(endpoint)
         self._init_common(endpoint, replies, timeout_s, replies_by_protocol, alive)
-        self._sock: socket.socket | None = None
-        self._deadline = 0.0  # of the request waiting for its reply (time.monotonic)
-        self._wait_s = -1.0  # the socket's receive timeout (SO_RCVTIMEO), seconds; -1: not set yet
-        self._reader = MessageReader(max_message_bytes)
+        self._conn: Connection | None = None
+        self._ready: Any = None  # a select.poll of the connection: tells when it has bytes to read
         self._max_bytes = int(max_message_bytes)
 
     def close(self) -> None:
         """Close the connection (a later request connects again)."""
         with self._lock:
-            self._drop_socket()
+            self._drop()
 
     def _send(self, frames: list, verb: str) -> None:
-        if self._sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(self._path)
-            except OSError as e:
-                sock.close()
-                raise ConnectionError(f"policylink server {self.endpoint}: cannot connect ({e})") from None
-            self._sock, self._reader = sock, MessageReader(self._max_bytes)
-            self._wait_s = -1.0
+        if self._conn is None:
+            self._connect()
         try:
-            send_frames(self._sock, frames)
+            send_message(self._conn, frames)
         except OSError as e:
-            self._drop_socket()
             raise self._ended(verb, f"sending failed ({e})") from None
 
-    def _receive(self, verb: str, timeout: float, deadline: float, first: bool) -> list:
-        sock = self._sock
-        wait_s = timeout if self._alive is None else min(timeout, ALIVE_POLL_S)
-        if wait_s != self._wait_s:
-            _set_receive_timeout(sock, max(wait_s, 1e-3))
-            self._wait_s = wait_s
-        self._deadline = deadline
+    def _connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            frames, size = self._reader.read(sock, self._keep_waiting)
-        except TimeoutError:
-            self._drop_socket()
+            sock.connect(self._path)
+        except OSError as e:
+            sock.close()
+            raise ConnectionError(f"policylink server {self.endpoint}: cannot connect ({e})") from None
+        self._conn = _connection(sock)
+        self._ready = select.poll()
+        self._ready.register(self._conn, _READ)
+
+    def _receive(self, verb: str, timeout: float, deadline: float, first: bool) -> list:
+        wait_s = timeout if self._alive is None else min(timeout, ALIVE_POLL_S)
+        while not self._ready.poll(wait_s * 1e3):
+            if (self._alive is None or self._alive()) and time.monotonic() < deadline:
+                wait_s = min(wait_s, max(deadline - time.monotonic(), 1e-3))
+                continue
+            self._drop()
             if self._alive is not None and not self._alive():
                 raise self._ended(verb) from None
             raise self._timed_out(verb, timeout) from None
-        except ConnectionError as e:
-            self._drop_socket()
-            raise self._ended(verb, str(e)) from None
+        try:
+            frames, size = receive_message(self._conn, self._max_bytes)
+        except EOFError:
+            raise self._ended(verb) from None
+        except OSError as e:  # ConnectionError: broken framing; errno None: an over-long head, or cut short
+            raise self._ended(verb, f"receiving failed ({e})") from None
         if size > self._max_bytes:
             raise ProtocolError(
                 ErrorCode.TOO_LARGE, f"reply: expected at most {self._max_bytes} bytes, received {size}", None
             )
         return frames
-
-    def _keep_waiting(self) -> bool:
-        """After a receive timeout: whether to wait on (the server's process lives and the deadline is ahead)."""
-        return (self._alive is None or self._alive()) and time.monotonic() < self._deadline
 
     def _timed_out(self, verb: str, timeout: float) -> TimeoutError:
         return TimeoutError(
@@ -330,8 +275,9 @@ class LocalChannel(Channel):
         )
 
     def _ended(self, verb: str, why: str = "") -> ConnectionError:
-        """The server's side ended: its process (when ``alive`` says so, after up to 1 s for the exit to be
-        reaped: the socket closes before the process is a zombie), else the connection."""
+        """The server's side ended (the connection is dropped): its process (when ``alive`` says so, after up to
+        1 s for the exit to be reaped: the socket closes before the process is a zombie), else the connection."""
+        self._drop()
         if self._alive is not None:
             until = time.monotonic() + 1.0
             while self._alive() and time.monotonic() < until:
@@ -342,25 +288,27 @@ class LocalChannel(Channel):
                 )
         return ConnectionError(f"policylink server {self.endpoint}: {why or _EOF} during {verb!r}")
 
-    def _drop_socket(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = self._ready = None
 
 
 class LocalListener:
     """Serves a :class:`~policylink.adapters.rpc.Server`'s verbs on a ``unix://PATH`` socket, every call in one
     serving thread (so an env that renders keeps its GL context on that thread).
 
-    The serving thread polls the listening socket and every connection; for each request it gets the reply from
+    The serving thread waits on the listening socket and every connection; for each request it gets the reply from
     ``answer`` (the server's checks, ``hello``/``ping``, :meth:`~policylink.adapters.rpc.Server.handle`, error
-    replies) and writes it back. Requests of several clients are answered one after the other; a client that
-    stalls inside a message for :data:`PARTIAL_MESSAGE_S` is dropped.
+    replies) and writes it back. Requests of several clients are answered one after the other. A request over
+    ``max_message_bytes`` is refused from its head and not kept (:func:`receive_message`): ``answer`` replies
+    ``too_large`` with the request's id. A client that stalls inside a message for :data:`PARTIAL_MESSAGE_S` is
+    dropped.
 
     Args:
         path: the socket file (created by :meth:`start`, removed by :meth:`stop`); its folder should be private.
-        answer: ``answer(frames, size) -> reply frames``.
-        max_message_bytes: larger requests are drained and answered by ``answer`` with their envelope only.
+        answer: ``answer(frames, size) -> reply frames`` (``size``: the frames' byte count).
+        max_message_bytes: the longest request read.
         name: the serving thread's name.
     """
 
@@ -370,7 +318,6 @@ class LocalListener:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
-        self._until = 0.0  # a message being read must be complete by then (time.monotonic)
 
     def start(self) -> None:
         """Bind and listen, then start the serving thread.
@@ -406,45 +353,34 @@ class LocalListener:
 
     def _serve(self) -> None:
         listener = self._listener
-        poller = select.poll()
-        poller.register(listener, select.POLLIN)
-        conns: dict[int, tuple[socket.socket, MessageReader]] = {}
+        ready, conns = select.poll(), {}  # conns: fd -> Connection
+        ready.register(listener, _READ)
         try:
             while not self._stop.is_set():
-                for fd, _ in poller.poll(_ACCEPT_POLL_S * 1e3):
+                for fd, _ in ready.poll(_ACCEPT_POLL_S * 1e3):
                     if fd == listener.fileno():
                         try:
-                            conn, _ = listener.accept()
+                            conn = _connection(listener.accept()[0])
                         except OSError:
                             continue
-                        _set_receive_timeout(conn, _ACCEPT_POLL_S)
-                        conns[conn.fileno()] = (conn, MessageReader(self._max))
-                        poller.register(conn, select.POLLIN)
-                    elif fd in conns and not self._serve_one(*conns[fd]):
-                        conn = conns.pop(fd)[0]
-                        poller.unregister(fd)
-                        conn.close()
+                        conns[conn.fileno()] = conn
+                        ready.register(conn, _READ)
+                    elif fd in conns and not self._serve_one(conns[fd]):
+                        ready.unregister(fd)
+                        conns.pop(fd).close()
         finally:
-            for conn, _ in conns.values():
+            for conn in conns.values():
                 conn.close()
 
-    def _serve_one(self, conn: socket.socket, reader: MessageReader) -> bool:
-        """Answer the request ``conn`` has (and any further one already buffered); False when the connection ended
-        (closed by the client, broken framing, a stalled message, or :meth:`stop`)."""
-        while True:
-            self._until = time.monotonic() + PARTIAL_MESSAGE_S
-            try:
-                frames, size = reader.read(conn, self._keep_reading)
-            except (TimeoutError, ConnectionError, OSError):
-                return False
-            reply = self._answer(frames, size)
-            try:
-                send_frames(conn, reply)
-            except OSError:  # the client went away (it timed out and closed the connection)
-                return False
-            if not reader.buffered:
-                return True
-
-    def _keep_reading(self) -> bool:
-        """After a receive timeout inside a message: whether to wait on (not stopping, not stalled too long)."""
-        return not self._stop.is_set() and time.monotonic() < self._until
+    def _serve_one(self, conn: Connection) -> bool:
+        """Answer the request ``conn`` has; False when the connection ended (closed by the client, broken
+        framing, a stalled message)."""
+        try:
+            frames, size = receive_message(conn, self._max)
+        except (EOFError, OSError):
+            return False
+        try:
+            send_message(conn, self._answer(frames, size))
+        except OSError:  # the client went away (it timed out and closed the connection)
+            return False
+        return True

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 
@@ -459,10 +460,10 @@ class Server:
 
 
 def _peek_id(frames: list) -> int | None:
-    """The request id of an otherwise rejected message, when its envelope can be read."""
+    """The request id of an otherwise rejected message, when its envelope (the first frame; a refused message's
+    array frames may be missing) can be read."""
     try:
-        return parse_message(frames, {}, allow_error=False).id
-    except ProtocolError as e:
-        return e.request_id
+        rid = msgpack.unpackb(frames[0], ext_hook=lambda code, data: None)["id"]
     except Exception:
         return None
+    return rid if type(rid) is int else None

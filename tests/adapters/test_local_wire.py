@@ -1,72 +1,108 @@
-"""The wire over a ``unix://`` socket (adapters.local_wire): framing, errors, timeouts, a dead server, refusals."""
+"""The wire over a ``unix://`` socket (adapters.local_wire): frames in a message, oversized and malformed messages,
+errors, timeouts, a dead server, refusals."""
 
 import os
 import socket
 import threading
 import time
+from multiprocessing.connection import Connection
 
 import numpy as np
 import pytest
 
 from policylink.adapters.codec import decode, encode
 from policylink.adapters.env_transport import EnvServer, RemoteEnv
-from policylink.adapters.local_wire import LocalChannel, MessageReader, check_local_endpoint, send_frames
+from policylink.adapters.local_wire import LocalChannel, check_local_endpoint, receive_message, send_message
 from policylink.adapters.protocol import ENV_REPLIES, RemoteError, VersionMismatchError
 from policylink.adapters.rpc import BindError
 
 from .test_transport_env import PointEnv
 
 
-def _never() -> bool:
-    return False
-
-
-def test_frames_round_trip_exactly_and_each_message_owns_its_buffer():
+def _pair() -> tuple[Connection, Connection]:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return Connection(a.detach()), Connection(b.detach())
+
+
+def test_frames_round_trip_exactly_and_decoded_arrays_own_their_memory():
+    a, b = _pair()
     with a, b:
         big = np.arange(300_000, dtype=np.float32).reshape(600, 500)  # 1.2 MB: more than one socket buffer
         small = {"x": np.array([1.5, -2.0], np.float32), "task": "reach"}
-        sender = threading.Thread(target=lambda: [send_frames(a, encode(m)) for m in (small, {"big": big}, small)])
+        image = (np.arange(224 * 224 * 3) % 251).astype(np.uint8).reshape(224, 224, 3)  # long, 1-byte items
+        messages = (small, {"big": big, "y": np.ones(3, np.int16), "image": image}, small)
+        sender = threading.Thread(target=lambda: [send_message(a, encode(m)) for m in messages])
         sender.start()
-        reader = MessageReader(max_bytes=2**30)
-        first, size = reader.read(b, _never)
-        assert size == sum(map(len, first))
+        first, size = receive_message(b, 2**30)
+        assert size == sum(map(len, first)) == sum(memoryview(f).nbytes for f in encode(small))
         one = decode(first)
-        two = decode(reader.read(b, _never)[0])
-        three = decode(reader.read(b, _never)[0])
+        frames, size = receive_message(b, 2**30)
+        assert size == 1_200_000 + 6 + 150_528 + len(frames[0])
+        assert sorted(len(f) for f in frames[1:]) == [6, 150_528, 1_200_000]
+        two = decode(frames)
+        three = decode(receive_message(b, 2**30)[0])
         sender.join()
+        assert not b.poll(0)  # nothing left over
     np.testing.assert_array_equal(one["x"], [1.5, -2.0])
     assert one["task"] == "reach" and one["x"].dtype == np.float32
     np.testing.assert_array_equal(two["big"], big)
-    one["x"][0] = 7.0  # writable, and not shared with the next message's buffer
+    np.testing.assert_array_equal(two["y"], [1, 1, 1])
+    np.testing.assert_array_equal(two["image"], image)
+    one["x"][0] = 7.0  # writable, and not shared with the next message's memory
     np.testing.assert_array_equal(three["x"], [1.5, -2.0])
-    assert reader.buffered == 0
 
 
-def test_oversized_message_is_dropped_keeping_its_envelope_and_the_stream_in_step():
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+def test_an_oversized_message_is_refused_from_its_head_keeping_its_envelope_and_the_stream_in_step():
+    a, b = _pair()
     with a, b:
         frames = encode({"id": 3, "blob": np.zeros(100_000, np.uint8)})
-        t = threading.Thread(target=lambda: [send_frames(a, frames), send_frames(a, encode({"id": 4}))])
+        t = threading.Thread(target=lambda: [send_message(a, frames), send_message(a, encode({"id": 4}))])
         t.start()
-        reader = MessageReader(max_bytes=50_000)
-        kept, size = reader.read(b, _never)
-        assert size == 100_000 + len(frames[0]) and len(kept) == 1  # the envelope only
-        assert decode(reader.read(b, _never)[0]) == {"id": 4}
+        kept, size = receive_message(b, 50_000)
+        assert size == 100_000 + len(frames[0]) and len(kept) == 1 and bytes(kept[0]) == frames[0]
+        assert decode(receive_message(b, 50_000)[0]) == {"id": 4}
         t.join()
 
 
-def test_broken_framing_and_closed_peer_are_connection_errors():
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+def test_malformed_heads_are_connection_errors():
+    a, b = _pair()
     with a, b:
-        a.sendall(b"\x00\x00\x00\x00")  # a message of zero frames
+        a.send_bytes(b"\x00\x00\x00\x00")  # a message of zero frames
         with pytest.raises(ConnectionError, match=r"expected 1\.\.4096 frames, received 0"):
-            MessageReader(2**20).read(b, _never)
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            receive_message(b, 2**20)
+        a.send_bytes(b"\x01\x00\x00\x00\x03\x00\x00\x00ab")  # one frame of 3 bytes, 2 sent
+        with pytest.raises(ConnectionError, match=r"message head: expected 11 bytes, received 10"):
+            receive_message(b, 2**20)
+    a, b = _pair()
     with b:
         a.close()
-        with pytest.raises(ConnectionError, match="closed the connection"):
-            MessageReader(2**20).read(b, _never)
+        with pytest.raises(EOFError):
+            receive_message(b, 2**20)
+
+
+def test_an_oversized_request_is_answered_too_large_and_the_next_one_served_as_before(tmp_path):
+    with EnvServer(PointEnv(), f"unix://{tmp_path}/env.sock", max_message_bytes=50_000) as srv:
+        env = RemoteEnv(srv.endpoint, timeout_s=5)
+        env.reset(seed=0)
+        huge = {"action": np.zeros(2, np.float32), "pad": np.zeros(8_000_000, np.uint8)}
+        with pytest.raises(RemoteError, match=r"too_large: message: expected at most 50000 bytes, received 8000"):
+            env._channel.request("step", huge)
+        obs, *_ = env.step(np.array([0.5, 0.0], np.float32))  # the same connection, still in step
+        np.testing.assert_array_equal(obs["observation.state"], np.float32([0.5, 0.0]))
+        assert srv.stats.snapshot()["(invalid)"]["errors"] == 1
+        env.close()
+
+
+def test_a_peer_that_breaks_the_framing_is_dropped(tmp_path):
+    with EnvServer(PointEnv(), f"unix://{tmp_path}/env.sock") as srv:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(tmp_path / "env.sock"))
+        conn = Connection(sock.detach())
+        conn.send_bytes(b"\x00\x00\x00\x00")
+        with pytest.raises(EOFError):
+            conn.recv_bytes()  # the server closed it without a reply
+        conn.close()
+        assert RemoteEnv(srv.endpoint, timeout_s=5).ping() > 0  # and serves others
 
 
 def test_endpoint_and_key_refusals_name_the_field(tmp_path):
