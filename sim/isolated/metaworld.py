@@ -43,7 +43,8 @@ class MetaWorldConfig:
         obs_mode: ``"state"``, ``"image"``, ``"state+image"`` or ``"image+proprio"``.
         image_size: side of the square frames, pixels.
         cameras: camera names observed in the image modes.
-        expert_actions: put MetaWorld's scripted action in every info (``record --expert expert`` reads it).
+        expert_actions: put MetaWorld's scripted action in every info from the start (~30 us a step; off: the
+            expert made for the env, :func:`make_metaworld_expert`, turns it on, so ``record`` needs no flag).
         max_episode_steps: truncation, steps (None: the benchmark's 500).
         render_mode: None or ``"rgb_array"``.
     """
@@ -51,7 +52,7 @@ class MetaWorldConfig:
     obs_mode: str = "state"
     image_size: int = 96
     cameras: tuple[str, ...] = ("corner2",)
-    expert_actions: bool = True
+    expert_actions: bool = False
     max_episode_steps: int | None = None
     render_mode: str | None = None
 
@@ -71,9 +72,9 @@ NOISE = {"expert": 0.0, "noisy": 0.3, "poor": 0.6}
 
 
 class MetaWorldExpert:
-    """MetaWorld's own scripted policy (``metaworld.policies``), computed in the env process: an env built with
-    ``expert_actions=True`` (the default) carries ``expert_action`` in each reset/step info, for the observation it
-    returns.
+    """MetaWorld's own scripted policy (``metaworld.policies``), computed in the env process: an env whose expert
+    actions are on (:func:`make_metaworld_expert` turns them on; or built with ``expert_actions=True``) carries
+    ``expert_action`` in each reset/step info, for the observation it returns.
 
     Args:
         quality: ``"expert"``, or ``"noisy"``/``"poor"`` (:data:`NOISE` added, clipped to [-1, 1]).
@@ -97,13 +98,13 @@ class MetaWorldExpert:
         """float32 ``(4,)``: the scripted action for ``env``'s latest observation.
 
         Raises:
-            RuntimeError: the env's info has no ``expert_action`` (built without ``expert_actions=True``).
+            RuntimeError: the env's info has no ``expert_action`` (its expert actions are off).
         """
         info = getattr(env.unwrapped, "last_info", {})
         if "expert_action" not in info:
             raise RuntimeError(
-                "metaworld expert: the env's info has no 'expert_action'; build the env with expert_actions=True "
-                "(the default)"
+                "metaworld expert: the env's info has no 'expert_action'; make the expert with make_expert(env) "
+                "(it turns them on) or build the env with expert_actions=True"
             )
         a = np.asarray(info["expert_action"], np.float32)
         if self.noise:
@@ -112,9 +113,16 @@ class MetaWorldExpert:
 
 
 def make_metaworld_expert(env: Any, quality: str = "expert", seed: int | None = None) -> MetaWorldExpert:
-    """The scripted expert for a ``metaworld/<task>`` env (``sim.experts.make_expert`` dispatches here).
+    """The scripted expert for a ``metaworld/<task>`` env (``sim.experts.make_expert`` dispatches here). Unless
+    the env's latest info already carries ``expert_action``, it turns the env's expert actions on: one
+    ``env.unwrapped.reset(options={"expert_actions": True})`` (the setting holds for later resets; the next
+    episode's own reset draws its configuration as before), so only an env that has an expert computes them.
 
     Raises:
         ValueError: unknown ``quality``.
     """
-    return MetaWorldExpert(quality, seed)
+    expert = MetaWorldExpert(quality, seed)
+    u = env.unwrapped
+    if "expert_action" not in getattr(u, "last_info", {}):
+        u.reset(options={"expert_actions": True})
+    return expert

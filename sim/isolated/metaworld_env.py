@@ -77,6 +77,8 @@ PROPRIO_DIMS = 4
 """``image+proprio``'s state: the first 4 of :data:`STATE_NAMES` (hand position, m; gripper opening), the
 robot's own part; the objects and the goal come only from the pixels."""
 
+EXPERT_OPTION = "expert_actions"
+"""The ``reset`` option that turns the expert's action in every info on (True) or off (False)."""
 ACTION_SPEC = ActionSpec(
     names=("hand_dx", "hand_dy", "hand_dz", "gripper_effort"),
     control_mode=ControlMode.EE_DELTA,
@@ -98,7 +100,8 @@ class MetaWorldAdapter(EnvAdapter):
     episode terminates at its first success (MetaWorld's ``AutoTerminateOnSuccessWrapper`` behaviour) and is
     truncated at ``max_episode_steps``. With ``expert_actions`` every reset/step info carries
     ``info["expert_action"]``: float32 ``(4,)``, MetaWorld's scripted policy (``metaworld.policies``) on the
-    returned observation, clipped to [-1, 1].
+    returned observation, clipped to [-1, 1] (~30 us of CPU a step, so off unless asked for: ``reset(options=
+    {"expert_actions": True})`` turns it on from that reset on, as the host's expert does, and ``False`` off).
 
     Args:
         raw_env: a MetaWorld ``SawyerXYZEnv`` (or an object with its API: ``seed``, ``reset``, ``step`` returning
@@ -108,7 +111,7 @@ class MetaWorldAdapter(EnvAdapter):
         image_size: side of the square frames, pixels.
         cameras: camera names (:data:`CAMERAS`) observed in the image modes.
         expert: the scripted policy (``get_action(obs) -> (4,)``), needed for ``expert_actions``.
-        expert_actions: put the expert's action in every info.
+        expert_actions: put the expert's action in every info from the first reset.
         max_episode_steps: truncation, steps (at most the benchmark's ``max_path_length``, 500).
         render_mode: None or ``"rgb_array"`` (:meth:`render` returns the first camera, or ``corner2``).
 
@@ -171,7 +174,18 @@ class MetaWorldAdapter(EnvAdapter):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, Any], dict]:
         """Draw a new configuration (from ``seed`` when given: same seed, same configuration); returns
-        ``(obs, info)`` with ``info["is_success"] = False``."""
+        ``(obs, info)`` with ``info["is_success"] = False``. ``options={"expert_actions": bool}`` turns the expert's
+        action in every info on or off from this reset on (other options are ignored).
+
+        Raises:
+            ValueError: ``expert_actions`` is not a bool, or True on an adapter without an expert.
+        """
+        if options and EXPERT_OPTION in options:
+            on = options[EXPERT_OPTION]
+            if type(on) is not bool or (on and self.expert is None):
+                wanted = "a bool" if self.expert is not None else "False (this adapter has no expert)"
+                raise ValueError(f"options.{EXPERT_OPTION}: expected {wanted}, received {on!r}")
+            self.expert_actions = on
         super().reset(seed=seed)
         if seed is not None:
             self.raw_env.seed(int(seed))
@@ -250,10 +264,11 @@ class MetaWorldAdapter(EnvAdapter):
         return np.ascontiguousarray(frame[::-1, ::-1]) if camera in UPSIDE_DOWN else frame
 
 
-def make_metaworld_env(task: str, expert_actions: bool = True, **kwargs: Any) -> MetaWorldAdapter:
+def make_metaworld_env(task: str, expert_actions: bool = False, **kwargs: Any) -> MetaWorldAdapter:
     """Build MetaWorld's ``<task>-v3`` env with the MT10 settings (goal observable, a new configuration each
     reset, drawn from the env's seeded generator) and wrap it with its scripted policy as the expert;
-    ``expert_actions`` (default on: ``record --expert expert`` reads it; ~30 us a step) and ``kwargs`` as
+    ``expert_actions`` (default off: ~30 us a step that only an expert reads; the host's
+    :func:`~policylink.sim.isolated.metaworld.make_metaworld_expert` turns it on through ``reset``) and ``kwargs`` as
     :class:`MetaWorldAdapter`.
 
     Raises:

@@ -44,7 +44,7 @@ def test_each_env_registers_a_config_that_matches_its_constructor():
     adapter = _params(metaworld_env.MetaWorldAdapter.__init__, drop=("raw_env", "task", "expert"))
     assert sorted(_fields(metaworld.MetaWorldConfig)) == sorted(adapter)
     expert_default = inspect.signature(metaworld_env.make_metaworld_env).parameters["expert_actions"].default
-    assert metaworld.MetaWorldConfig().expert_actions is expert_default is True
+    assert metaworld.MetaWorldConfig().expert_actions is expert_default is False
     # the defaults are the constructor's (what `policylink envs kwargs NAME` shows)
     defaults = {k: p.default for k, p in inspect.signature(MujocoTaskEnv.__init__).parameters.items() if k != "self"}
     assert dataclasses.asdict(MujocoTaskConfig()) == defaults
@@ -142,7 +142,7 @@ def test_envs_kwargs_command_prints_what_an_env_takes(capsys):
         "  obs_mode: str = 'state'",
         "  image_size: int = 96",
         "  cameras: tuple[str, ...] = ('corner2',)",
-        "  expert_actions: bool = True",
+        "  expert_actions: bool = False",
         "  max_episode_steps: int | None = None",
         "  render_mode: str | None = None",
     ]

@@ -83,6 +83,5 @@ class FakeReachPolicy:
 
 def make_fake_metaworld_env(task: str = "reach", crash_at_step: int | None = None, **kwargs: Any) -> MetaWorldAdapter:
     """The adapter around :class:`FakeSawyer` with :class:`FakeReachPolicy` as its expert (the venv factory's
-    signature: ``task`` plus the adapter's keyword arguments; ``expert_actions`` defaults on)."""
-    kwargs.setdefault("expert_actions", True)
+    signature: ``task`` plus the adapter's keyword arguments; ``expert_actions`` defaults off, as there)."""
     return MetaWorldAdapter(FakeSawyer(crash_at_step), task, expert=FakeReachPolicy(), **kwargs)

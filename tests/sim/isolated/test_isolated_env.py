@@ -106,7 +106,7 @@ def test_adapter_through_the_env_server_in_process(fakes):
             assert spec.control_frequency == pytest.approx(80.0) and spec.max_episode_steps == 500
             assert spec.observation_features[STATE_KEY].shape == (39,)
             assert spec.observation_features[STATE_KEY].names[36:] == ("goal_x", "goal_y", "goal_z")
-            obs, info = env.reset(seed=7)
+            obs, info = env.reset(seed=7, options={"expert_actions": True})  # asked for over the wire
             assert obs[STATE_KEY].dtype == np.float32 and obs[STATE_KEY].shape == (39,)
             assert obs[TASK_KEY] == "reach a goal position" and info["is_success"] is False
             goal = obs[STATE_KEY][36:]
@@ -147,6 +147,26 @@ def test_success_terminates_and_seeded_resets_reproduce(fakes):
     assert not np.allclose(first_a[36:], first_c[36:])  # another seed, another goal
 
 
+def test_expert_actions_are_computed_only_once_asked_for(fakes):
+    env = fakes.make_fake_metaworld_env("reach")
+    calls = []
+    get_action = env.expert.get_action
+    env.expert.get_action = lambda obs: calls.append(1) or get_action(obs)
+    env.reset(seed=0)
+    env.step(np.zeros(4, np.float32))
+    assert calls == []  # an evaluation's env: no expert call per step
+    _, info = env.reset(seed=0, options={"expert_actions": True})
+    _, _, _, _, info2 = env.step(np.zeros(4, np.float32))
+    assert len(calls) == 2 and info["expert_action"].shape == info2["expert_action"].shape == (4,)
+    env.reset(seed=0, options={"expert_actions": False})
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match=r"options.expert_actions: expected a bool, received 1"):
+        env.reset(options={"expert_actions": 1})
+    env.expert = None
+    with pytest.raises(ValueError, match=r"expected False \(this adapter has no expert\), received True"):
+        env.reset(options={"expert_actions": True})
+
+
 def test_adapter_rejects_bad_options(fakes):
     with pytest.raises(ValueError, match="cameras: expected a non-empty list of"):
         fakes.make_fake_metaworld_env(obs_mode="image", cameras=("nope",))
@@ -177,8 +197,12 @@ def test_env_process_lifecycle_under_this_interpreter(fakes):
     pid, folder = env.process.pid, env.process.log_path.parent
     assert env.env_spec.name == "metaworld/push" and env.env_spec.max_episode_steps == 50
     obs, info = env.reset(seed=1)
-    assert obs[STATE_KEY].shape == (39,) and "expert_action" in env.last_info
+    assert obs[STATE_KEY].shape == (39,) and "expert_action" not in env.last_info  # computed only when asked for
+    expert = make_expert(env)  # asks for it: one reset with the option; later infos carry it
+    obs, _ = env.reset(seed=1)
+    assert "expert_action" in env.last_info and expert.act(obs, env).shape == (4,)
     obs, *_ = env.step(np.zeros(4, np.float32))
+    assert "expert_action" in env.last_info
     assert _alive(pid) and os.getpgid(pid) == pid  # its own process group
     env.close()
     assert not _alive(pid) and not folder.exists()
