@@ -31,7 +31,8 @@ float32 out; relative differences ~1e-3) on a CPU with native bfloat16 arithmeti
 not by timing (a timed choice between float32 and bfloat16 would make the latents depend on the machine's load;
 elsewhere bfloat16 is emulated and slow, so the float32 paths are measured as in mode ``"exact"``), and
 :mod:`~policylink.policies.common.backbones` switches Mish and the keypoint readout to cheaper formulations.
-Training (autograd on) is unaffected. The 1-D convolutions (the U-Net's) are never reduced.
+Training (autograd on) is unaffected. The 1-D convolutions (the U-Net's) are never reduced. ``"fp32"`` is ``"fast"``
+without bfloat16: the Mish and keypoint formulations only (float32 rounding differences, ~1e-7 relative).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ TIMED_CALLS = 2  # timed calls per close candidate (1 for clearly slower ones); 
 RETIME_WITHIN = 0.3  # paths within 30 % of the best after one call each are timed again
 TIE_MARGIN = 0.03  # a later path must be this much faster than the best so far to replace it
 ENV_VAR = "POLICYLINK_CONV_PATH"
-TRUNK_MODES = ("exact", "fast")
+TRUNK_MODES = ("exact", "fp32", "fast")
 TRUNK_ENV_VAR = "POLICYLINK_TRUNK"
 
 
@@ -284,7 +285,7 @@ _trunk_mode = "exact"
 
 
 def set_trunk_mode(mode: str) -> None:
-    """Set the process-wide trunk mode, ``"exact"`` (default) or ``"fast"`` (see the module docstring).
+    """Set the process-wide trunk mode, ``"exact"`` (default), ``"fp32"`` or ``"fast"`` (module docstring).
     Initialised from ``$POLICYLINK_TRUNK``. Convolution choices are kept per mode (:class:`ConvKey`).
 
     Raises:
@@ -297,13 +298,14 @@ def set_trunk_mode(mode: str) -> None:
 
 
 def trunk_mode() -> str:
-    """The process-wide trunk mode, ``"exact"`` or ``"fast"``."""
+    """The process-wide trunk mode, one of :data:`TRUNK_MODES`."""
     return _trunk_mode
 
 
 def fast_inference() -> bool:
-    """True when the cheaper, not bit-identical formulations apply: trunk mode ``"fast"`` and autograd off."""
-    return _trunk_mode == "fast" and not torch.is_grad_enabled()
+    """True when the cheaper, not bit-identical formulations apply: trunk mode ``"fp32"`` or ``"fast"`` and
+    autograd off."""
+    return _trunk_mode != "exact" and not torch.is_grad_enabled()
 
 
 def set_forced_path(name: str | None) -> None:

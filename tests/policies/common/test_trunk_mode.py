@@ -61,6 +61,8 @@ def test_fast_conv_keys_offer_bf16_only_for_2d_float32_on_onednn():
     conv = torch.nn.Conv2d(8, 16, 3, 1, 1)
     x = torch.randn(2, 8, 12, 12)
     exact_key = conv_key(conv, x)
+    set_trunk_mode("fp32")
+    assert not conv_key(conv, x).reduced  # fp32: float32 convolutions only
     set_trunk_mode("fast")
     fast_key = conv_key(conv, x)
     assert not exact_key.reduced and fast_key.reduced and exact_key != fast_key  # choices kept per mode
@@ -81,15 +83,16 @@ def test_fast_conv_keys_offer_bf16_only_for_2d_float32_on_onednn():
     assert not torch.equal(out, expected)
 
 
-def test_small_conv_encoder_fast_mode_is_close_and_training_untouched():
+@pytest.mark.parametrize(("mode", "tol"), [("fp32", 1e-5), ("fast", 2e-2)])
+def test_small_conv_encoder_fast_modes_are_close_and_training_untouched(mode, tol):
     torch.manual_seed(0)
     enc = ImageEncoder((32, 32), "small_conv", 0.9, 8).eval()
     x = torch.rand(4, 3, 32, 32)
     train_exact = enc(x).detach()  # autograd on: PyTorch's modules
     with torch.no_grad():
         exact = enc(x)
-        set_trunk_mode("fast")
+        set_trunk_mode(mode)
         fast = enc(x)
-    assert fast.shape == exact.shape == (4, 16)
-    torch.testing.assert_close(fast, exact, atol=5e-3, rtol=2e-2)
+    assert fast.shape == exact.shape == (4, 16) and not torch.equal(fast, exact)
+    torch.testing.assert_close(fast, exact, atol=tol / 4, rtol=tol)
     assert torch.equal(enc(x).detach(), train_exact)  # autograd on: the same modules, whatever the mode
