@@ -33,13 +33,17 @@ tasks' results; the ACT repository's README: "The success rate should be around 
 50% for insertion")."""
 
 PUBLISHED_SOURCE = (
-    "ACT, Zhao et al. 2023 (arXiv 2304.13705, sim tasks, scripted data): 50 scripted demonstrations of 400 steps, "
-    "inputs the top camera at 480x640 and the 14 joint positions, ResNet18 + a transformer of width 512 (4 encoder, "
-    "7 decoder layers), chunks of 100, ~2000 epochs of batch 8 on a GPU, 50 evaluation episodes"
+    "ACT, Zhao et al. 2023 (arXiv 2304.13705, sim tasks, scripted data; the ACT README's run): 50 scripted "
+    "demonstrations of 400 steps, inputs the top camera at 480x640 and the 14 joint positions, ResNet18 + a "
+    "transformer of width 512 (4 encoder, 7 decoder layers), chunks of 100 executed whole, 2000 epochs of batch 8 "
+    "on a GPU, 50 evaluation episodes"
 )
 
 LABELS = {
+    "expert": "expert (the scripted policy replayed in joint space, on the 50 recorded episodes)",
     "act": "act (ours: 14 joints + object poses, no camera; small ACT, chunks of 50, 10 executed)",
+    "act_every1": "act, the same checkpoint replanning every step",
+    "act_te": "act, the same checkpoint with temporal ensembling (ACT's, m = 0.01)",
 }
 """Row labels that say more than the policy name."""
 
