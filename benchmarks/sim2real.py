@@ -116,11 +116,14 @@ def pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def gap_section(args: dict[str, str]) -> dict[str, Any]:
-    """The ``"gap"`` key: preset, task, the three required success fractions and every cell's details."""
+    """The ``"gap"`` key: preset, task, the three required success fractions (and ``randomized_on_gap`` over the
+    episodes that did not fault, when its eval knows), and every cell's details."""
     cells = {k: read_cell(v) for k, v in args.items() if k not in ("preset", "task")}
     out: dict[str, Any] = {"preset": args["preset"], "task": args["task"]}
     for key in ("nominal_on_nominal", "nominal_on_gap", "randomized_on_gap"):
         out[key] = cells[key]["success"] if key in cells else None
+    if "success_excluding_faulted" in cells.get("randomized_on_gap", {}):  # diverged physics: unwinnable episodes
+        out["randomized_on_gap_excluding_faulted"] = cells["randomized_on_gap"]["success_excluding_faulted"]
     out["cells"] = cells
     return out
 
