@@ -9,7 +9,7 @@ the same with ``obs_mode="image"``; they also count the wire frames of one ``ste
 ``H*W*3`` bytes each (the frame is encoded once, never re-packed).
 
     .venv/bin/python benchmarks/metaworld_overhead.py [--task push] [--rounds 5] [--steps 200] [--episodes 3]
-        [--cases state,expert,image] [--out benchmarks/results/metaworld_overhead.md]
+        [--cases state,default,expert,image] [--out benchmarks/results/metaworld_overhead.md]
         [--json benchmarks/results/metaworld_overhead.json]
 
 Needs ``policylink envs install metaworld``.
@@ -153,7 +153,11 @@ def _quartiles(ratios: list[float]) -> list[float]:
 
 CASES = {
     "state": ("state", {"obs_mode": "state", "expert_actions": False}),
-    "expert": ("state + expert action in info (the default)", {"obs_mode": "state"}),
+    "default": ("state, the default kwargs (no expert action unless asked for)", {"obs_mode": "state"}),
+    "expert": (
+        "state + expert action in info (what record's expert asks for)",
+        {"obs_mode": "state", "expert_actions": True},
+    ),
     "image": ("image corner2 {size}px", {"obs_mode": "image"}),
 }
 """``--cases`` names -> (table label, env kwargs)."""
@@ -166,7 +170,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--episodes", type=int, default=3)
     p.add_argument("--image_size", type=int, default=96)
-    p.add_argument("--cases", default="state,expert,image", help=f"comma-separated, of {list(CASES)}")
+    p.add_argument("--cases", default="state,default,expert,image", help=f"comma-separated, of {list(CASES)}")
     p.add_argument("--out", default="benchmarks/results/metaworld_overhead.md")
     p.add_argument("--json", default="benchmarks/results/metaworld_overhead.json")
     args = p.parse_args()
