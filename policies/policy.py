@@ -31,6 +31,7 @@ from policylink.data.processors import Processors
 from policylink.policies.checkpoint import save_checkpoint
 from policylink.policies.common.conditioning import NULL_LABEL, classifier_free_guidance
 from policylink.policies.common.frame_features import FrameFeatureCache, lean_latents
+from policylink.policies.common.pointmap_encoder import bind_workspaces
 from policylink.policies.config import check_cfg_scale, policy_type
 from policylink.policies.model import ChunkModel, GenerativeChunkModel
 from policylink.policies.processing import actions_to_normalized, actions_to_units, chain_of, observation_tensors
@@ -87,6 +88,8 @@ class ModelPolicy(HistoryPolicy):
         if problems:
             raise ValueError("policy spec does not match the model: " + "; ".join(problems))
         self.device = torch.device(device)
+        if isinstance(model, torch.nn.Module):  # a PointNet's workspace box in the chain's units, as in training
+            bind_workspaces(model, processors.normalizer)
         self.model = model.to(self.device).eval()
         self.processors = processors
         self.seed = int(seed)

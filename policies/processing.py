@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from policylink.adapters.schema import ACTION_KEY, TASK_KEY, FeatureSpec
+from policylink.adapters.pointmaps import POINTMAP_PREFIX, is_pointmap_key
+from policylink.adapters.schema import ACTION_KEY, IMAGE_PREFIX, TASK_KEY, FeatureSpec
 from policylink.data.normalize import Normalizer
 from policylink.data.processors import Processors
 from policylink.policies.temporal_config import chain_windows
@@ -36,7 +37,8 @@ def processors_for(cfg: Any, features: Mapping[str, FeatureSpec], normalizer: No
     """The processor chain of a policy config (:class:`~policylink.policies.config.PolicyConfig`) over its
     observation ``features``: frame stack (``n_obs_steps``; a ``sega`` memory's training chain), layout (images by
     their spec: HWC uint8), normalisation with ``normalizer`` (None: none), and the steps its model runs: ``crop``
-    (image and pointmap keys, ``encoder.crop_ratio`` < 1: random in training, centred at inference) and ``tokenize``
+    (image and pointmap keys, ``encoder.crop_ratio`` < 1: random in training, centred at inference; pointmaps and
+    the images stacked with them not when ``encoder.pointmap_crop`` is False) and ``tokenize``
     (a config with a ``language`` section: the instruction ``task`` through its encoder).
 
     Raises:
@@ -47,6 +49,10 @@ def processors_for(cfg: Any, features: Mapping[str, FeatureSpec], normalizer: No
     model_steps: list[dict[str, Any]] = []
     ratio = float(cfg.encoder.crop_ratio)
     pixel_keys = [k for k in keys if len(features[k].shape) == 3]
+    if not getattr(cfg.encoder, "pointmap_crop", True):  # pointmaps, and the images stacked with them, uncropped
+        uncropped = {k for k in keys if is_pointmap_key(k)}
+        uncropped |= {IMAGE_PREFIX + k[len(POINTMAP_PREFIX) :] for k in uncropped}
+        pixel_keys = [k for k in pixel_keys if k not in uncropped]
     if pixel_keys and ratio < 1.0:
         model_steps.append({"step": "crop", "keys": pixel_keys, "ratio": ratio, "train": "random", "eval": "center"})
     language = getattr(cfg, "language", None)

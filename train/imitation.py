@@ -25,6 +25,7 @@ import torch
 from policylink.adapters.obs_modes import obs_mode_env_kwargs
 from policylink.data.sampler import SequenceDataset
 from policylink.policies.checkpoint import load_training_state, resolve_device, save_checkpoint
+from policylink.policies.common.pointmap_encoder import bind_workspaces
 from policylink.policies.model import ChunkModel
 from policylink.policies.policy import ChunkPolicy, policy_for_model
 from policylink.policies.registry import build_model
@@ -81,6 +82,7 @@ def train(cfg: TrainConfig) -> Path:
     fields = loss_fn.fields
     spec, train_ds, val_ds = training_data(cfg, fields, warn=rank == 0)
     model = build_model(cfg.policy, spec.observation_features, spec.action.dim).to(device)
+    bind_workspaces(model, train_ds.processors.normalizer)  # a PointNet's workspace box in normalised units
     run = Optimization(model, optim_config(cfg), device=device)
     # the saved state loads on the CPU: torch.set_rng_state takes a CPU tensor, load_state_dict moves the rest
     step = _load_state(run, load_training_state(ckpt_dir)) if cfg.resume and ckpt_dir.exists() else 0

@@ -26,6 +26,13 @@ class EncoderConfig:
         pointmap_encoder: ``"keypoints"`` (conv trunk + spatial-softmax attention read out as base-frame XYZ) or
             ``"pointnet"`` (per-pixel MLP + max-pool over the pixels: DP3's encoder, invariant to where in the
             image a scene point lands, so to a camera that moves about the scene).
+        workspace_lower, workspace_upper: a box in the robot base frame, metres, ``[x, y, z]`` each (both empty:
+            no box, the default). With a box, a ``pointnet`` encoder leaves the points outside it out of its max
+            over points (3D Diffusion Policy crops its point cloud to the workspace, Ze et al. 2024, arXiv
+            2403.03954), so the table and background a moved camera brings into view do not reach the feature.
+        pointmap_crop: False skips the ``crop_ratio`` pixel crop for pointmaps (and the image stacked with one):
+            a calibrated pointmap's points are already in the base frame, and which pixels the crop drops changes
+            with the camera pose.
     """
 
     vision_backbone: str = "resnet18"
@@ -35,6 +42,29 @@ class EncoderConfig:
     state_hidden_dims: list[int] = field(default_factory=list)
     state_out_dim: int = 64
     pointmap_encoder: str = "keypoints"
+    workspace_lower: list[float] = field(default_factory=list)
+    workspace_upper: list[float] = field(default_factory=list)
+    pointmap_crop: bool = True
+
+    def workspace(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The workspace box ``(lower, upper)`` in metres, or None when both bounds are empty.
+
+        Raises:
+            ValueError: only one bound given, a bound that is not 3 numbers, or ``lower >= upper`` on an axis
+                (names the field, expected and received value).
+        """
+        lower, upper = list(self.workspace_lower), list(self.workspace_upper)
+        if not lower and not upper:
+            return None
+        for name, bound in (("workspace_lower", lower), ("workspace_upper", upper)):
+            if len(bound) != 3 or not all(isinstance(v, (int, float)) for v in bound):
+                raise ValueError(f"policy.encoder.{name}: expected [x, y, z] in metres, received {bound!r}")
+        if not all(lo < hi for lo, hi in zip(lower, upper)):
+            raise ValueError(
+                f"policy.encoder.workspace_upper: expected above workspace_lower {lower} on every axis, "
+                f"received {upper}"
+            )
+        return tuple(float(v) for v in lower), tuple(float(v) for v in upper)
 
 
 __all__ = ["POINTMAP_ENCODERS", "VISION_BACKBONES", "EncoderConfig"]

@@ -16,14 +16,16 @@ brings into or out of view.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from policylink.adapters.pointmaps import POINTMAP_PREFIX, is_pointmap_key
 from policylink.adapters.schema import IMAGE_PREFIX, FeatureSpec
+from policylink.data.normalize import Normalizer
 from policylink.policies.common.backbones import RandomCrop, resnet18_groupnorm, small_conv
 from policylink.policies.common.encoder_config import POINTMAP_ENCODERS, VISION_BACKBONES, EncoderConfig
 
@@ -84,18 +86,38 @@ class PointNetEncoder(nn.Module):
     enter as one fixed point, which cannot carry scene information. The crop (train: random, eval: centre) keeps
     the pixel grid of the other encoders, so a pointmap-and-RGB policy crops both alike.
 
+    With a ``workspace`` box (DP3's crop of the cloud to the workspace), a point outside it is masked out of the
+    max: its per-point feature enters as ``-inf``, so it cannot change the pooled feature; shapes stay static (no
+    point is dropped from the tensor). A cloud with no point inside pools to zeros (a finite, fixed feature,
+    not NaN). The box is given in metres and compared in normalised units: :meth:`bind_normalizer` maps it through
+    the pointmap's per-channel affine (:func:`bind_workspaces` does it for a whole model); the mapped box is a
+    buffer, so it is saved and loaded with the weights.
+
     Input: the normalised pointmap float32 ``(N, 3, H, W)`` and, when ``rgb_channels`` is 3, the frame
     ``(N, 3, H, W)`` in ``[0, 1]``. Output: float32 ``(N, POINTNET_OUT_DIM)``.
 
+    Args:
+        crop_ratio: the pixel crop (``1.0``: none).
+        rgb_channels: 0 (pointmap alone) or 3 (stacked RGB).
+        key: the pointmap feature this encoder reads (the normaliser key of :meth:`bind_normalizer`).
+        workspace: ``(lower, upper)`` base-frame box in metres, 3 numbers each, or None (no mask).
+
     Raises:
-        ValueError: ``rgb_channels`` not 0 or 3.
+        ValueError: ``rgb_channels`` not 0 or 3; a workspace bound that is not 3 numbers or not ``lower < upper``.
     """
 
-    def __init__(self, crop_ratio: float, rgb_channels: int = 0):
+    def __init__(
+        self,
+        crop_ratio: float,
+        rgb_channels: int = 0,
+        key: str = "",
+        workspace: tuple[Sequence[float], Sequence[float]] | None = None,
+    ):
         super().__init__()
         if rgb_channels not in (0, 3):
             raise ValueError(f"rgb_channels: expected 0 (pointmap alone) or 3 (stacked RGB), received {rgb_channels}")
         self.rgb_channels = rgb_channels
+        self.key = key
         self.crop = RandomCrop(crop_ratio)
         layers: list[nn.Module] = []
         dims = (3 + rgb_channels, *POINTNET_HIDDEN_DIMS)
@@ -104,12 +126,77 @@ class PointNetEncoder(nn.Module):
         self.point_mlp = nn.Sequential(*layers)
         self.out = nn.Sequential(nn.Linear(dims[-1], POINTNET_OUT_DIM), nn.LayerNorm(POINTNET_OUT_DIM))
         self.out_dim = POINTNET_OUT_DIM
+        self.workspace = None if workspace is None else _check_box(workspace)
+        if self.workspace is not None:  # no buffers without a box: the state dict of old checkpoints is unchanged
+            self.register_buffer("workspace_lower", torch.tensor(self.workspace[0]))
+            self.register_buffer("workspace_upper", torch.tensor(self.workspace[1]))
+
+    def bind_normalizer(self, offset: Sequence[float], scale: Sequence[float]) -> None:
+        """Map the workspace box (metres) to normalised units, ``(bound - offset) * scale`` per channel (the
+        affine of :class:`~policylink.data.normalize.Normalizer`; ``offset = 0``, ``scale = 1`` for raw metres).
+
+        Raises:
+            ValueError: no workspace; ``offset`` / ``scale`` not 3 numbers; a scale that is not positive (the box
+                would flip).
+        """
+        if self.workspace is None:
+            raise ValueError(f"{self.key}: bind_normalizer needs a workspace box, received none")
+        offset_t = torch.as_tensor(offset, dtype=torch.float64).reshape(-1)
+        scale_t = torch.as_tensor(scale, dtype=torch.float64).reshape(-1)
+        if offset_t.numel() != 3 or scale_t.numel() != 3 or not bool((scale_t > 0).all()):
+            raise ValueError(
+                f"{self.key}: normaliser affine: expected 3 offsets and 3 positive scales, received "
+                f"offset {offset_t.tolist()} scale {scale_t.tolist()}"
+            )
+        for name, bound in (("workspace_lower", self.workspace[0]), ("workspace_upper", self.workspace[1])):
+            value = (torch.tensor(bound, dtype=torch.float64) - offset_t) * scale_t
+            getattr(self, name).copy_(value.to(torch.float32))
 
     def forward(self, points: torch.Tensor, rgb: torch.Tensor | None = None) -> torch.Tensor:
         x = points if rgb is None else torch.cat([rgb * 2.0 - 1.0, points], dim=1)
         x = self.crop(x)  # (N, C, h, w): one crop for the stacked channels
-        per_point = self.point_mlp(x.flatten(2).transpose(1, 2))  # (N, h*w, 128)
-        return self.out(per_point.amax(dim=1))
+        flat = x.flatten(2).transpose(1, 2)  # (N, h*w, C), the point's XYZ in the last 3 channels
+        per_point = self.point_mlp(flat)  # (N, h*w, 128)
+        if self.workspace is None:
+            return self.out(per_point.amax(dim=1))
+        xyz = flat[..., -3:]
+        inside = ((xyz >= self.workspace_lower) & (xyz <= self.workspace_upper)).all(dim=-1, keepdim=True)
+        pooled = per_point.masked_fill(~inside, float("-inf")).amax(dim=1)  # (N, 128); -inf: no point inside
+        return self.out(torch.where(inside.any(dim=1), pooled, torch.zeros_like(pooled)))
+
+
+def _check_box(box: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(lower, upper)`` as float tuples. Raises ValueError: not 3 numbers each, or not ``lower < upper``."""
+    lower, upper = (tuple(float(v) for v in b) for b in box)
+    if len(lower) != 3 or len(upper) != 3 or not all(lo < hi for lo, hi in zip(lower, upper)):
+        raise ValueError(f"workspace: expected ([x, y, z], [x, y, z]) with lower < upper, received {box!r}")
+    return lower, upper
+
+
+def bind_workspaces(model: nn.Module, normalizer: Normalizer | None) -> int:
+    """Map the workspace box of every :class:`PointNetEncoder` in ``model`` that has one to the normalised units
+    of its pointmap (``normalizer``'s affine of that key; None: raw metres). Call it when the model is built for
+    training and whenever it is paired with its processor chain (the mapped box is also saved in the weights).
+
+    Returns:
+        How many encoders were bound.
+
+    Raises:
+        MissingStatsError: ``normalizer`` has no mode for an encoder's key.
+    """
+    bound = 0
+    for enc in model.modules():
+        if isinstance(enc, PointNetEncoder) and enc.workspace is not None:
+            if normalizer is None:
+                offset, scale = np.zeros(3), np.ones(3)
+            else:  # the affine's two points: 0 m and 1 m per channel
+                zero = normalizer.normalize_feature(enc.key, np.zeros((3, 1, 1), np.float64)).reshape(3)
+                one = normalizer.normalize_feature(enc.key, np.ones((3, 1, 1), np.float64)).reshape(3)
+                scale = one - zero
+                offset = -zero / scale
+            enc.bind_normalizer(offset, scale)
+            bound += 1
+    return bound
 
 
 def _trunk(backbone: str, in_channels: int) -> nn.Module:
@@ -126,7 +213,8 @@ def _trunk(backbone: str, in_channels: int) -> nn.Module:
 def pointmap_encoders(features: Mapping[str, FeatureSpec], cfg: EncoderConfig) -> tuple[nn.ModuleDict, dict[str, str]]:
     """One :class:`PointmapEncoder` (or :class:`PointNetEncoder`, by ``cfg.pointmap_encoder``) per pointmap
     feature of ``features``; a camera that also has an ``observation.images.<camera>`` feature gets a stacked
-    encoder (6 input channels).
+    encoder (6 input channels). ``cfg.pointmap_crop`` False: no pixel crop for them; ``cfg.workspace()``: the
+    PointNet's workspace box (bind it with :func:`bind_workspaces`).
 
     Returns:
         ``(encoders, stacked)``: encoders keyed by the feature key with ``.`` replaced by ``__``; ``stacked`` maps
@@ -134,11 +222,18 @@ def pointmap_encoders(features: Mapping[str, FeatureSpec], cfg: EncoderConfig) -
 
     Raises:
         ValueError: a pointmap feature is not float ``(H, W, 3)``, or its stacked image has another ``H x W``;
-            ``cfg.pointmap_encoder`` is not one of :data:`~policylink.policies.common.encoder_config.POINTMAP_ENCODERS`.
+            ``cfg.pointmap_encoder`` is not one of :data:`~policylink.policies.common.encoder_config.POINTMAP_ENCODERS`;
+            a bad workspace box, or one with the ``keypoints`` encoder.
     """
     if cfg.pointmap_encoder not in POINTMAP_ENCODERS:
         raise ValueError(
             f"policy.encoder.pointmap_encoder: expected one of {POINTMAP_ENCODERS}, received {cfg.pointmap_encoder!r}"
+        )
+    workspace = cfg.workspace()
+    if workspace is not None and cfg.pointmap_encoder != "pointnet":
+        raise ValueError(
+            "policy.encoder.workspace_lower/upper: a workspace box needs pointmap_encoder 'pointnet', received "
+            f"{cfg.pointmap_encoder!r}"
         )
     encoders, stacked = nn.ModuleDict(), {}
     for key in sorted(k for k in features if is_pointmap_key(k)):
@@ -154,13 +249,14 @@ def pointmap_encoders(features: Mapping[str, FeatureSpec], cfg: EncoderConfig) -
                 )
             stacked[key] = image_key
         rgb = 3 if key in stacked else 0
+        ratio = cfg.crop_ratio if cfg.pointmap_crop else 1.0
         if cfg.pointmap_encoder == "pointnet":
-            encoders[key.replace(".", "__")] = PointNetEncoder(cfg.crop_ratio, rgb)
+            encoders[key.replace(".", "__")] = PointNetEncoder(ratio, rgb, key, workspace)
         else:
             encoders[key.replace(".", "__")] = PointmapEncoder(
-                f.shape[:2], cfg.vision_backbone, cfg.crop_ratio, cfg.num_keypoints, rgb
+                f.shape[:2], cfg.vision_backbone, ratio, cfg.num_keypoints, rgb
             )
     return encoders, stacked
 
 
-__all__ = ["POINTNET_OUT_DIM", "PointNetEncoder", "PointmapEncoder", "pointmap_encoders"]
+__all__ = ["POINTNET_OUT_DIM", "PointNetEncoder", "PointmapEncoder", "bind_workspaces", "pointmap_encoders"]

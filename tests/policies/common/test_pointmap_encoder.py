@@ -11,7 +11,12 @@ from policylink.data.processors import Processors
 from policylink.data.stats import stats_from_arrays
 from policylink.policies.common.encoder_config import EncoderConfig
 from policylink.policies.common.encoders import ObservationEncoder
-from policylink.policies.common.pointmap_encoder import POINTNET_OUT_DIM, PointmapEncoder, PointNetEncoder
+from policylink.policies.common.pointmap_encoder import (
+    POINTNET_OUT_DIM,
+    PointmapEncoder,
+    PointNetEncoder,
+    bind_workspaces,
+)
 from policylink.policies.processing import observation_tensors
 
 PM, IMG, STATE = "observation.pointmaps.top", "observation.images.top", "observation.state"
@@ -109,3 +114,102 @@ def test_pointnet_is_chosen_by_config_and_stacks_rgb_per_point():
     bad = EncoderConfig(vision_backbone="small_conv", pointmap_encoder="pointcloud")
     with pytest.raises(ValueError, match=r"policy.encoder.pointmap_encoder: expected one of .*'pointcloud'"):
         ObservationEncoder(feats, 2, bad)
+
+
+def _cloud(*points: tuple[float, float, float]) -> torch.Tensor:
+    """Points ``(x, y, z)`` as one pointmap ``(1, 3, 1, P)``."""
+    return torch.tensor(points, dtype=torch.float32).T.reshape(1, 3, 1, len(points))
+
+
+BOX = ((-1.0, -1.0, 0.0), (1.0, 1.0, 1.0))
+
+
+def test_workspace_masks_points_outside_the_box_out_of_the_max_pool():
+    torch.manual_seed(0)
+    enc = PointNetEncoder(crop_ratio=1.0, key=PM, workspace=BOX).eval()
+    inside = [(0.1, 0.2, 0.3), (-0.5, 0.4, 0.9), (0.9, -0.9, 0.05)]
+    got = enc(_cloud(*inside, (0.0, 0.0, -0.5)))  # a table point below the box
+    moved = enc(_cloud(*inside, (7.0, -3.0, -9.0)))  # the same slot, another outside point: no change at all
+    assert torch.equal(got, moved)
+    reference = enc.out(enc.point_mlp(_cloud(*inside).flatten(2).transpose(1, 2)).amax(dim=1))
+    torch.testing.assert_close(got, reference, atol=1e-6, rtol=0)  # as if the outside point were not there
+    # without the box the same point does count
+    plain = PointNetEncoder(crop_ratio=1.0, key=PM).eval()
+    plain.load_state_dict(enc.state_dict(), strict=False)
+    assert not torch.allclose(plain(_cloud(*inside, (0.0, 0.0, -0.5))), plain(_cloud(*inside, (7.0, -3.0, -9.0))))
+
+
+def test_workspace_with_no_point_inside_pools_to_zeros_not_nan():
+    torch.manual_seed(0)
+    enc = PointNetEncoder(crop_ratio=1.0, key=PM, workspace=BOX).eval()
+    out = enc(torch.cat([_cloud((0.0, 0.0, -1.0), (5.0, 0.0, 0.5)), _cloud((0.0, 0.0, 0.5), (5.0, 0.0, 0.5))]))
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[0], enc.out(torch.zeros(1, 128))[0], atol=0, rtol=0)  # documented: zeros pooled
+    assert not torch.allclose(out[0], out[1])  # the second cloud has one point inside
+
+
+def test_no_workspace_keeps_the_old_encoder_weights_and_outputs():
+    torch.manual_seed(0)
+    enc = PointNetEncoder(crop_ratio=0.9).eval()
+    assert sorted(enc.state_dict()) == [
+        "out.0.bias", "out.0.weight", "out.1.bias", "out.1.weight",
+        "point_mlp.0.bias", "point_mlp.0.weight", "point_mlp.1.bias", "point_mlp.1.weight",
+        "point_mlp.3.bias", "point_mlp.3.weight", "point_mlp.4.bias", "point_mlp.4.weight",
+    ]  # fmt: skip
+    points = torch.randn(2, 3, 10, 10)
+    cropped = points[:, :, 0:9, 0:9]  # the eval centre crop of 10 px at 0.9: 9 px from row/col 0
+    reference = enc.out(enc.point_mlp(cropped.flatten(2).transpose(1, 2)).amax(dim=1))  # the pre-workspace formula
+    assert torch.equal(enc(points), reference)
+    cfg = EncoderConfig(vision_backbone="small_conv", pointmap_encoder="pointnet")
+    model = ObservationEncoder({PM: FeatureSpec("float32", (10, 10, 3), unit="m")}, 1, cfg)
+    assert not any("workspace" in k for k in model.state_dict())
+    assert model.pointmap_encoders["observation__pointmaps__top"].crop.ratio == 0.9
+
+
+def test_bind_workspaces_maps_the_box_through_the_pointmap_normaliser():
+    pm = _pointmaps()  # x in [0, 2], y in [0, 1], z in [1, 11] over valid pixels
+    norm = Normalizer(stats_from_arrays({PM: pm}), {PM: "min_max"})
+    cfg = EncoderConfig(
+        vision_backbone="small_conv", pointmap_encoder="pointnet", workspace_lower=[0.5, 0.0, 1.0],
+        workspace_upper=[2.0, 0.5, 6.0], pointmap_crop=False,
+    )  # fmt: skip
+    model = ObservationEncoder({PM: FeatureSpec("float32", (2, 3, 3), unit="m")}, 1, cfg)
+    assert bind_workspaces(model, norm) == 1
+    enc = model.pointmap_encoders["observation__pointmaps__top"]
+    assert enc.crop.ratio == 1.0
+    # min_max: x 0.5 -> -0.5, 2 -> 1; y 0 -> -1, 0.5 -> 0; z 1 -> -1, 6 -> 0
+    torch.testing.assert_close(enc.workspace_lower, torch.tensor([-0.5, -1.0, -1.0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(enc.workspace_upper, torch.tensor([1.0, 0.0, 0.0]), atol=1e-6, rtol=0)
+    assert bind_workspaces(model, None) == 1  # no normalise step: metres
+    torch.testing.assert_close(enc.workspace_upper, torch.tensor([2.0, 0.5, 6.0]))
+
+
+def test_pointmap_crop_off_leaves_pointmaps_out_of_the_crop_step():
+    from types import SimpleNamespace
+
+    from policylink.policies.processing import processors_for
+
+    feats = {PM: FeatureSpec("float32", (16, 16, 3), unit="m"), IMG: FeatureSpec("uint8", (16, 16, 3), unit="rgb"),
+             "observation.images.wrist": FeatureSpec("uint8", (16, 16, 3), unit="rgb")}  # fmt: skip
+    for crop, keys in ((True, [IMG, PM, "observation.images.wrist"]), (False, ["observation.images.wrist"])):
+        cfg = SimpleNamespace(
+            observation_keys=sorted(feats), n_obs_steps=1, memory="none",
+            encoder=EncoderConfig(crop_ratio=0.9, pointmap_crop=crop),
+        )  # fmt: skip
+        step = processors_for(cfg, feats, None).step("crop")
+        assert sorted(step["keys"]) == sorted(keys)  # the image stacked with the pointmap goes uncropped too
+
+
+def test_workspace_config_errors_name_the_field():
+    feats = {PM: FeatureSpec("float32", (8, 8, 3), unit="m")}
+    cases = [
+        (dict(pointmap_encoder="pointnet", workspace_lower=[0.0, 0.0, 0.0]), r"workspace_upper: expected \[x, y, z\]"),
+        (dict(pointmap_encoder="pointnet", workspace_lower=[0.0, 0.0], workspace_upper=[1.0, 1.0, 1.0]),
+         r"workspace_lower: expected \[x, y, z\] in metres, received \[0.0, 0.0\]"),
+        (dict(pointmap_encoder="pointnet", workspace_lower=[0.0, 0.0, 1.0], workspace_upper=[1.0, 1.0, 1.0]),
+         r"workspace_upper: expected above workspace_lower"),
+        (dict(workspace_lower=[0.0, 0.0, 0.0], workspace_upper=[1.0, 1.0, 1.0]), r"needs pointmap_encoder 'pointnet'"),
+    ]  # fmt: skip
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            ObservationEncoder(feats, 1, EncoderConfig(vision_backbone="small_conv", **kwargs))
