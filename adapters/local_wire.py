@@ -181,7 +181,7 @@ def _read_into(conn: Connection, view: memoryview) -> memoryview:
 
 def _connection(sock: socket.socket) -> Connection:
     """``sock`` as a :class:`~multiprocessing.connection.Connection` whose reads inside a message give up after
-    :data:`PARTIAL_MESSAGE_S` (``SO_RCVTIMEO``; every read starts when the selector says bytes are there)."""
+    :data:`PARTIAL_MESSAGE_S` (``SO_RCVTIMEO``; every read starts once ``poll`` says bytes are there)."""
     sec = int(PARTIAL_MESSAGE_S)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((PARTIAL_MESSAGE_S - sec) * 1e6)))
     return Connection(sock.detach())
