@@ -132,18 +132,28 @@ def test_protocol_errors_and_version_negotiation_as_over_zeromq(tmp_path):
 
 
 class SlowEnv(PointEnv):
+    """A step with ``action[1] > 0`` blocks until the test releases it (no timing race under load)."""
+
+    def __init__(self):
+        super().__init__()
+        self.release, self.finished = threading.Event(), threading.Event()
+
     def step(self, action):
-        time.sleep(float(action[1]))
+        if action[1] > 0:
+            self.release.wait(30)
+            self.finished.set()
         return super().step(action)
 
 
 def test_a_timed_out_request_reconnects_and_two_clients_are_both_served(tmp_path):
-    with EnvServer(SlowEnv(), f"unix://{tmp_path}/env.sock") as srv:
-        env, other = RemoteEnv(srv.endpoint, timeout_s=0.3), RemoteEnv(srv.endpoint, timeout_s=5)
+    slow = SlowEnv()
+    with EnvServer(slow, f"unix://{tmp_path}/env.sock") as srv:
+        env, other = RemoteEnv(srv.endpoint, timeout_s=2.0), RemoteEnv(srv.endpoint, timeout_s=30)
         env.reset(seed=1)
-        with pytest.raises(TimeoutError, match=r"no reply to 'step' within 0\.3 s"):
+        with pytest.raises(TimeoutError, match=r"no reply to 'step' within 2(\.0)? s"):
             env.step(np.array([0.0, 0.8], np.float32))
-        time.sleep(1.0)  # the server finishes that step (its reply goes to the closed connection)
+        slow.release.set()  # the server finishes that step (its reply goes to the closed connection)
+        assert slow.finished.wait(30)
         obs, *_ = env.step(np.array([-0.5, 0.0], np.float32))  # a fresh connection: this step's reply, not the old one
         np.testing.assert_array_equal(obs["observation.state"], np.float32([0.5, 0.8]))  # the slow step ran first
         assert other.ping() > 0
