@@ -9,7 +9,8 @@ episode, triggers per episode, per-step alarm rate and the monitor's cost per co
 ``--breakdown`` (with ``--monitor``): instead, the CPU time of each part of one monitor step and of one policy call
 on ``--num_envs`` rows of synthetic frames (thread CPU time, so that a loaded machine inflates it little), in each
 trunk mode of ``--trunk exact,fast`` interleaved. ``--trunk fast`` (one mode) runs the cells with the cheaper image
-trunk (``policies.common.conv_paths.set_trunk_mode``; like ``POLICYLINK_TRUNK=fast``).
+trunk (``policies.common.conv_paths.set_trunk_mode``; like ``POLICYLINK_TRUNK=fast``). ``--replay STORE --trunk
+exact,fast --cells CELL``: the alarms of one corrective cell on the store's recorded episodes in both modes.
 
 Steps ((1) and (2) only when a corrective cell runs without ``--monitor``): (1) roll the policy open-loop with
 16-action chunks on training seeds (unperturbed) and record the rollouts; (2) ``policylink finetune monitor`` on
@@ -237,6 +238,43 @@ def _ratios(ms: dict[str, float], rows: int) -> dict[str, float]:
     return out
 
 
+def alarm_agreement(policy_ref: str, monitor_dir: str, store_path: str, cell: str, modes: tuple[str, str]) -> dict:
+    """The corrective executor's alarms on a recorded trace in two trunk modes (``"exact:torch"`` also pins the
+    conv path): the store's episodes replayed as batches of 10 rows (a shorter episode holds its last
+    observation), policy reseeded per batch; per (row, step) fired flags and score / threshold compared."""
+    from policylink.data.buffer import EpisodeStore
+    from policylink.policies.common.conv_paths import set_forced_path
+    from policylink.policies.corrector.monitor import load_monitor
+    from policylink.runtime.executors import CorrectiveExecutor
+
+    store = EpisodeStore(store_path)
+    keys = [k for k in store.keys if k.startswith("observation.")]
+    eps = [store.get_episode(i, keys) for i in range(store.n_episodes)]
+    fired, ratio = {}, {}
+    for mode in modes:
+        trunk, _, path = mode.partition(":")
+        set_trunk_mode(trunk)
+        set_forced_path(path or None)
+        policy, (monitor, thresholds) = load_policy(policy_ref, device="cpu"), load_monitor(monitor_dir)
+        fired[mode], ratio[mode] = [], []
+        for b in range(0, len(eps), 10):
+            batch = eps[b : b + 10]
+            policy.reseed(0)
+            ex = CorrectiveExecutor(policy, cell_config(cell, monitor_dir), monitor, thresholds)
+            with torch.no_grad():
+                for t in range(max(len(e[keys[0]]) for e in batch)):
+                    ex.act({k: np.stack([e[k][min(t, len(e[k]) - 1)] for e in batch]) for k in keys})
+            fired[mode] += [f for tr in ex.trace for (_, _, _, f) in tr]
+            ratio[mode] += [s / max(th, 1e-12) for tr in ex.trace for (_, s, th, _) in tr]
+    set_trunk_mode("exact")
+    set_forced_path(None)
+    (a, b), (ra, rb) = (np.array(fired[m]) for m in modes), (np.array(ratio[m]) for m in modes)
+    rel = np.abs(ra - rb) / np.maximum(np.abs(ra), 1e-12)
+    return {"modes": list(modes), "row_steps": int(a.size), "alarms": [int(a.sum()), int(b.sum())],
+            "disagree": int((a != b).sum()), "score_rel_diff_median": float(np.median(rel)),
+            "score_rel_diff_p99": float(np.quantile(rel, 0.99))}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--policy", required=True)
@@ -251,9 +289,16 @@ def main() -> None:
     p.add_argument("--cells", default="every1,open8,open16,corrective,corrective:guidance_scale=0")
     p.add_argument("--perturbations", default="none,displace+force")
     p.add_argument("--breakdown", action="store_true", help="CPU time of a monitor step's parts (needs --monitor)")
+    p.add_argument("--replay", default=None, help="store: alarm agreement of the two --trunk modes on its episodes")
     p.add_argument("--trunk", default="exact", help="trunk mode(s), comma-separated: exact, fast (breakdown: each)")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.replay:
+        modes = tuple(args.trunk.split(","))
+        if len(modes) != 2 or not args.monitor:
+            raise SystemExit(f"--replay: expected --monitor and two --trunk modes, received {args.trunk!r}")
+        print(json.dumps(alarm_agreement(args.policy, args.monitor, args.replay, args.cells, modes)))
+        return
     if args.breakdown:
         if not args.monitor:
             raise SystemExit("--breakdown: expected --monitor DIR, received none")
