@@ -14,6 +14,7 @@ task's ``mjModel`` and its observations and actions.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import math
@@ -312,6 +313,10 @@ def _merge(base: dict, over: Mapping) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------- presets
+_LOADING: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("_LOADING", default=())
+"""The gap files being loaded (resolved paths), outermost first: a ``base`` chain that comes back to one is a cycle."""
+
+
 def preset_dir() -> Path:
     """Folder of the shipped presets (``policylink/sim/mujoco/gaps``: package data)."""
     return Path(str(files("policylink.sim.mujoco").joinpath("gaps")))
@@ -324,11 +329,14 @@ def preset_names() -> list[str]:
 
 def load_gap(ref: RealityGap | Mapping[str, Any] | str | Path | None) -> RealityGap | None:
     """A :class:`RealityGap` from itself, a mapping of its fields, a preset name (:func:`preset_names`) or a YAML
-    file path; None for None (or ``"none"``).
+    file path; None for None (or ``"none"``). A file's relative ``base`` path names a file beside it when one is
+    there (else it is read from the working directory, or as a preset name).
 
     Raises:
         ValueError: an unknown preset name that is no existing file (``UnknownNameError``: lists the presets and
-            the closest one), invalid YAML, a file that is not a mapping, or a bad field (named).
+            the closest one), invalid YAML, a file that is not a mapping, a chain of ``base`` files that comes back
+            to a file (``gap: <file>: base: expected a chain of files that ends in a preset, received a cycle a ->
+            b -> a``), or a bad field (named).
     """
     if ref is None or isinstance(ref, RealityGap):
         return ref
@@ -355,10 +363,24 @@ def load_gap(ref: RealityGap | Mapping[str, Any] | str | Path | None) -> Reality
         raise ValueError(f"gap: {path}: expected a YAML mapping, received {type(doc).__name__}")
     doc = dict(doc)
     doc.setdefault("name", path.stem)
+    base = doc.get("base")
+    if isinstance(base, str) and not Path(base).expanduser().is_absolute() and (path.parent / base).is_file():
+        doc["base"] = str(path.parent / base)  # a relative base names a file beside this one
+    chain = _LOADING.get()
+    here = path.resolve()
+    if here in chain:
+        cycle = " -> ".join(str(f) for f in (*chain[chain.index(here) :], here))
+        expected = "expected a chain of files that ends in a preset"
+        raise ValueError(f"gap: {path}: base: {expected}, received a cycle {cycle}")
+    token = _LOADING.set((*chain, here))
     try:
         return RealityGap.from_mapping(doc)
     except ValueError as e:
+        if str(e).startswith("gap: "):  # a base file's own message already names its file
+            raise
         raise ValueError(f"gap: {path}: {e}") from None
+    finally:
+        _LOADING.reset(token)
 
 
 __all__ = [

@@ -61,6 +61,30 @@ def test_a_file_inherits_a_preset(tmp_path):
     assert gap.dynamics.mass_scale == 3.0 and gap.dynamics.actuator_gain_scale == 0.3
 
 
+def test_a_relative_base_names_the_file_beside_it(tmp_path, monkeypatch):
+    sub = tmp_path / "gaps"
+    sub.mkdir()
+    (sub / "heavy.yaml").write_text("base: worn_gantry\ndynamics:\n  mass_scale: 3.0\n")
+    (sub / "mine.yaml").write_text("base: heavy.yaml\ndynamics:\n  friction_scale: 0.5\n")
+    monkeypatch.chdir(tmp_path)  # heavy.yaml is not in the working directory
+    gap = load_gap("gaps/mine.yaml")
+    assert (gap.dynamics.mass_scale, gap.dynamics.friction_scale, gap.dynamics.actuator_gain_scale) == (3.0, 0.5, 0.3)
+
+
+def test_a_base_cycle_is_one_error_naming_the_files(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("base: b.yaml\n")
+    b.write_text(f"base: {a}\n")
+    with pytest.raises(ValueError) as err:
+        load_gap(str(a))
+    assert str(err.value) == (
+        f"gap: {a}: base: expected a chain of files that ends in a preset, received a cycle {a} -> {b} -> {a}"
+    )
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    with pytest.raises(ValueError, match=r"received a cycle .*self.yaml -> .*self.yaml$"):
+        load_gap(str(tmp_path / "self.yaml"))
+
+
 def test_applying_a_gap_scales_the_model_fields():
     nominal, env = make_env("pick_place"), make_env("pick_place", gap="worn_gantry")
     env.reset(seed=3)
