@@ -131,7 +131,8 @@ def require_policy_refs(pols: list[tuple[str, Any]], env_labels: Sequence[str], 
             ``kind:folder`` reference that is none: one message naming ``field``, every unknown name, the registered
             names and the closest one.
         FileNotFoundError: every checkpoint folder that does not exist, in one message naming ``field``, so that a
-            missing checkpoint is reported as missing, not as an incompatible cell.
+            missing checkpoint is reported as missing, not as an incompatible cell; a training run's folder given
+            for its checkpoint is named with ``did you mean '<folder>/checkpoints/last'?``.
     """
     from policylink.adapters.registry import UnknownNameError, available_policies, unknown_name_message
 
@@ -145,7 +146,8 @@ def require_policy_refs(pols: list[tuple[str, Any]], env_labels: Sequence[str], 
             if typed is not None and typed[0] not in names:
                 unknown.append(typed[0])
             elif folder.is_dir():
-                continue
+                if typed is None and _is_run_folder(folder):
+                    missing.append(f"{folder} (a training run: did you mean {folder / 'checkpoints' / 'last'}?)")
             elif typed or "/" in cell_ref or os.sep in cell_ref or folder.exists():
                 missing.append(str(folder) + (" (a file)" if folder.exists() else ""))
             elif cell_ref not in names:
@@ -160,12 +162,22 @@ def require_policy_refs(pols: list[tuple[str, Any]], env_labels: Sequence[str], 
 
 def require_checkpoint_folder(ref: str, field: str = "checkpoint") -> None:
     """Raise FileNotFoundError naming ``field`` when checkpoint folder ``ref`` (or the folder of ``kind:folder``) is
-    not a folder; UnknownNameError when the ``kind`` is no registered policy. Imports nothing heavy."""
+    not a folder, or is a training run's folder (``did you mean '<ref>/checkpoints/last'?``); UnknownNameError when
+    the ``kind`` is no registered policy. Imports nothing heavy."""
     typed = kind_ref(ref)
     if typed is not None:
         require_policy_refs([(ref, ref)], [], field=field)
     elif not Path(ref).expanduser().is_dir():
         raise FileNotFoundError(missing_checkpoints_message(field, [ref], typed=False))
+    elif _is_run_folder(folder := Path(ref).expanduser()):
+        hint = f"{ref} (a training run: did you mean {folder / 'checkpoints' / 'last'}?)"
+        raise FileNotFoundError(missing_checkpoints_message(field, [hint], typed=False))
+
+
+def _is_run_folder(folder: Path) -> bool:
+    """True for the output folder of ``policylink train`` given where its checkpoint is meant: no ``config.json``
+    of its own, a ``checkpoints/last`` folder inside."""
+    return not (folder / "config.json").exists() and (folder / "checkpoints" / "last").is_dir()
 
 
 def missing_checkpoints_message(field: str, folders: Sequence[str], typed: bool) -> str:
