@@ -321,6 +321,31 @@ def check_mapping_values(cls: type, args: Sequence[str]) -> None:
             ) from None
         if not isinstance(loaded, Mapping) and not (loaded is None and _optional(cls, flag[2:])):
             raise ConfigError(f"{flag}: expected a YAML mapping such as '{{key: 0.5}}', received {value!r}")
+        glued = _glued_key(loaded)
+        if glued is not None:
+            key, val = glued.split(":", 1)
+            raise ConfigError(
+                f"{flag}: expected 'key: value' with a space after the colon (YAML), received {value!r} (read as "
+                f"the key {glued!r} with no value; write '{key}: {val}')"
+            )
+
+
+def _glued_key(loaded: Any) -> str | None:
+    """The first mapping key, at any depth of ``loaded``, that YAML read from ``key:value`` written without the
+    space after the colon: a string key holding ``:`` whose value is None. None when there is none."""
+    if isinstance(loaded, Mapping):
+        for k, v in loaded.items():
+            if isinstance(k, str) and ":" in k and v is None:
+                return k
+            found = _glued_key(v)
+            if found is not None:
+                return found
+    elif isinstance(loaded, list):
+        for item in loaded:
+            found = _glued_key(item)
+            if found is not None:
+                return found
+    return None
 
 
 def _optional(cls: type, dotted: str) -> bool:

@@ -72,6 +72,16 @@ def test_mapping_options_take_yaml_mappings_and_name_the_flag_otherwise():
         (["--env_kwargs", "0.03"], f"--env_kwargs: {expected} '0.03'"),
         (["--env_kwargs=null"], f"--env_kwargs: {expected} 'null'"),  # not optional
         (["--perturbation", "[1, 2]"], f"--perturbation: {expected} '[1, 2]'"),
+        (  # YAML reads 'image_size:-3' (no space after the colon) as one key with no value
+            ["--env_kwargs", "{image_size:-3}"],
+            "--env_kwargs: expected 'key: value' with a space after the colon (YAML), received '{image_size:-3}' "
+            "(read as the key 'image_size:-3' with no value; write 'image_size: -3')",
+        ),
+        (
+            ["--env_kwargs", "{gap: {dynamics: {mass_scale:2}}}"],
+            "--env_kwargs: expected 'key: value' with a space after the colon (YAML), received "
+            "'{gap: {dynamics: {mass_scale:2}}}' (read as the key 'mass_scale:2' with no value; write 'mass_scale: 2')",
+        ),
     ]:
         with pytest.raises(cli.ConfigError) as e:
             cli.parse_config(MapCfg, argv)
