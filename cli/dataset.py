@@ -148,7 +148,19 @@ def info(cfg: InfoConfig) -> int:
     for fld in ("source", "quality", "task"):
         counts = Counter(getattr(m, fld) for m in metas)
         print(f"{fld}: " + ", ".join(f"{v!r} x{n}" for v, n in counts.most_common()))
+    gaps = Counter(_gap_name(m.gap) for m in metas)
+    if set(gaps) - {"none"}:
+        print("reality gap: " + ", ".join(f"{v!r} x{n}" for v, n in gaps.most_common()))
     return 0
+
+
+def _gap_name(gap_json: str) -> str:
+    """The name of an episode's reality gap (``EpisodeMeta.gap``: JSON, ``""`` for none): ``"none"``, its
+    ``name`` field, or ``"unnamed"``."""
+    if not gap_json:
+        return "none"
+    name = json.loads(gap_json).get("name")
+    return name if isinstance(name, str) and name else "unnamed"
 
 
 def stats(cfg: StatsConfig) -> int:

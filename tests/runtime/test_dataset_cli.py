@@ -43,6 +43,25 @@ def test_info_and_stats(tmp_path, capsys):
     assert st["action"]["count"] == [8]
 
 
+def test_info_counts_the_reality_gaps(tmp_path, capsys):
+    path = _store(tmp_path / "a.zarr", [1.0], [True])
+    assert cli.main(["info", str(path)]) == 0
+    assert "reality gap" not in capsys.readouterr().out  # no gap: no line
+    with EpisodeStore(path, "a") as s:
+        for gap in ('{"name": "worn_gantry", "seed": 0}', '{"name": "worn_gantry"}', '{"seed": 1}'):
+            s.add_episode(
+                {
+                    "observation.state": np.zeros((4, 2), np.float32),
+                    "observation.images.cam": np.zeros((4, 4, 4, 3), np.uint8),
+                    "action": np.zeros((4, 1), np.float32),
+                },
+                EpisodeMeta(task="reach", success=True, source="expert", quality="expert", gap=gap),
+            )
+    assert cli.main(["info", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "reality gap: 'worn_gantry' x2, 'none' x1, 'unnamed' x1" in out
+
+
 def test_merge_only_success_and_mismatch(tmp_path, capsys):
     a = _store(tmp_path / "a.zarr", [1.0, 2.0], [True, False])
     b = _store(tmp_path / "b.zarr", [5.0], [True])
