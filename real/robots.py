@@ -127,8 +127,34 @@ def build_robot(cfg: RobotConfig, clock: Any = None) -> Robot:
 
         bridge = LeRobotBridgeConfig(low=cfg.low, high=cfg.high, unit=cfg.unit, control_frequency=cfg.hz)
         return make_lerobot_robot(name, cfg.driver_kwargs, bridge)
-    factory = getattr(importlib.import_module(kind), name)
-    return factory(**cfg.driver_kwargs)
+    return driver_factory(cfg.driver)(**cfg.driver_kwargs)
+
+
+def driver_factory(driver: str) -> Any:
+    """The factory named by ``driver`` (``"module:factory"``), imported.
+
+    Raises:
+        ValueError: the module itself is not found, or has no attribute ``factory`` (each names ``--driver``, the
+            expected and the received reference). A module the driver's own module imports and that is missing
+            stays a ``ModuleNotFoundError`` (the CLI says what to install).
+    """
+    kind, _, name = driver.partition(":")
+    try:
+        module = importlib.import_module(kind)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (kind == e.name or kind.startswith(e.name + ".")):
+            raise
+        raise ValueError(
+            f"--driver: expected 'module:factory' with an importable module, received {driver!r} "
+            f"(no module named {e.name!r})"
+        ) from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ValueError(
+            f"--driver: expected 'module:factory' naming a callable of module {kind!r}, received {driver!r} "
+            f"({kind}.{name} is {'missing' if factory is None else type(factory).__name__})"
+        )
+    return factory
 
 
 def safety_config(cfg: RobotConfig, robot: Robot) -> SafetyConfig:
@@ -144,4 +170,4 @@ def safety_config(cfg: RobotConfig, robot: Robot) -> SafetyConfig:
     )
 
 
-__all__ = ["RobotConfig", "build_robot", "check_robot_reference", "safety_config"]
+__all__ = ["RobotConfig", "build_robot", "check_robot_reference", "driver_factory", "safety_config"]

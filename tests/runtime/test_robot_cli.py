@@ -18,6 +18,27 @@ def test_sim_and_driver_are_exclusive_and_driver_needs_a_factory():
         build_robot(RobotConfig(driver="somearm"))
 
 
+def test_a_driver_module_or_factory_that_is_not_there_is_named(tmp_path, monkeypatch):
+    """A typo in ``--driver`` names the reference (it printed 'pip install nosuch' as if a package were missing);
+    a module the driver itself imports that is missing stays a ModuleNotFoundError (the CLI's install hint)."""
+    with pytest.raises(ValueError) as err:
+        build_robot(RobotConfig(driver="nosuch.arm:Arm"))
+    assert str(err.value) == (
+        "--driver: expected 'module:factory' with an importable module, received 'nosuch.arm:Arm' "
+        "(no module named 'nosuch')"
+    )
+    with pytest.raises(ValueError) as err:
+        build_robot(RobotConfig(driver="policylink.real.robots:NoArm"))
+    assert str(err.value) == (
+        "--driver: expected 'module:factory' naming a callable of module 'policylink.real.robots', received "
+        "'policylink.real.robots:NoArm' (policylink.real.robots.NoArm is missing)"
+    )
+    (tmp_path / "needs_dep_arm.py").write_text("import not_installed_dep_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="not_installed_dep_xyz"):
+        build_robot(RobotConfig(driver="needs_dep_arm:Arm"))
+
+
 def test_safety_config_from_the_options():
     from policylink.adapters.registry import make_env
     from policylink.real.sim_robot import SimRobot
