@@ -65,7 +65,7 @@ class WriteLock:
                 time.sleep(self.POLL_S if left is None else min(self.POLL_S, left))
             self._fd, self._pid = fd, os.getpid()
         note = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        note["command"] = " ".join(sys.argv)[:200]
+        note["command"] = command_line()[:200]
         tmp = self.owner_path.with_name(self.owner_path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(note))
         os.replace(tmp, self.owner_path)
@@ -115,6 +115,16 @@ class WriteLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command line of this process (``sys.argv`` by default) as its owner note shows it: the CLI sets
+    ``argv[0]`` to ``"policylink <command>"`` (argparse's usage) while ``argv[1]`` is still ``<command>``, so a
+    repeated word is dropped (``policylink record --env push``, not ``policylink record record --env push``)."""
+    argv = list(sys.argv if argv is None else argv)
+    if len(argv) > 1 and argv[0].split()[-1:] == [argv[1]] and " " in argv[0]:
+        del argv[1]
+    return " ".join(argv)
 
 
 def _try_lock(path: Path) -> int | None:
@@ -196,4 +206,4 @@ def remove_stale_temporaries(path: str | os.PathLike, tags: tuple[str, ...], res
     return sorted(removed)
 
 
-__all__ = ["WriteLock", "pid_alive", "remove_stale_temporaries"]
+__all__ = ["WriteLock", "command_line", "pid_alive", "remove_stale_temporaries"]

@@ -105,3 +105,11 @@ def test_a_forked_child_releasing_its_copy_leaves_the_parent_holding_the_lock(tm
         WriteLock(path).acquire(0)
     lock.release()
     assert not lock.lock_path.exists()
+
+
+def test_the_owner_note_shows_the_command_once():
+    """The CLI sets argv[0] to 'policylink record' while argv[1] is still 'record' (the note showed it twice)."""
+    cmd = lock_mod.command_line(["policylink record", "record", "--env", "push", "--out", "a.zarr"])
+    assert cmd == "policylink record --env push --out a.zarr"
+    assert lock_mod.command_line(["/venv/bin/policylink", "record", "--env"]) == "/venv/bin/policylink record --env"
+    assert lock_mod.command_line(["python", "python"]) == "python python"  # one word: not the CLI's prog
