@@ -24,7 +24,7 @@ from policylink.data.merge import MergeConfig, merge
 
 # name -> (module implementing main(argv), or None when handled here; one-line help)
 SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
-    "info": (None, "episodes, steps, features (shape, dtype), fps, success rate, sources/qualities/tasks"),
+    "info": (None, "episodes, steps, features (shape, dtype), fps, success rate, sources/qualities/tasks/reality gaps"),
     "stats": (None, "per-feature mean/std/min/max/q01/q99 (optionally written to JSON)"),
     "export-lerobot": (None, "write a LeRobot v3.0 dataset folder (parquet + images or mp4 videos)"),
     "import-lerobot": (None, "read a LeRobot v3.0 dataset folder into an episode store"),
