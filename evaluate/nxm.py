@@ -84,8 +84,9 @@ class EvalConfig:
         env_kwargs: keyword arguments of every env factory (``obs_mode``...; mid-episode perturbations of the MuJoCo
             tasks: ``{perturbation: {displacement: 0.03, force: 2.0}}``, fields of ``PerturbationConfig``).
         executor: chunk execution (:class:`ExecutorConfig`), including simulated latency.
-        gap: a reality gap for every MuJoCo env: a preset name (``worn_gantry``...) or a YAML file
-            (:mod:`policylink.sim.mujoco.gap`); the same as ``env_kwargs: {gap: NAME}``. None: nominal sim.
+        gap: a reality gap for every env, which must all be MuJoCo tasks (another env refuses the kwarg): a preset
+            name (``worn_gantry``...) or a YAML file (:mod:`policylink.sim.mujoco.gap`); the same as
+            ``env_kwargs: {gap: NAME}``. None: nominal sim.
         instructions: a JSON file goal key (``"red/left"``) -> list of instructions: each episode keeps the env's
             goal and tells the policy one of the file's instructions for it (:mod:`policylink.runtime.instructions`).
 
