@@ -114,7 +114,7 @@ class EvalConfig:
     instructions: str | None = None
 
     def __post_init__(self) -> None:
-        require_counts(self, episodes=1, workers=0, num_envs=1, shard_episodes=1, videos=0)
+        require_counts(self, episodes=1, workers=0, num_envs=1, shard_episodes=1, videos=0, seed=0)
         self.env_kwargs = with_gap(self.env_kwargs, self.gap)
 
 

@@ -82,7 +82,7 @@ class RunConfig:
     gap: str | None = None
 
     def __post_init__(self) -> None:
-        require_counts(self, episodes=1, num_envs=1, threads=0)
+        require_counts(self, episodes=1, num_envs=1, threads=0, seed=0)
         self.env_kwargs = with_gap(self.env_kwargs, self.gap)
         if self.hz is not None:
             require_positive(self, "hz")

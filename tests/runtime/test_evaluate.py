@@ -346,6 +346,8 @@ def test_cli_rejects_bad_counts_and_executor_settings(tmp_path):
     base = ["--policies", "greedy_lbl", "--envs", "line_lbl", "--out", str(tmp_path)]
     with pytest.raises(ValueError, match=r"^workers: expected an integer >= 0, received -2$"):
         eval_cli.main([*base, "--workers", "-2"])
+    with pytest.raises(ValueError, match=r"^seed: expected an integer >= 0, received -1$"):  # was gym's traceback
+        eval_cli.main([*base, "--seed", "-1"])
     for flag in ("episodes", "num_envs", "shard_episodes"):
         with pytest.raises(ValueError, match=rf"^{flag}: expected an integer >= 1, received 0$"):
             eval_cli.main([*base, f"--{flag}", "0"])

@@ -315,6 +315,8 @@ def test_run_rejects_bad_counts_and_executor_settings_by_field():
     register_policy("zero_run", Zero, overwrite=True)
     with pytest.raises(ValueError, match=r"^episodes: expected an integer >= 1, received -1$"):
         run_cli.main([*RUN, "--episodes", "-1"])
+    with pytest.raises(ValueError, match=r"^seed: expected an integer >= 0, received -1$"):  # was gym's traceback
+        run_cli.main([*RUN, "--seed", "-1"])
     with pytest.raises(ValueError, match=r"^num_envs: expected an integer >= 1, received 0$"):
         run_cli.main([*RUN, "--num_envs", "0"])
     with pytest.raises(
