@@ -26,10 +26,13 @@ class EncoderConfig:
         pointmap_encoder: ``"keypoints"`` (conv trunk + spatial-softmax attention read out as base-frame XYZ) or
             ``"pointnet"`` (per-pixel MLP + max-pool over the pixels: DP3's encoder, invariant to where in the
             image a scene point lands, so to a camera that moves about the scene).
-        workspace_lower, workspace_upper: a box in the robot base frame, metres, ``[x, y, z]`` each (both empty:
-            no box, the default). With a box, a ``pointnet`` encoder leaves the points outside it out of its max
-            over points (3D Diffusion Policy crops its point cloud to the workspace, Ze et al. 2024, arXiv
-            2403.03954), so the table and background a moved camera brings into view do not reach the feature.
+        workspace_lower: the lower corner ``[x, y, z]`` (metres, robot base frame) of a workspace box (empty with
+            ``workspace_upper`` empty: no box, the default). With a box, a ``pointnet`` encoder leaves the points
+            outside it out of its max over points (3D Diffusion Policy crops its point cloud to the workspace, Ze et
+            al. 2024, arXiv 2403.03954), so the table and background a moved camera brings into view do not reach
+            the feature.
+        workspace_upper: the upper corner ``[x, y, z]`` (metres, robot base frame) of that box; above
+            ``workspace_lower`` on every axis.
         pointmap_crop: False skips the ``crop_ratio`` pixel crop for pointmaps (and the image stacked with one):
             a calibrated pointmap's points are already in the base frame, and which pixels the crop drops changes
             with the camera pose.
