@@ -61,7 +61,10 @@ def main(argv: Sequence[str]) -> int:
     except InstallError as e:
         print(f"policylink envs install {family.name}: failed at {e}", file=sys.stderr)
         return 1
-    print(f"try: policylink run --env {family.name}/{family.tasks[0]} ...  (tasks: {', '.join(family.tasks)})")
+    print(
+        f"name it as --env {family.name}/<task> in record, train, eval, run (tasks: {', '.join(family.tasks)}); "
+        f"its options: policylink envs kwargs {family.name}/{family.tasks[0]}"
+    )
     return 0
 
 
