@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from policylink.sim.isolated.families import IsolatedFamily
+from policylink.sim.isolated.info_expert import InfoExpert
 
 ALOHA_TASKS: tuple[str, ...] = ("transfer_cube", "insertion")
 """The two simulated ALOHA tasks (gym-aloha's ``AlohaTransferCube-v0`` and ``AlohaInsertion-v0``); the same tuple as
@@ -60,7 +61,11 @@ ALOHA = IsolatedFamily(
 against NumPy 1.x."""
 
 
-class AlohaExpert:
+NOISE = {"expert": 0.0, "noisy": 0.02, "poor": 0.06}
+"""Std (radians) of the Gaussian noise added to the scripted arm joint targets per quality."""
+
+
+class AlohaExpert(InfoExpert):
     """The ACT paper's scripted policy, replayed in joint space: an env built with ``expert_actions=True`` (the
     default) rolls the end-effector script out at each reset in the mocap-driven twin scene, with the same object
     poses, and carries the resulting joint target for the current step in each reset/step info as
@@ -76,37 +81,15 @@ class AlohaExpert:
         ValueError: unknown ``quality``.
     """
 
-    def __init__(self, quality: str = "expert", seed: int | None = None):
-        if quality not in NOISE:
-            raise ValueError(f"quality: expected one of {list(NOISE)}, received {quality!r}")
-        self.noise = NOISE[quality]
-        self.rng = np.random.default_rng(seed)
+    family = "aloha"
+    noise_table = NOISE
+    missing_hint = "build the env with expert_actions=True (the default)"
 
-    def reset(self, seed: int | None = None) -> None:
-        """Reseed the noise."""
-        self.rng = np.random.default_rng(seed)
-
-    def act(self, obs: Any, env: Any) -> np.ndarray:
-        """float32 ``(14,)``: the scripted joint target for ``env``'s latest observation.
-
-        Raises:
-            RuntimeError: the env's info has no ``expert_action`` (built with ``expert_actions=False``).
-        """
-        info = getattr(env.unwrapped, "last_info", {})
-        if "expert_action" not in info:
-            raise RuntimeError(
-                "aloha expert: the env's info has no 'expert_action'; build the env with expert_actions=True "
-                "(the default)"
-            )
-        a = np.asarray(info["expert_action"], np.float32).copy()
-        if self.noise:
-            arms = np.r_[0:6, 7:13]  # the grippers (6, 13) stay as scripted
-            a[arms] += self.rng.normal(0.0, self.noise, arms.size).astype(np.float32)
-        return a
-
-
-NOISE = {"expert": 0.0, "noisy": 0.02, "poor": 0.06}
-"""Std (radians) of the Gaussian noise added to the scripted arm joint targets per quality."""
+    def perturb(self, action: np.ndarray) -> np.ndarray:
+        """float32 ``(14,)``: Gaussian noise (radians) on the 12 arm joint targets; the grippers stay as scripted."""
+        arms = np.r_[0:6, 7:13]  # the grippers (6, 13) stay as scripted
+        action[arms] += self.rng.normal(0.0, self.noise, arms.size).astype(np.float32)
+        return action
 
 
 def make_aloha_expert(env: Any, quality: str = "expert", seed: int | None = None) -> AlohaExpert:

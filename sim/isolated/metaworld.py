@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from policylink.sim.isolated.families import IsolatedFamily
+from policylink.sim.isolated.info_expert import InfoExpert
 
 MT10_TASKS: tuple[str, ...] = (
     "reach",
@@ -71,7 +72,7 @@ NOISE = {"expert": 0.0, "noisy": 0.3, "poor": 0.6}
 """Std of the Gaussian noise added to the scripted action per quality (the action range is [-1, 1])."""
 
 
-class MetaWorldExpert:
+class MetaWorldExpert(InfoExpert):
     """MetaWorld's own scripted policy (``metaworld.policies``), computed in the env process: an env whose expert
     actions are on (:func:`make_metaworld_expert` turns them on; or built with ``expert_actions=True``) carries
     ``expert_action`` in each reset/step info, for the observation it returns.
@@ -84,32 +85,13 @@ class MetaWorldExpert:
         ValueError: unknown ``quality``.
     """
 
-    def __init__(self, quality: str = "expert", seed: int | None = None):
-        if quality not in NOISE:
-            raise ValueError(f"quality: expected one of {list(NOISE)}, received {quality!r}")
-        self.noise = NOISE[quality]
-        self.rng = np.random.default_rng(seed)
+    family = "metaworld"
+    noise_table = NOISE
+    missing_hint = "make the expert with make_expert(env) (it turns them on) or build the env with expert_actions=True"
 
-    def reset(self, seed: int | None = None) -> None:
-        """Reseed the noise."""
-        self.rng = np.random.default_rng(seed)
-
-    def act(self, obs: Any, env: Any) -> np.ndarray:
-        """float32 ``(4,)``: the scripted action for ``env``'s latest observation.
-
-        Raises:
-            RuntimeError: the env's info has no ``expert_action`` (its expert actions are off).
-        """
-        info = getattr(env.unwrapped, "last_info", {})
-        if "expert_action" not in info:
-            raise RuntimeError(
-                "metaworld expert: the env's info has no 'expert_action'; make the expert with make_expert(env) "
-                "(it turns them on) or build the env with expert_actions=True"
-            )
-        a = np.asarray(info["expert_action"], np.float32)
-        if self.noise:
-            a = np.clip(a + self.rng.normal(0.0, self.noise, a.shape).astype(np.float32), -1.0, 1.0)
-        return a
+    def perturb(self, action: np.ndarray) -> np.ndarray:
+        """float32 ``(4,)``: Gaussian noise added, clipped to the action range [-1, 1]."""
+        return np.clip(action + self.rng.normal(0.0, self.noise, action.shape).astype(np.float32), -1.0, 1.0)
 
 
 def make_metaworld_expert(env: Any, quality: str = "expert", seed: int | None = None) -> MetaWorldExpert:
