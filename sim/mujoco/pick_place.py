@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from policylink.adapters.env_config import with_env_config
-from policylink.sim.mujoco.base import euclidean3, sample_separated
+from policylink.sim.mujoco.geometry import euclidean3, sample_separated
 from policylink.sim.mujoco.gripper_task import ROBOT_STATE_NAMES, GripperTaskEnv, placed_at
 from policylink.sim.mujoco.task_config import MujocoTaskConfig
 

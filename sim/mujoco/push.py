@@ -14,7 +14,8 @@ import numpy as np
 
 from policylink.adapters.env_config import with_env_config
 from policylink.adapters.schema import ActionSpec, ControlMode
-from policylink.sim.mujoco.base import MujocoTaskEnv, yaw_of
+from policylink.sim.mujoco.base import MujocoTaskEnv
+from policylink.sim.mujoco.geometry import yaw_of
 from policylink.sim.mujoco.robot import GantryController
 from policylink.sim.mujoco.task_config import MujocoTaskConfig
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from policylink.adapters.env_config import with_env_config
 from policylink.adapters.schema import ActionSpec
-from policylink.sim.mujoco.base import MujocoTaskEnv, euclidean3
+from policylink.sim.mujoco.base import MujocoTaskEnv
+from policylink.sim.mujoco.geometry import euclidean3
 from policylink.sim.mujoco.robot import GantryController, xyz_delta_spec
 from policylink.sim.mujoco.task_config import MujocoTaskConfig
 
