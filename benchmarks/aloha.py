@@ -44,6 +44,10 @@ LABELS = {
     "act": "act (ours: 14 joints + object poses, no camera; small ACT, chunks of 50, 10 executed)",
     "act_every1": "act, the same checkpoint replanning every step",
     "act_te": "act, the same checkpoint with temporal ensembling (ACT's, m = 0.01)",
+    "act_image_te": (
+        "act from images (ours: top camera 48x64 + 14 joints, no object poses; small conv trunk + small ACT, "
+        "chunks of 50, 2400 x 32) with temporal ensembling"
+    ),
 }
 """Row labels that say more than the policy name."""
 
