@@ -13,7 +13,6 @@ import pytest
 
 from policylink.adapters import registry
 from policylink.adapters.schema import ENV_STATE_KEY, IMAGE_PREFIX, STATE_KEY, TASK_KEY
-from policylink.sim.experts import make_expert
 from policylink.sim.isolated import aloha, aloha_env, aloha_script
 from policylink.sim.isolated.venvs import installed
 
@@ -220,24 +219,13 @@ def test_venv_module_imports_no_torch_nor_our_mujoco_tasks():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def _expert_episode(env, seed: int) -> tuple[np.ndarray, int, bool]:
-    expert = make_expert(env)
-    obs, _ = env.reset(seed=seed)
-    first = obs[STATE_KEY].copy()
-    for t in range(1, 401):
-        obs, _, terminated, truncated, info = env.step(expert.act(obs, env))
-        if terminated or truncated:
-            return first, t, bool(info["is_success"])
-    return first, t, False
-
-
 @pytest.mark.skipif("aloha" not in installed(), reason="needs `policylink envs install aloha`")
-def test_real_aloha_through_its_venv():
+def test_real_aloha_through_its_venv(expert_episode):
     env = registry.make_env("aloha/transfer_cube")
     try:
         assert env.env_spec.name == "aloha/transfer_cube" and env.env_spec.max_episode_steps == 400
-        first_a, steps_a, ok_a = _expert_episode(env, seed=0)
-        first_b, steps_b, ok_b = _expert_episode(env, seed=0)
+        first_a, steps_a, ok_a = expert_episode(env, seed=0, max_steps=400)
+        first_b, steps_b, ok_b = expert_episode(env, seed=0, max_steps=400)
         assert ok_a and ok_b and steps_a == steps_b
         np.testing.assert_array_equal(first_a, first_b)
         # gym-aloha's sampler on the seed: the cube's initial pose

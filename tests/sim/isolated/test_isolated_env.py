@@ -57,17 +57,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _run_expert(env, seed: int) -> tuple[np.ndarray, int, bool]:
-    expert = make_expert(env)
-    obs, _ = env.reset(seed=seed)
-    first = obs[STATE_KEY].copy()
-    for t in range(1, 200):
-        obs, _, terminated, truncated, info = env.step(expert.act(obs, env))
-        if terminated or truncated:
-            return first, t, bool(info["is_success"])
-    return first, t, False
-
-
 def test_images_are_the_cameras_frames(fakes):
     env = fakes.make_fake_metaworld_env("reach", obs_mode="state+image", image_size=24)
     try:
@@ -121,7 +110,7 @@ def test_adapter_through_the_env_server_in_process(fakes):
             env.close()
 
 
-def test_success_terminates_and_seeded_resets_reproduce(fakes):
+def test_success_terminates_and_seeded_resets_reproduce(fakes, expert_episode):
     env = fakes.make_fake_metaworld_env("reach")
     env.last_info = {}
     orig_reset = env.reset
@@ -139,9 +128,9 @@ def test_success_terminates_and_seeded_resets_reproduce(fakes):
         return out
 
     env.reset, env.step = reset, step
-    first_a, steps_a, ok_a = _run_expert(env, seed=3)
-    first_b, steps_b, ok_b = _run_expert(env, seed=3)
-    first_c, _, _ = _run_expert(env, seed=4)
+    first_a, steps_a, ok_a = expert_episode(env, seed=3, max_steps=199)
+    first_b, steps_b, ok_b = expert_episode(env, seed=3, max_steps=199)
+    first_c, _, _ = expert_episode(env, seed=4, max_steps=199)
     assert ok_a and ok_b and steps_a == steps_b and steps_a < 50
     np.testing.assert_array_equal(first_a, first_b)
     assert not np.allclose(first_a[36:], first_c[36:])  # another seed, another goal
@@ -324,12 +313,12 @@ def test_host_and_venv_task_lists_agree():
 
 
 @pytest.mark.skipif("metaworld" not in installed(), reason="needs `policylink envs install metaworld`")
-def test_real_metaworld_through_its_venv():
+def test_real_metaworld_through_its_venv(expert_episode):
     env = registry.make_env("metaworld/reach")
     try:
         assert env.env_spec.name == "metaworld/reach" and env.env_spec.max_episode_steps == 500
-        first_a, steps_a, ok_a = _run_expert(env, seed=11)
-        first_b, steps_b, ok_b = _run_expert(env, seed=11)
+        first_a, steps_a, ok_a = expert_episode(env, seed=11, max_steps=199)
+        first_b, steps_b, ok_b = expert_episode(env, seed=11, max_steps=199)
         assert ok_a and ok_b and steps_a == steps_b
         np.testing.assert_array_equal(first_a, first_b)
     finally:
